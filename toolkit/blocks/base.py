@@ -1,0 +1,33 @@
+"""The BlockAllocator contract: integers in, integers out; it never sees a request."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+
+class OutOfBlocks(RuntimeError):
+    """Raised by `allocate` when fewer blocks are free than asked; nothing was allocated."""
+
+
+@runtime_checkable
+class BlockAllocator(Protocol):
+    block_size: int
+    num_blocks: int
+
+    def num_free_blocks(self) -> int:
+        """Blocks that `allocate` can hand out now (free + evictable cached blocks)."""
+
+    def allocate(self, n: int) -> list[int]:
+        """n fresh blocks with ref count 1; raises OutOfBlocks (changing nothing) if short."""
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        """ref -= 1 for each; the order given is the eviction order of cached blocks."""
+
+    def fork(self, block_ids: Sequence[int]) -> None:
+        """ref += 1 for each (sharing between samples / sequences)."""
+
+    def lookup(self, block_hashes: Sequence[int]) -> list[int]:
+        """Blocks of the longest cached prefix of `block_hashes`, ref += 1 each."""
+
+    def publish(self, block_id: int, block_hash: int) -> None:
+        """A full block's content is final: make it reusable under `block_hash`."""

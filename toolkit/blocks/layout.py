@@ -1,0 +1,88 @@
+"""PagedKVLayout: the one page-table encoding of the toolkit (FlashInfer's CSR form).
+
+For a batch of B sequences, sequence b has q_len[b] query tokens that are the last
+q_len[b] of its kv_len[b] tokens; its KV lives in blocks
+kv_indices[kv_indptr[b]:kv_indptr[b+1]], the last one holding kv_last_page_len[b].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class PagedKVLayout:
+    qo_indptr: torch.Tensor         # int32 [B+1]: query tokens of sequence b are rows qo_indptr[b]:qo_indptr[b+1]
+    kv_indptr: torch.Tensor         # int32 [B+1]: pages of sequence b are kv_indices[kv_indptr[b]:kv_indptr[b+1]]
+    kv_indices: torch.Tensor        # int32 [nnz]: physical block ids
+    kv_last_page_len: torch.Tensor  # int32 [B]: tokens in the last page, in [1, block_size]
+    slot_mapping: torch.Tensor      # int64 [T]: physical slot (block * block_size + offset) of each new token; -1 = skip
+    block_size: int
+    # host-side facts, so kernels need no device->host sync to size their grids
+    max_q_len: int
+    max_kv_len: int
+    num_seqs: int
+    num_tokens: int
+
+    @property
+    def kv_lens(self) -> torch.Tensor:
+        """int32 [B]: tokens of each sequence in the cache (after this step's writes)."""
+        pages = self.kv_indptr[1:] - self.kv_indptr[:-1]
+        return ((pages - 1) * self.block_size + self.kv_last_page_len).to(torch.int32)
+
+    @property
+    def q_lens(self) -> torch.Tensor:
+        return (self.qo_indptr[1:] - self.qo_indptr[:-1]).to(torch.int32)
+
+    def to(self, device: torch.device | str) -> "PagedKVLayout":
+        t = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+        return PagedKVLayout(t(self.qo_indptr), t(self.kv_indptr), t(self.kv_indices),
+                             t(self.kv_last_page_len), t(self.slot_mapping), self.block_size,
+                             self.max_q_len, self.max_kv_len, self.num_seqs, self.num_tokens)
+
+    @staticmethod
+    def build(
+        block_tables: Sequence[Sequence[int]],
+        kv_lens: Sequence[int],
+        q_lens: Sequence[int],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> "PagedKVLayout":
+        """Layout of a batch: sequence b holds kv_lens[b] tokens after this step, the last
+        q_lens[b] of which are new (queries, and written to the cache this step)."""
+        if not (len(block_tables) == len(kv_lens) == len(q_lens)):
+            raise ValueError("block_tables, kv_lens and q_lens must have one entry per sequence, got "
+                             f"{len(block_tables)}, {len(kv_lens)}, {len(q_lens)}")
+        qo_indptr, kv_indptr, kv_indices, last, slots = [0], [0], [], [], []
+        for table, kv_len, q_len in zip(block_tables, kv_lens, q_lens):
+            if not (1 <= q_len <= kv_len):
+                raise ValueError(f"need 1 <= q_len <= kv_len, got q_len={q_len}, kv_len={kv_len}")
+            n_pages = -(-kv_len // block_size)
+            if len(table) < n_pages:
+                raise ValueError(f"a sequence of {kv_len} tokens needs {n_pages} blocks of "
+                                 f"{block_size}, its block table has {len(table)}")
+            kv_indices.extend(table[:n_pages])
+            kv_indptr.append(len(kv_indices))
+            qo_indptr.append(qo_indptr[-1] + q_len)
+            last.append(kv_len - (n_pages - 1) * block_size)
+            slots.extend(slot_mapping(table, kv_len - q_len, kv_len, block_size))
+        i32 = dict(dtype=torch.int32)
+        pin = torch.device(device).type == "cuda"
+        host = PagedKVLayout(
+            torch.tensor(qo_indptr, **i32), torch.tensor(kv_indptr, **i32),
+            torch.tensor(kv_indices, **i32), torch.tensor(last, **i32),
+            torch.tensor(slots, dtype=torch.int64), block_size,
+            max(q_lens, default=0), max(kv_lens, default=0), len(q_lens), qo_indptr[-1],
+        )
+        if pin:
+            host = PagedKVLayout(*(x.pin_memory() if isinstance(x, torch.Tensor) else x
+                                   for x in host.__dict__.values()))
+        return host.to(device)
+
+
+def slot_mapping(block_table: Sequence[int], start: int, stop: int, block_size: int) -> list[int]:
+    """Physical slots of token positions [start, stop) of one sequence."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, stop)]

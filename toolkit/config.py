@@ -1,0 +1,80 @@
+"""Engine configuration: one dataclass, validated on creation, a reason on each field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _check(cond: bool, name: str, valid: str, value: object) -> None:
+    if not cond:
+        raise ValueError(f"EngineConfig.{name} must be {valid}, got {value!r}")
+
+
+@dataclass
+class EngineConfig:
+    # dtype of weights, activations and KV cache; "auto": bf16 on CUDA, fp32 on the CPU
+    dtype: str = "auto"
+    # "auto": CUDA when available, else the CPU (which uses the reference kernels)
+    device: str = "auto"
+    # tokens per KV block; 16 is vLLM's default and what the kernels are tuned for
+    block_size: int = 16
+    # longest sequence (prompt + output) accepted; None = the model's own limit
+    max_model_len: int | None = None
+    # at most this many sequences run in one step (bounds the decode batch)
+    max_num_seqs: int = 256
+    # token budget of one step (prefill chunks + decodes); bounds activation memory
+    max_num_batched_tokens: int = 8192
+    # fraction of the GPU's free memory (after weights) given to the KV cache
+    gpu_memory_utilization: float = 0.85
+    # KV-cache budget in bytes on the CPU (or on the GPU when set); None = use the fraction
+    kv_cache_bytes: int | None = None
+    # force this many KV blocks (tests); overrides both budgets
+    num_blocks: int | None = None
+    # reuse the KV of shared prompt prefixes (hash chain + LRU)
+    enable_prefix_caching: bool = True
+    # prefill long prompts in chunks that fit the token budget next to decodes
+    enable_chunked_prefill: bool = True
+    # seed of the engine's default generator (requests may bring their own)
+    seed: int = 0
+    # capture CUDA graphs of decode steps (GPU only)
+    cuda_graphs: bool = False
+    # speculative decoding: proposer name ("ngram", "draft") or None, and draft length k
+    speculative: str | None = None
+    num_speculative_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.dtype in _DTYPES, "dtype", f"one of {_DTYPES}", self.dtype)
+        _check(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
+               "block_size", "a power of two in [1, 128]", self.block_size)
+        _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "None or >= 1",
+               self.max_model_len)
+        _check(self.max_num_seqs >= 1, "max_num_seqs", ">= 1", self.max_num_seqs)
+        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", ">= 1",
+               self.max_num_batched_tokens)
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]",
+               self.gpu_memory_utilization)
+        _check(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", "None or > 0",
+               self.kv_cache_bytes)
+        _check(self.num_blocks is None or self.num_blocks >= 2, "num_blocks", "None or >= 2",
+               self.num_blocks)
+        _check(self.num_speculative_tokens >= 0, "num_speculative_tokens", ">= 0",
+               self.num_speculative_tokens)
+        if self.speculative is not None:
+            _check(self.num_speculative_tokens >= 1, "num_speculative_tokens",
+                   ">= 1 when speculative is set", self.num_speculative_tokens)
+
+    def resolve_device(self) -> str:
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def resolve_dtype(self):
+        import torch
+
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolve_device().startswith("cuda") else torch.float32
+        return getattr(torch, self.dtype)

@@ -1,0 +1,68 @@
+"""Component registry: pick a part by name, class or instance.
+
+Names map to "module:Class" strings imported lazily, so importing the toolkit
+imports no kernel or model code. An unknown name lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+REGISTRY: dict[str, dict[str, str]] = {
+    "allocator": {
+        "free_list": "toolkit.blocks.free_list:FreeListAllocator",
+        "prefix_caching": "toolkit.blocks.prefix_caching:PrefixCachingAllocator",
+        "reference": "toolkit.blocks.reference:ReferenceAllocator",
+    },
+    "scheduler": {
+        "continuous": "toolkit.schedulers.continuous:ContinuousBatchingScheduler",
+        "static": "toolkit.schedulers.static:StaticBatchingScheduler",
+        "reference": "toolkit.schedulers.reference:ReferenceScheduler",
+    },
+    "sampler": {
+        "default": "toolkit.samplers.pipeline:Sampler",
+        "reference": "toolkit.samplers.reference:ReferenceSampler",
+    },
+    "attention": {
+        "torch": "toolkit.attention.torch_ref:TorchAttention",
+        "triton": "toolkit.attention.triton_paged:TritonPagedAttention",
+    },
+    "model": {
+        "LlamaForCausalLM": "toolkit.models.llama:LlamaForCausalLM",
+        "MistralForCausalLM": "toolkit.models.llama:LlamaForCausalLM",
+        "Qwen2ForCausalLM": "toolkit.models.llama:LlamaForCausalLM",
+        "Qwen3ForCausalLM": "toolkit.models.llama:LlamaForCausalLM",
+    },
+    "proposer": {
+        "ngram": "toolkit.samplers.speculative.ngram:NgramProposer",
+        "draft": "toolkit.samplers.speculative.draft:DraftModelProposer",
+    },
+}
+
+
+def lookup(kind: str, name: str) -> type:
+    """The class registered as `name` for `kind` ("allocator", "scheduler", ...)."""
+    if kind not in REGISTRY:
+        raise ValueError(f"unknown component kind {kind!r}; valid kinds: {sorted(REGISTRY)}")
+    table = REGISTRY[kind]
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; valid names: {sorted(table)}")
+    module, _, attr = table[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def register(kind: str, name: str, target: str | type) -> None:
+    """Add a component: `target` is a class or a "module:Class" string."""
+    if not isinstance(target, str):
+        target = f"{target.__module__}:{target.__qualname__}"
+    REGISTRY.setdefault(kind, {})[name] = target
+
+
+def create(kind: str, spec: Any, /, **kwargs: Any) -> Any:
+    """An instance from a name (looked up), a class (constructed with kwargs) or an instance."""
+    if isinstance(spec, str):
+        return lookup(kind, spec)(**kwargs)
+    if isinstance(spec, type):
+        return spec(**kwargs)
+    return spec

@@ -1,0 +1,309 @@
+"""Shared value types of the pipeline: requests, sampling parameters, scheduler output.
+
+Everything here is plain data. The scheduler, the runner and the samplers all read
+these; none of them holds hidden state in them beyond what a field says.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+
+def _check(cond: bool, name: str, valid: str, value: Any) -> None:
+    if not cond:
+        raise ValueError(f"{name} must be {valid}, got {value!r}")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling parameters, validated on creation (vLLM's names and meanings).
+
+    The order in which the sampler applies them is fixed: penalties -> logit_bias /
+    allowed_token_ids / bad_words -> temperature -> min_p -> top_k -> top_p -> sample.
+    """
+
+    n: int = 1                                   # parallel samples of one prompt
+    temperature: float = 1.0                     # 0 = greedy (argmax, lowest id on ties)
+    top_k: int = 0                               # 0 or -1 = off
+    top_p: float = 1.0                           # (0, 1]; 1 = off
+    min_p: float = 0.0                           # [0, 1]; 0 = off
+    presence_penalty: float = 0.0                # [-2, 2]
+    frequency_penalty: float = 0.0               # [-2, 2]
+    repetition_penalty: float = 1.0              # > 0; 1 = off (prompt and output tokens)
+    logit_bias: dict[int, float] | None = None   # token id -> added to the logit
+    allowed_token_ids: list[int] | None = None   # only these may be sampled
+    bad_words: list[list[int]] | None = None     # token-id sequences never to complete
+    seed: int | None = None                      # per-request generator, batch-independent
+    logprobs: int | None = None                  # top-N logprobs (+ the sampled token)
+    prompt_logprobs: int | None = None           # top-N logprobs of every prompt token
+    max_tokens: int = 16
+    min_tokens: int = 0                          # EOS / stop ids banned before this many
+    stop: list[str] | None = None                # stop strings (removed from the text)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    structured: Any = None                       # a grammar spec (see samplers.grammar)
+
+    def __post_init__(self) -> None:
+        _check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
+        _check(self.temperature >= 0.0, "temperature", ">= 0 (0 = greedy)", self.temperature)
+        _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "-1, 0 (off) or a positive integer", self.top_k)
+        _check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]", self.presence_penalty)
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
+        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer >= 1", self.max_tokens)
+        _check(_is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+               "min_tokens", f"an integer in [0, max_tokens={self.max_tokens}]", self.min_tokens)
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            _check(v is None or (_is_int(v) and v >= 0), name, "None or an integer >= 0", v)
+        _check(self.seed is None or _is_int(self.seed), "seed", "None or an integer", self.seed)
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.logit_bias is not None:
+            _check(all(_is_int(k) and k >= 0 for k in self.logit_bias), "logit_bias",
+                   "a dict with non-negative integer token ids as keys", self.logit_bias)
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if self.allowed_token_ids is not None:
+            _check(len(self.allowed_token_ids) > 0 and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids),
+                   "allowed_token_ids", "a non-empty list of non-negative token ids", self.allowed_token_ids)
+        if self.bad_words is not None:
+            _check(all(len(w) > 0 and all(_is_int(t) and t >= 0 for t in w) for w in self.bad_words),
+                   "bad_words", "a list of non-empty token-id lists", self.bad_words)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop is not None:
+            _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
+        if self.stop_token_ids is not None:
+            _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+                   "a list of non-negative token ids", self.stop_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"      # EOS or a stop token / string
+    FINISHED_LENGTH = "finished_length"        # max_tokens or max_model_len
+    FINISHED_ABORTED = "finished_aborted"
+    FINISHED_IGNORED = "finished_ignored"      # rejected: can never fit
+    FINISHED_GRAMMAR = "finished_grammar"      # no token can continue the grammar
+
+    @property
+    def finished(self) -> bool:
+        return self.name.startswith("FINISHED")
+
+    @property
+    def finish_reason(self) -> str | None:
+        return {
+            RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH: "length",
+            RequestStatus.FINISHED_ABORTED: "abort",
+            RequestStatus.FINISHED_IGNORED: "rejected",
+            RequestStatus.FINISHED_GRAMMAR: "grammar",
+        }.get(self)
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence as the scheduler sees it: token ids, never text.
+
+    Phase-free: the scheduler grants tokens so `num_computed_tokens` catches up with
+    `num_tokens`; prefill, chunked prefill, decode and recompute after preemption are
+    all that one rule.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    eos_token_id: int | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0                     # lower value = served first (vLLM's convention)
+    cache_salt: int = 0                   # extra key of the prefix-cache hash (adapter, tenant)
+    max_model_len: int | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0            # prefix-cache hit at the last admission
+    num_preemptions: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify this step
+    stop_reason: int | str | None = None
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.request_id, str), "request_id", "a string", self.request_id)
+        _check(len(self.prompt_token_ids) > 0, "prompt_token_ids", "non-empty", self.prompt_token_ids)
+        self.prompt_token_ids = [int(t) for t in self.prompt_token_ids]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return self.num_tokens + len(self.spec_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_slice(self, start: int, stop: int) -> list[int]:
+        """Token ids at positions [start, stop), draft tokens included past num_tokens."""
+        p = len(self.prompt_token_ids)
+        out: list[int] = []
+        if start < p:
+            out.extend(self.prompt_token_ids[start:min(stop, p)])
+        if stop > p:
+            toks = self.output_token_ids + self.spec_token_ids
+            out.extend(toks[max(start - p, 0):stop - p])
+        return out
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+
+@dataclass
+class ScheduledRequest:
+    """What one request runs this step: tokens [start, start + num_new_tokens)."""
+
+    request: Request
+    start: int                     # num_computed_tokens when scheduled (= first position)
+    num_new_tokens: int
+    block_ids: list[int]           # the whole block table after this step's allocation
+    num_spec_tokens: int = 0       # of the new tokens, how many are drafts to verify
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_new_tokens
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step produces a token: the chunk reaches the end of the sequence."""
+        return self.end >= self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan. `scheduled` keeps the batch order the runner flattens in."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)   # finished since the last step
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {s.request_id: s.num_new_tokens for s in self.scheduled}
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_spec_drafted: int = 0
+    num_spec_accepted: int = 0
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, Any]] | None = None
+    cumulative_logprob: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """What a step reports for one request: new tokens, and whether it finished.
+
+    The scheduler fills `new_token_ids` and `finished`; the engine's output processor
+    adds the text and metrics.
+    """
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt: str | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text if self.outputs else ""
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids if self.outputs else []
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return self.metrics.time_to_first_token if self.metrics else None
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        m = self.metrics
+        if m is None or m.first_token_time is None or m.finished_time is None:
+            return None
+        n = len(self.token_ids)
+        return (m.finished_time - m.first_token_time) / (n - 1) if n > 1 else 0.0
+
+
+def as_token_lists(x: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]]:
+    if len(x) and isinstance(x[0], int):
+        return [list(x)]  # type: ignore[arg-type]
+    return [list(t) for t in x]  # type: ignore[union-attr]
+
+
+__all__ = [
+    "SamplingParams", "RequestStatus", "Request", "ScheduledRequest", "SchedulerOutput",
+    "RequestMetrics", "CompletionOutput", "RequestOutput", "Mapping",
+]
