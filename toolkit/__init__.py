@@ -1,0 +1,25 @@
+"""toolkit: composable parts for LLM inference (paged KV cache, continuous batching,
+Triton PagedAttention, speculative and grammar-constrained sampling).
+
+The short public surface is `LLM`, `SamplingParams` and `EngineConfig`; everything else
+lives in its package (blocks, schedulers, samplers, attention, kernels, models, engine).
+Importing the toolkit imports no kernel or model code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolkit.config import EngineConfig
+from toolkit.types import RequestOutput, SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLM":
+        from toolkit.engine.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

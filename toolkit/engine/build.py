@@ -1,0 +1,84 @@
+"""Assemble an Engine from parts given by name, class or instance."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import torch
+
+from toolkit import registry
+from toolkit.blocks.kv_cache import KVCache
+from toolkit.config import EngineConfig
+from toolkit.engine.engine import Engine
+from toolkit.engine.runner import Runner
+
+log = logging.getLogger(__name__)
+
+CPU_KV_BUDGET = 512 * 2**20   # bytes of KV cache on the CPU when no budget is given
+
+
+def _create(kind: str, spec: Any, **kwargs: Any) -> Any:
+    """registry.create, passing only the keyword arguments the class accepts."""
+    if isinstance(spec, str):
+        spec = registry.lookup(kind, spec)
+    if isinstance(spec, type):
+        sig = inspect.signature(spec.__init__)
+        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
+        return spec(**kwargs)
+    return spec
+
+
+def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = None,
+                 scheduler: Any = "continuous", sampler: Any = "default", attention: Any = "auto",
+                 config: EngineConfig | None = None, load_format: str = "auto") -> Engine:
+    from toolkit.models import default_model_path, load_model, load_tokenizer
+
+    cfg = config or EngineConfig()
+    device = torch.device(cfg.resolve_device())
+    dtype = cfg.resolve_dtype()
+
+    # model (+ tokenizer from the same folder)
+    if model is None:
+        model = default_model_path()
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        if tokenizer is None:
+            tokenizer = load_tokenizer(model)
+        model = load_model(model, dtype=dtype, device=device, load_format=load_format)
+    elif not hasattr(model, "forward"):   # a transformers config: random weights
+        model = load_model(model, dtype=dtype, device=device, load_format="dummy")
+    if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
+        tokenizer = load_tokenizer(tokenizer)
+    max_model_len = min(cfg.max_model_len or model.max_model_len, model.max_model_len)
+
+    # KV cache: sized after the weights are loaded
+    shape = dict(num_layers=model.num_layers, block_size=cfg.block_size,
+                 num_kv_heads=model.num_kv_heads, head_dim=model.head_dim, dtype=dtype, device=device)
+    if cfg.num_blocks is not None:
+        kv_cache = KVCache(num_blocks=cfg.num_blocks, **shape)
+    else:
+        budget = cfg.kv_cache_bytes or (CPU_KV_BUDGET if device.type == "cpu" else None)
+        kv_cache = KVCache.from_budget(budget_bytes=budget,
+                                       gpu_memory_utilization=cfg.gpu_memory_utilization, **shape)
+    log.info("%r", kv_cache)
+
+    if allocator is None:
+        allocator = "prefix_caching" if cfg.enable_prefix_caching else "free_list"
+    allocator = _create("allocator", allocator, num_blocks=kv_cache.num_blocks, block_size=cfg.block_size)
+    scheduler = _create(
+        "scheduler", scheduler, allocator=allocator, block_size=cfg.block_size,
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
+        enable_chunked_prefill=cfg.enable_chunked_prefill)
+    if attention == "auto":
+        attention = "triton" if device.type == "cuda" else "torch"
+    attention = _create("attention", attention, kv_cache=kv_cache, **model.attention_kwargs())
+    sampler = _create("sampler", sampler)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    runner = Runner(model, attention, sampler, kv_cache, device, generator)
+    eos = model.eos_token_ids[0] if getattr(model, "eos_token_ids", None) else (
+        getattr(tokenizer, "eos_token_id", None))
+    return Engine(model, tokenizer, scheduler, runner, block_size=cfg.block_size,
+                  num_blocks=kv_cache.num_blocks, max_model_len=max_model_len, eos_token_id=eos)
