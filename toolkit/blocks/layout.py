@@ -8,8 +8,10 @@ kv_indices[kv_indptr[b]:kv_indptr[b+1]], the last one holding kv_last_page_len[b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -56,26 +58,35 @@ class PagedKVLayout:
         if not (len(block_tables) == len(kv_lens) == len(q_lens)):
             raise ValueError("block_tables, kv_lens and q_lens must have one entry per sequence, got "
                              f"{len(block_tables)}, {len(kv_lens)}, {len(q_lens)}")
-        qo_indptr, kv_indptr, kv_indices, last, slots = [0], [0], [], [], []
-        for table, kv_len, q_len in zip(block_tables, kv_lens, q_lens):
-            if not (1 <= q_len <= kv_len):
-                raise ValueError(f"need 1 <= q_len <= kv_len, got q_len={q_len}, kv_len={kv_len}")
-            n_pages = -(-kv_len // block_size)
-            if len(table) < n_pages:
-                raise ValueError(f"a sequence of {kv_len} tokens needs {n_pages} blocks of "
+        kv = np.asarray(kv_lens, dtype=np.int64).reshape(-1)            # [B]
+        q = np.asarray(q_lens, dtype=np.int64).reshape(-1)              # [B]
+        bad = np.flatnonzero((q < 1) | (q > kv))
+        if bad.size:
+            b = int(bad[0])
+            raise ValueError(f"need 1 <= q_len <= kv_len, got q_len={int(q[b])}, kv_len={int(kv[b])}")
+        n_pages = -(-kv // block_size)                                  # [B]
+        pages = []                                                      # one loop over B, not T
+        for table, n, kv_len in zip(block_tables, n_pages.tolist(), kv.tolist()):
+            if len(table) < n:
+                raise ValueError(f"a sequence of {kv_len} tokens needs {n} blocks of "
                                  f"{block_size}, its block table has {len(table)}")
-            kv_indices.extend(table[:n_pages])
-            kv_indptr.append(len(kv_indices))
-            qo_indptr.append(qo_indptr[-1] + q_len)
-            last.append(kv_len - (n_pages - 1) * block_size)
-            slots.extend(slot_mapping(table, kv_len - q_len, kv_len, block_size))
-        i32 = dict(dtype=torch.int32)
+            pages.append(table[:n])
+        kv_indices = np.fromiter(chain.from_iterable(pages), dtype=np.int64,
+                                 count=int(n_pages.sum()))              # [nnz]
+        kv_indptr = np.concatenate([[0], np.cumsum(n_pages)])          # [B+1]
+        qo_indptr = np.concatenate([[0], np.cumsum(q)])                 # [B+1]
+        num_tokens = int(qo_indptr[-1])
+        # slot of each new token t of sequence b at position p = kv_len - q_len + (t - qo_indptr[b])
+        seq = np.repeat(np.arange(len(q)), q)                           # [T]
+        pos = np.arange(num_tokens) - qo_indptr[seq] + (kv - q)[seq]    # [T]
+        block = kv_indices[kv_indptr[seq] + pos // block_size]          # [T]
+        slots = block * block_size + pos % block_size                   # [T]
+        last = kv - (n_pages - 1) * block_size                          # [B]
         pin = torch.device(device).type == "cuda"
         host = PagedKVLayout(
-            torch.tensor(qo_indptr, **i32), torch.tensor(kv_indptr, **i32),
-            torch.tensor(kv_indices, **i32), torch.tensor(last, **i32),
-            torch.tensor(slots, dtype=torch.int64), block_size,
-            max(q_lens, default=0), max(kv_lens, default=0), len(q_lens), qo_indptr[-1],
+            *(torch.from_numpy(x.astype(np.int32)) for x in (qo_indptr, kv_indptr, kv_indices, last)),
+            torch.from_numpy(slots.astype(np.int64)), block_size,
+            int(q.max(initial=0)), int(kv.max(initial=0)), len(q), num_tokens,
         )
         if pin:
             host = PagedKVLayout(*(x.pin_memory() if isinstance(x, torch.Tensor) else x
