@@ -1,0 +1,175 @@
+"""Model kernels (RMSNorm + residual, rotary, SiLU-and-mul) against their torch twins.
+
+On the CPU they run under TRITON_INTERPRET=1 (set by tests/conftest.py) at small odd
+shapes in fp32/fp16; outputs are poisoned with NaN first so an element the kernel forgets
+to write fails, and NaN never compares equal. `gpu` tests repeat them at real shapes in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toolkit.kernels import reference_model as ref
+from toolkit.kernels.rms_norm import rms_norm
+from toolkit.kernels.rotary import rotary
+from toolkit.kernels.silu_and_mul import silu_and_mul
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = st.sampled_from([torch.float32, torch.float16])
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
+       torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def poison(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert not actual.isnan().any(), "NaN in the kernel's output (an unwritten element?)"
+    torch.testing.assert_close(actual, expected, **TOL[dtype])
+
+
+def cos_sin_cache(max_pos: int, d: int, base: float = 10000.0) -> torch.Tensor:
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    f = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)        # [P, D/2]
+    return torch.cat((f.cos(), f.sin()), dim=-1).to(DEVICE)                  # [P, D]
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------- RMSNorm (+ residual)
+def _check_rms_norm(rows: int, n: int, dtype: torch.dtype, with_residual: bool, seed: int) -> None:
+    g = gen(seed)
+    x = (torch.randn(rows, n, generator=g) * 3).to(DEVICE, dtype)
+    w = (torch.rand(n, generator=g) + 0.5).to(DEVICE, dtype)
+    r = torch.randn(rows, n, generator=g).to(DEVICE, dtype) if with_residual else None
+    out, res_out = poison((rows, n), dtype), poison((rows, n), dtype)
+    got, got_res = rms_norm(x, w, 1e-6, r, out=out, residual_out=res_out if with_residual else None)
+    want, want_res = ref.rms_norm(x, w, 1e-6, r)
+    assert got.data_ptr() == out.data_ptr()
+    close(got, want, dtype)
+    close(got_res, want_res, dtype)
+    if not with_residual:
+        assert got_res is x
+
+
+@given(rows=st.integers(1, 9), n=st.sampled_from([5, 17, 96, 123]), dtype=DTYPES,
+       with_residual=st.booleans(), seed=st.integers(0, 2**16))
+def test_rms_norm_matches_twin(rows, n, dtype, with_residual, seed):
+    _check_rms_norm(rows, n, dtype, with_residual, seed)
+
+
+def test_rms_norm_leading_dims_and_fresh_outputs():
+    x = torch.randn(3, 5, 7, device=DEVICE)        # per-head norm: [T, H, D]
+    w = torch.rand(7, device=DEVICE) + 0.5
+    got, res = rms_norm(x, w, 1e-5)
+    want, _ = ref.rms_norm(x, w, 1e-5)
+    assert got.shape == (3, 5, 7) and res is x
+    close(got, want, torch.float32)
+
+
+def test_rms_norm_rejects_bad_shapes():
+    x = torch.randn(2, 8, device=DEVICE)
+    for fn in (rms_norm, ref.rms_norm):
+        with pytest.raises(ValueError, match="weight"):
+            fn(x, torch.ones(7, device=DEVICE), 1e-6)
+        with pytest.raises(ValueError, match="residual"):
+            fn(x, torch.ones(8, device=DEVICE), 1e-6, torch.randn(3, 8, device=DEVICE))
+
+
+# ---------------------------------------------------------------- rotary
+def _check_rotary(t: int, h: int, h_kv: int, d: int, dtype: torch.dtype, inplace: bool, seed: int) -> None:
+    g = gen(seed)
+    cache = cos_sin_cache(64, d)
+    positions = torch.randint(0, 64, (t,), generator=g).to(DEVICE)
+    q = torch.randn(t, h, d, generator=g).to(DEVICE, dtype)
+    k = torch.randn(t, h_kv, d, generator=g).to(DEVICE, dtype)
+    want_q, want_k = ref.rotary(positions, q.clone(), k.clone(), cache)
+    if inplace:
+        q_in, k_in = q.clone(), k.clone()
+        got_q, got_k = rotary(positions, q_in, k_in, cache)
+        assert got_q is q_in and got_k is k_in
+    else:
+        out = (poison(q.shape, dtype), poison(k.shape, dtype))
+        q_before, k_before = q.clone(), k.clone()
+        got_q, got_k = rotary(positions, q, k, cache, out=out)
+        assert got_q is out[0] and got_k is out[1]
+        assert torch.equal(q, q_before) and torch.equal(k, k_before), "out-of-place changed its input"
+    close(got_q, want_q, dtype)
+    close(got_k, want_k, dtype)
+
+
+@given(t=st.integers(1, 7), h=st.integers(1, 5), h_kv=st.integers(1, 3), d=st.sampled_from([2, 6, 10, 16]),
+       dtype=DTYPES, inplace=st.booleans(), seed=st.integers(0, 2**16))
+def test_rotary_matches_twin(t, h, h_kv, d, dtype, inplace, seed):
+    _check_rotary(t, h, h_kv, d, dtype, inplace, seed)
+
+
+def test_rotary_twin_is_the_rotation():
+    # position p rotates each pair (x_i, x_{i+D/2}) by angle p * inv_freq_i; norms are kept.
+    d, cache = 8, cos_sin_cache(16, 8)
+    q = torch.randn(4, 3, d, device=DEVICE)
+    k = torch.randn(4, 1, d, device=DEVICE)
+    pos = torch.tensor([0, 1, 5, 15], device=DEVICE)
+    rq, _ = ref.rotary(pos, q.clone(), k.clone(), cache)
+    torch.testing.assert_close(rq[0], q[0])                       # position 0: identity
+    pair = lambda x: torch.stack((x[..., : d // 2], x[..., d // 2:]), -1).norm(dim=-1)  # noqa: E731
+    torch.testing.assert_close(pair(rq), pair(q))
+    assert not torch.allclose(rq[1:], q[1:])
+
+
+def test_rotary_rejects_bad_shapes():
+    cache = cos_sin_cache(8, 6)
+    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    for fn in (rotary, ref.rotary):
+        with pytest.raises(ValueError, match="q must be"):
+            fn(pos, torch.randn(3, 2, 6, device=DEVICE), torch.randn(2, 1, 6, device=DEVICE), cache)
+        with pytest.raises(ValueError, match="k must be"):
+            fn(pos, torch.randn(2, 2, 6, device=DEVICE), torch.randn(2, 1, 4, device=DEVICE), cache)
+
+
+# ---------------------------------------------------------------- SiLU and multiply
+def _check_silu_and_mul(rows: int, i: int, dtype: torch.dtype, seed: int) -> None:
+    x = (torch.randn(rows, 2 * i, generator=gen(seed)) * 4).to(DEVICE, dtype)
+    out = poison((rows, i), dtype)
+    got = silu_and_mul(x, out=out)
+    assert got is out
+    close(got, ref.silu_and_mul(x), dtype)
+
+
+@given(rows=st.integers(1, 9), i=st.sampled_from([1, 5, 17, 160, 1100]), dtype=DTYPES, seed=st.integers(0, 2**16))
+def test_silu_and_mul_matches_twin(rows, i, dtype, seed):
+    _check_silu_and_mul(rows, i, dtype, seed)
+
+
+def test_silu_and_mul_values_and_errors():
+    x = torch.tensor([[0.0, 1.0, 2.0, 3.0]], device=DEVICE)        # gate (0, 1), up (2, 3)
+    want = torch.tensor([[0.0, 3.0 / (1.0 + torch.exp(torch.tensor(-1.0)).item())]], device=DEVICE)
+    close(silu_and_mul(x), want, torch.float32)
+    close(ref.silu_and_mul(x), want, torch.float32)
+    for fn in (silu_and_mul, ref.silu_and_mul):
+        with pytest.raises(ValueError, match="even"):
+            fn(torch.randn(2, 5, device=DEVICE))
+
+
+# ---------------------------------------------------------------- real shapes on the GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_gpu_bf16(with_residual):
+    _check_rms_norm(1000, 4096, torch.bfloat16, with_residual, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inplace", [False, True])
+def test_rotary_gpu_bf16(inplace):
+    _check_rotary(1000, 32, 8, 128, torch.bfloat16, inplace, 0)
+
+
+@pytest.mark.gpu
+def test_silu_and_mul_gpu_bf16():
+    _check_silu_and_mul(1000, 14336, torch.bfloat16, 0)
