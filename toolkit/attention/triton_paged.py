@@ -1,0 +1,140 @@
+"""TritonPagedAttention: the fast path over the paged KV cache.
+
+plan() reads the step's small index arrays once (one device->host copy per step, not per
+layer), builds the tile schedule (decode vs prefill, split-KV) and preallocates the split
+buffers; run() launches the decode tiles (+ the LSE merge when split) and the prefill tiles,
+and allocates nothing but its output. On a CPU without TRITON_INTERPRET=1 it runs the kernels'
+pure-torch twins (toolkit.kernels.reference_attention) on the same schedule.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from typing import Any, Callable
+
+import torch
+
+from toolkit.attention.common import check_geometry, check_layout, check_qkv
+from toolkit.attention.schedule import Schedule, build_schedule
+from toolkit.attention.tuning import KernelConfig, default_config
+from toolkit.blocks.kv_cache import KVCache
+from toolkit.blocks.layout import PagedKVLayout
+from toolkit.kernels import reference as ref
+from toolkit.kernels import reference_attention
+
+
+class TritonPagedAttention:
+    def __init__(self, kv_cache: KVCache, num_heads: int, head_dim: int, scale: float | None = None,
+                 sliding_window: int | None = None, soft_cap: float | None = None, *,
+                 config: KernelConfig | None = None) -> None:
+        check_geometry(kv_cache, num_heads, head_dim)
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
+        if soft_cap is not None and not soft_cap > 0:
+            raise ValueError(f"soft_cap must be None or > 0, got {soft_cap}")
+        self.kv_cache = kv_cache
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_cache.num_kv_heads, head_dim
+        self.group = num_heads // kv_cache.num_kv_heads
+        self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.sliding_window = sliding_window
+        self.soft_cap = soft_cap
+        dev = kv_cache.device
+        self.config = config or default_config(kv_cache.dtype, head_dim, self.group, dev)
+        use_triton = dev.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        self._attn, self._merge = self._kernels(use_triton)
+        self._write_kv = self._write_kv_impl(dev)
+        self.layout: PagedKVLayout | None = None
+        self.schedule: Schedule | None = None
+        self._work: dict[str, torch.Tensor] = {}
+
+    @staticmethod
+    def _kernels(use_triton: bool) -> tuple[Callable[..., None], Callable[..., None]]:
+        if not use_triton:
+            return reference_attention.paged_attention, reference_attention.merge_attention_states
+        from toolkit.kernels.merge_attention_states import merge_attention_states
+        from toolkit.kernels.paged_attention import paged_attention
+        return paged_attention, merge_attention_states
+
+    @staticmethod
+    def _write_kv_impl(dev: torch.device) -> Callable[..., None]:
+        # The Triton cache writer is used on CUDA once toolkit/kernels/write_kv.py exists.
+        if dev.type == "cuda" and importlib.util.find_spec("toolkit.kernels.write_kv") is not None:
+            from toolkit.kernels.write_kv import write_kv
+            return write_kv
+        return ref.write_kv
+
+    def plan(self, layout: PagedKVLayout) -> None:
+        check_layout(layout, self.kv_cache)
+        cfg, dev = self.config, self.kv_cache.device
+        qo, kvp = layout.qo_indptr.tolist(), layout.kv_indptr.tolist()
+        kv_lens = layout.kv_lens.tolist()
+        sched = build_schedule(qo, kv_lens, kvp, num_kv_heads=self.num_kv_heads, decode=cfg.decode,
+                               prefill=cfg.prefill, window=self.sliding_window,
+                               target_programs=cfg.target_programs,
+                               min_split_tokens=cfg.min_split_tokens)
+        rows = sched.decode + sched.prefill + sched.merge_rows
+        # one host->device copy of all int32 tables: [decode W | prefill W | merge rows (pairs)]
+        flat = [x for r in rows for x in r]
+        table = torch.tensor(flat, dtype=torch.int32).to(dev, non_blocking=True)
+        n_dec, n_pre = len(sched.decode) * 10, len(sched.prefill) * 10
+        self._work = {
+            "decode": table[:n_dec].view(-1, 10),
+            "prefill": table[n_dec:n_dec + n_pre].view(-1, 10),
+            "merge": table[n_dec + n_pre:].view(-1, 2),
+        }
+        if sched.merge_rows:
+            r, s = len(sched.merge_rows), sched.num_splits
+            self._part_out = torch.empty(r, self.num_heads, s, self.head_dim, dtype=torch.float32,
+                                         device=dev)                       # [R, H, S, D]
+            self._part_lse = torch.empty(r, self.num_heads, s, dtype=torch.float32, device=dev)
+        else:
+            self._part_out = self._part_lse = None
+        self.kv_indices = layout.kv_indices
+        self.layout, self.schedule = layout, sched
+
+    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.layout is None:
+            raise RuntimeError("call plan(layout) before write_kv()")
+        check_qkv(None, k, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
+        check_qkv(None, v, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
+        self._write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping)
+
+    def run(self, layer: int, q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """q [T, H, D] -> out [T, H, D] (written into `out` when given: q's shape and dtype,
+        last dim contiguous)."""
+        if self.layout is None or self.schedule is None:
+            raise RuntimeError("call plan(layout) before run()")
+        cache = self.kv_cache[layer]
+        check_qkv(q, None, cache, self.num_heads, self.layout.num_tokens)
+        if q.stride(-1) != 1:
+            raise ValueError("q's last dimension must be contiguous")
+        if out is None:
+            out = torch.empty_like(q)
+        elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+            raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim, "
+                             f"got {tuple(out.shape)} {out.dtype}")
+        cfg = self.config
+        common: dict[str, Any] = dict(scale=self.scale, soft_cap=self.soft_cap,
+                                      sliding_window=self.sliding_window, num_q_per_kv=self.group)
+        if self.schedule.decode:
+            t = cfg.decode
+            self._attn(q, cache, self.kv_indices, self._work["decode"], out, self._part_out,
+                       self._part_lse, block_q=t.block_q, block_n=t.block_n,
+                       num_warps=t.num_warps, num_stages=t.num_stages, **common)
+            if self._part_out is not None:
+                self._merge(self._part_out, self._part_lse, self._work["merge"], out)
+        if self.schedule.prefill:
+            t = cfg.prefill
+            self._attn(q, cache, self.kv_indices, self._work["prefill"], out, None, None,
+                       block_q=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
+                       num_stages=t.num_stages, **common)
+        return out
+
+    def __repr__(self) -> str:
+        s = self.schedule
+        plan = (f"{len(s.decode)} decode items x {s.num_splits} splits max, {len(s.prefill)} "
+                f"prefill tiles" if s else "not planned")
+        return (f"TritonPagedAttention(heads={self.num_heads}/{self.num_kv_heads}, d={self.head_dim}, "
+                f"window={self.sliding_window}, soft_cap={self.soft_cap}, {plan})")

@@ -1,0 +1,51 @@
+"""Launch configurations of the paged-attention kernel, by dtype, head size and GQA group.
+
+Chosen from measurements on an H200 (benchmarks/NOTES_attention.md); under Triton's CPU
+interpreter small tiles keep tests fast and make every masked/unmasked loop path run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from toolkit.attention.schedule import TileConfig
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    decode: TileConfig
+    prefill: TileConfig
+    target_programs: int      # split decode KV until this many programs run (0: never split)
+    min_split_tokens: int     # fewest keys per split
+
+    def __post_init__(self) -> None:
+        for name, t in (("decode", self.decode), ("prefill", self.prefill)):
+            if t.block_q < 1 or t.block_n < 16 or t.block_n & (t.block_n - 1):
+                raise ValueError(f"{name} tile needs block_q >= 1 and block_n a power of two "
+                                 f">= 16, got {t}")
+        if self.min_split_tokens < 1:
+            raise ValueError(f"min_split_tokens must be >= 1, got {self.min_split_tokens}")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def default_config(dtype: torch.dtype, head_dim: int, group: int, device: torch.device) -> KernelConfig:
+    """Rows per program: decode max(16, G_pad) (one token of every head of the group);
+    prefill about 128 rows (64 for fp32 or head_dim 256, for registers and shared memory)."""
+    g_pad, d_pad = _pow2(group), _pow2(head_dim)
+    if device.type != "cuda":   # interpreter: small tiles, several steps and splits even at tiny shapes
+        dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=16, num_warps=4, num_stages=1)
+        pre = TileConfig(block_q=max(1, 32 // g_pad), block_n=16, num_warps=4, num_stages=1)
+        return KernelConfig(dec, pre, target_programs=8, min_split_tokens=16)
+    wide = dtype == torch.float32 or d_pad > 128
+    dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=32 if wide else 64, num_warps=4,
+                     num_stages=2 if wide else 3)
+    rows = 64 if wide else 128
+    pre = TileConfig(block_q=max(1, rows // g_pad), block_n=32 if wide else 64,
+                     num_warps=8 if d_pad >= 128 else 4, num_stages=2 if wide else 3)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256)

@@ -1,0 +1,185 @@
+"""Paged attention over the KV cache (Triton): one kernel for decode rows and prefill chunks.
+
+A program owns one *work item* (a tile of up to BLOCK_Q query tokens of one sequence, and
+optionally one split of its keys) for one KV head, and processes all NUM_Q_PER_KV query
+heads of that KV head together: its BLOCK_M = BLOCK_Q * G_PAD rows are (token, head) pairs,
+so every K/V tile is loaded once per GQA group (what makes decode bandwidth-efficient).
+
+The work table (int32 [W, WORK_COLS], built on the host by toolkit.attention.schedule) holds,
+per item: first query row, number of query tokens, position of the first query token, first
+entry of the sequence's page list, and the key range split into three parts
+[start, full_lo) masked, [full_lo, full_hi) unmasked (every row sees every key), [full_hi, hi)
+masked; plus the partial-result row and split index when SPLIT (flash-decoding): then the
+program writes its normalized partial output and log-sum-exp, merged later by
+toolkit.kernels.merge_attention_states.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+WORK_COLS = 10   # columns of the work table, in the order read below
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _attend(
+    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base, n_lo, n_hi, hi,
+    stride_cb, stride_cs, head_off, scale, soft_cap, window,
+    MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Online softmax over keys [n_lo, n_hi) in steps of BLOCK_N; acc [M, D_PAD], l_i/m_i [M]
+    (m_i in log2 units). MASKED tiles apply causal, window and `< hi` masks."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    for n in range(n_lo, n_hi, BLOCK_N):
+        pos = n + offs_n                                                   # [N] key positions
+        if MASKED:
+            kin = pos < hi
+            page = tl.load(kv_indices_ptr + page_base + pos // PAGE, mask=kin, other=0)
+        else:
+            page = tl.load(kv_indices_ptr + page_base + pos // PAGE)
+        slot = page.to(tl.int64) * stride_cb + (pos % PAGE) * stride_cs + head_off   # [N]
+        kt_ptrs = k_ptr + slot[None, :] + offs_d[:, None]                  # [D_PAD, N]
+        v_ptrs = v_ptr + slot[:, None] + offs_d[None, :]                   # [N, D_PAD]
+        if MASKED:
+            if D == D_PAD:
+                kt = tl.load(kt_ptrs, mask=kin[None, :], other=0.0)
+                v = tl.load(v_ptrs, mask=kin[:, None], other=0.0)
+            else:
+                kt = tl.load(kt_ptrs, mask=kin[None, :] & (offs_d[:, None] < D), other=0.0)
+                v = tl.load(v_ptrs, mask=kin[:, None] & (offs_d[None, :] < D), other=0.0)
+        else:
+            if D == D_PAD:
+                kt = tl.load(kt_ptrs)
+                v = tl.load(v_ptrs)
+            else:
+                kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
+                v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+        s = tl.dot(q, kt, input_precision=PRECISION)                       # [M, N] fp32
+        if HAS_SOFTCAP:
+            # soft_cap * tanh(x / soft_cap), tanh(y) = 1 - 2 / (exp(2y) + 1) (no tanh intrinsic needed)
+            y = s * (scale / soft_cap)
+            s = soft_cap * (1.0 - 2.0 / (tl.exp2(y * (2.0 * LOG2E)) + 1.0)) * LOG2E
+        else:
+            s = s * (scale * LOG2E)
+        if MASKED:
+            ok = (pos[None, :] <= q_pos[:, None]) & kin[None, :]
+            if HAS_WINDOW:
+                ok = ok & (pos[None, :] > q_pos[:, None] - window)
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))                              # [M]
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)              # rows with no key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])                                   # [M, N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_ptr, v_ptr, kv_indices_ptr, work_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+    stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
+    scale, soft_cap, window,
+    NUM_Q_PER_KV: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    WORK_COLS: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
+    w = tl.program_id(0)
+    kvh = tl.program_id(1)
+    item = work_ptr + w * WORK_COLS
+    q_start = tl.load(item + 0)
+    n_q = tl.load(item + 1)
+    first_pos = tl.load(item + 2)
+    page_base = tl.load(item + 3)
+    start = tl.load(item + 4)
+    full_lo = tl.load(item + 5)
+    full_hi = tl.load(item + 6)
+    hi = tl.load(item + 7)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    tok = offs_m // G_PAD                                                  # [M] token in tile
+    head = kvh * NUM_Q_PER_KV + offs_m % G_PAD                             # [M] query head
+    row_ok = (tok < n_q) & (offs_m % G_PAD < NUM_Q_PER_KV)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
+    q_rows = (q_start + tok).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)          # [M, D_PAD]
+    q_pos = first_pos + tok                                                # [M]
+
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    head_off = kvh * stride_ch
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
+                            start, full_lo, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
+                            window, True, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD, PRECISION)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
+                            full_lo, full_hi, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
+                            window, False, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD,
+                            PRECISION)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
+                            full_hi, hi, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
+                            window, True, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD, PRECISION)
+
+    has = l_i > 0.0                                                        # a row of an empty split has none
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    st_mask = row_ok[:, None] & d_ok[None, :]
+    if SPLIT:
+        part_row = tl.load(item + 8)
+        split = tl.load(item + 9)
+        lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / LOG2E, float("-inf"))
+        prow = (part_row + tok).to(tl.int64)
+        tl.store(part_out_ptr + prow[:, None] * stride_pr + head[:, None] * stride_ph
+                 + split * stride_ps + offs_d[None, :], o, mask=st_mask)
+        tl.store(part_lse_ptr + prow * stride_lr + head * stride_lh + split, lse, mask=row_ok)
+    else:
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=st_mask)
+
+
+def paged_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, kv_indices: torch.Tensor, work: torch.Tensor,
+    out: torch.Tensor, part_out: torch.Tensor | None, part_lse: torch.Tensor | None, *,
+    scale: float, soft_cap: float | None, sliding_window: int | None, num_q_per_kv: int,
+    block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
+) -> None:
+    """Attention of the work items' query tiles over the paged cache.
+
+    q [T, H, D]; kv_cache [2, NB, BS, H_kv, D]; kv_indices int32 [nnz]; work int32 [W, WORK_COLS];
+    out [T, H, D] (written unless part_out is given); part_out float32 [R, H, S, D] and
+    part_lse float32 [R, H, S] (natural-log LSE) receive split partials when given.
+    """
+    n_work = work.shape[0]
+    if n_work == 0:
+        return
+    _, _, page, h_kv, d = kv_cache.shape
+    split = part_out is not None
+    g_pad = triton.next_power_of_2(num_q_per_kv)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]                            # [NB, BS, H_kv, D]
+    po = part_out if split else out                                        # placeholders when unused
+    pl = part_lse if split else out
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _paged_attention_kernel[(n_work, h_kv)](
+        q, k_cache, v_cache, kv_indices, work, out, po, pl,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        po.stride(0), po.stride(1), po.stride(2) if split else 0,
+        pl.stride(0), pl.stride(1),
+        float(scale), float(soft_cap or 1.0), int(sliding_window or 0),
+        NUM_Q_PER_KV=num_q_per_kv, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=page,
+        D=d, D_PAD=triton.next_power_of_2(d), HAS_WINDOW=sliding_window is not None,
+        HAS_SOFTCAP=soft_cap is not None, SPLIT=split, PRECISION=precision,
+        WORK_COLS=WORK_COLS, num_warps=num_warps, num_stages=num_stages,
+    )

@@ -1,0 +1,58 @@
+"""Pure-torch twins of toolkit/kernels/paged_attention.py and merge_attention_states.py:
+same names, same signatures, same work-table semantics, computed in float32.
+
+They are the test oracle of the kernels' bookkeeping, and the CPU path of
+TritonPagedAttention when Triton's interpreter is off.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WORK_COLS = 10
+
+
+def paged_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, kv_indices: torch.Tensor, work: torch.Tensor,
+    out: torch.Tensor, part_out: torch.Tensor | None, part_lse: torch.Tensor | None, *,
+    scale: float, soft_cap: float | None, sliding_window: int | None, num_q_per_kv: int,
+    block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
+) -> None:
+    """Twin of the Triton launcher (block_q, block_n, num_warps, num_stages are ignored):
+    each work item's keys [start, hi) masked causally, by the window and by `< hi`."""
+    del block_q, block_n, num_warps, num_stages
+    _, _, page, h_kv, d = kv_cache.shape
+    pages = kv_indices.long()
+    for q_start, n_q, first_pos, page_base, start, _, _, hi, part_row, split in work.tolist():
+        pos = torch.arange(start, hi, device=q.device)                     # [S] key positions
+        blocks = pages[page_base + pos // page]
+        k = kv_cache[0, blocks, pos % page].float()                        # [S, H_kv, D]
+        v = kv_cache[1, blocks, pos % page].float()
+        qt = q[q_start:q_start + n_q].float().view(n_q, h_kv, num_q_per_kv, d)   # [Q, H_kv, G, D]
+        s = torch.einsum("qhgd,shd->hgqs", qt, k) * scale                  # [H_kv, G, Q, S]
+        if soft_cap is not None:
+            s = soft_cap * torch.tanh(s / soft_cap)
+        q_pos = first_pos + torch.arange(n_q, device=q.device)[:, None]    # [Q, 1]
+        ok = pos[None, :] <= q_pos
+        if sliding_window is not None:
+            ok &= pos[None, :] > q_pos - sliding_window
+        s = s.masked_fill(~ok, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)                                   # [H_kv, G, Q]; -inf: no key
+        p = torch.exp(s - lse.clamp_min(torch.finfo(torch.float32).min)[..., None])
+        o = torch.einsum("hgqs,shd->qhgd", p, v).reshape(n_q, h_kv * num_q_per_kv, d)
+        if part_out is None:
+            out[q_start:q_start + n_q] = o.to(out.dtype)
+        else:
+            assert part_lse is not None
+            part_out[part_row:part_row + n_q, :, split] = o
+            part_lse[part_row:part_row + n_q, :, split] = lse.permute(2, 0, 1).reshape(n_q, -1)
+
+
+def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows: torch.Tensor,
+                           out: torch.Tensor) -> None:
+    """part_out float32 [R, H, S, D], part_lse float32 [R, H, S], rows int32 [R, 2] =
+    (output token, number of valid splits) -> out[token, h]."""
+    for r, (token, n_splits) in enumerate(rows.tolist()):
+        lse = part_lse[r, :, :n_splits]                                    # [H, n]
+        wgt = torch.softmax(lse, dim=-1)                                   # exp(lse - logsumexp(lse))
+        out[token] = torch.einsum("hs,hsd->hd", wgt, part_out[r, :, :n_splits]).to(out.dtype)
