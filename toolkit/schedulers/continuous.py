@@ -1,0 +1,127 @@
+"""ContinuousBatchingScheduler: phase-free continuous batching (vLLM V1's rule).
+
+Each step grants tokens so that `num_computed_tokens` catches up with
+`num_tokens_with_spec`, within `max_num_batched_tokens` and `max_num_seqs`:
+1. running requests, in policy order: a decode is 1 token (1 + drafts when
+   `spec_token_ids` is set), an unfinished prefill or recompute gets what the budget
+   leaves (a chunk). When blocks run out, the policy's victim among the not yet scheduled
+   running requests is preempted by recompute; if the victim is the request itself it
+   waits. Nothing is admitted in a step that preempted.
+2. waiting requests, in policy order (preempted ones are requeued at the front): a
+   prefix-cache hit over the full blocks (never the last token), then a chunk of the
+   remaining budget (or, without chunked prefill, the whole rest or wait). Admission
+   stops at the first request that does not fit (no overtaking: FCFS cannot starve).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolkit.schedulers.core import SchedulerCore
+from toolkit.schedulers.policies import Policy, resolve_policy
+from toolkit.types import Request, RequestStatus, ScheduledRequest, SchedulerOutput
+
+
+class ContinuousBatchingScheduler(SchedulerCore):
+    def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+                 policy: str | Policy | Any = "fcfs", enable_prefix_caching: bool = True,
+                 enable_chunked_prefill: bool = True, num_lookahead_tokens: int = 0) -> None:
+        super().__init__(allocator, block_size=block_size, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                         enable_prefix_caching=enable_prefix_caching,
+                         num_lookahead_tokens=num_lookahead_tokens)
+        self.policy = resolve_policy(policy)
+        self.enable_chunked_prefill = bool(enable_chunked_prefill)
+
+    def never_fits(self, request: Request) -> str | None:
+        p = request.num_prompt_tokens
+        if not self.enable_chunked_prefill and p > self.max_num_batched_tokens:
+            return (f"prompt of {p} tokens exceeds max_num_batched_tokens={self.max_num_batched_tokens} "
+                    "and chunked prefill is off")
+        return super().never_fits(request)
+
+    # -- one step --
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_ids=self._drain_finished())
+        budget = self.max_num_batched_tokens
+        self.running.sort(key=self.policy.sort_key)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            end = min(req.num_tokens_with_spec, self.cap_end(req), req.num_computed_tokens + budget)
+            if not self._grow(req, end, i, out):
+                continue                       # req itself was preempted; running[i] is the next one
+            n = end - req.num_computed_tokens
+            out.scheduled.append(self._scheduled(req, n))
+            budget -= n
+            i += 1
+        if not out.preempted_ids:
+            for req in sorted(self.waiting, key=self.policy.sort_key):
+                if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                    break
+                s = self._admit(req, budget)
+                if s is None:
+                    break
+                out.scheduled.append(s)
+                budget -= s.num_new_tokens
+        return out
+
+    def _alloc_end(self, req: Request, end: int) -> int:
+        return min(end + self.num_lookahead_tokens, max(end, self.cap_end(req)))
+
+    def _grow(self, req: Request, end: int, i: int, out: SchedulerOutput) -> bool:
+        """Give req blocks up to `end` (+ lookahead), preempting policy victims among
+        running[i:] as needed. False if req itself was preempted."""
+        while True:
+            need = self.blocks_for(self._alloc_end(req, end)) - len(req.block_ids)
+            if need <= 0:
+                return True
+            if need <= self.allocator.num_free_blocks():
+                req.block_ids.extend(self.allocator.allocate(need))
+                return True
+            candidates = self.running[i:]
+            victim = self.policy.victim(candidates)
+            if victim not in candidates:
+                raise ValueError(f"policy {self.policy!r} chose {getattr(victim, 'request_id', victim)!r}, "
+                                 "which is not one of the candidates it was given")
+            self._preempt(victim, out)
+            if victim is req:
+                return False
+
+    def _admit(self, req: Request, budget: int) -> ScheduledRequest | None:
+        hits: list[int] = []
+        if self.enable_prefix_caching:
+            # never the block holding the last token: one token must be computed for logits
+            hits = self.allocator.lookup(self._block_hashes(req, (req.num_tokens - 1) // self.block_size))
+        computed = len(hits) * self.block_size
+        n = req.num_tokens - computed
+        if n > budget:
+            # without chunking a request waits for a step it fits in whole; one that never
+            # fits a step (a recompute grown past the budget) is chunked anyway
+            if not self.enable_chunked_prefill and n <= self.max_num_batched_tokens:
+                return self._unhit(hits)
+            n = budget
+        need = self.blocks_for(self._alloc_end(req, computed + n)) - len(hits)
+        if need > self.allocator.num_free_blocks():
+            return self._unhit(hits)
+        req.block_ids = hits + self.allocator.allocate(need)
+        req.num_computed_tokens = req.num_cached_tokens = computed
+        self._published[req.request_id] = len(hits)
+        req.status = RequestStatus.RUNNING
+        self.waiting.remove(req)
+        self.running.append(req)
+        return self._scheduled(req, n)
+
+    def _unhit(self, hits: list[int]) -> None:
+        if hits:
+            self.allocator.free(list(reversed(hits)))
+        return None
+
+    def _after_update(self, req: Request) -> None:
+        """Free tail blocks no longer needed (rolled-back draft slots beyond the lookahead)."""
+        keep = self.blocks_for(self._alloc_end(req, req.num_tokens))
+        if len(req.block_ids) > keep:
+            tail = req.block_ids[keep:]
+            del req.block_ids[keep:]
+            self.allocator.free(list(reversed(tail)))

@@ -1,0 +1,263 @@
+"""What every scheduler here shares: request bookkeeping, abort, and `update` (append the
+sampled tokens, token-level stops, free finished requests' blocks, publish full blocks).
+
+A subclass writes `schedule()` only. Conventions it relies on:
+- `num_computed_tokens` changes in `update` (and at admission, by a prefix-cache hit),
+  never in `schedule`; so `schedule` and `update` strictly alternate.
+- `request.block_ids` is the request's block table; a finished request holds none.
+- Requests that finish are reported once in the next `SchedulerOutput.finished_ids`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from toolkit.blocks.hashing import NONE_HASH, hash_blocks
+from toolkit.types import Request, RequestOutput, RequestStatus, ScheduledRequest, SchedulerOutput
+
+
+def _positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def check_stop(request: Request, max_len: int) -> RequestStatus | None:
+    """Token-level stop after the last appended token (stop ids beat length on the same token).
+
+    EOS (unless ignore_eos) and stop_token_ids count only once min_tokens are out;
+    FINISHED_LENGTH at max_tokens outputs or once the sequence holds max_len tokens.
+    """
+    sp = request.sampling_params
+    last = request.output_token_ids[-1]
+    if request.num_output_tokens >= sp.min_tokens:
+        if not sp.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
+            request.stop_reason = None
+            return RequestStatus.FINISHED_STOPPED
+        if sp.stop_token_ids and last in sp.stop_token_ids:
+            request.stop_reason = last
+            return RequestStatus.FINISHED_STOPPED
+    if request.num_output_tokens >= sp.max_tokens or request.num_tokens >= max_len:
+        return RequestStatus.FINISHED_LENGTH
+    return None
+
+
+class SchedulerCore:
+    """Bookkeeping shared by the schedulers; see the module docstring for the contract."""
+
+    def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+                 enable_prefix_caching: bool = False, num_lookahead_tokens: int = 0) -> None:
+        self.allocator = allocator
+        self.block_size = _positive("block_size", block_size)
+        if getattr(allocator, "block_size", block_size) != block_size:
+            raise ValueError(f"block_size={block_size} differs from the allocator's "
+                             f"block_size={allocator.block_size}; pass the same value")
+        self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = _positive("max_num_batched_tokens", max_num_batched_tokens)
+        self.max_model_len = None if max_model_len is None else _positive("max_model_len", max_model_len)
+        if not isinstance(num_lookahead_tokens, int) or num_lookahead_tokens < 0:
+            raise ValueError(f"num_lookahead_tokens must be an integer >= 0, got {num_lookahead_tokens!r}")
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        # usable blocks: what the cache can give one request when it runs alone
+        self.capacity_blocks = allocator.num_blocks - getattr(allocator, "num_reserved", 0)
+        self.requests: dict[str, Request] = {}      # live: waiting, preempted or running
+        self.waiting: list[Request] = []            # preempted ones are put at the front
+        self.running: list[Request] = []
+        self._finished_ids: list[str] = []          # finished since the last schedule()
+        self._ignored: dict[str, Request] = {}      # to report as outputs in update()
+        self._hashes: dict[str, list[int]] = {}     # block hash chain of each live request
+        self._published: dict[str, int] = {}        # leading blocks already published
+
+    # -- limits --
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def max_len(self, request: Request) -> int:
+        """Longest the sequence may grow: max_model_len (scheduler's, request's) and the cache."""
+        cap = self.capacity_blocks * self.block_size
+        for m in (self.max_model_len, request.max_model_len):
+            if m is not None:
+                cap = min(cap, m)
+        return cap
+
+    def cap_end(self, request: Request) -> int:
+        """Positions past this are never worth computing (max_len, or beyond max_tokens)."""
+        sp = request.sampling_params
+        return max(request.num_tokens,
+                   min(self.max_len(request), request.num_prompt_tokens + sp.max_tokens - 1))
+
+    def never_fits(self, request: Request) -> str | None:
+        """Why this request can never run here, or None."""
+        p = request.num_prompt_tokens
+        lim = [m for m in (self.max_model_len, request.max_model_len) if m is not None]
+        if lim and p > min(lim):
+            return f"prompt of {p} tokens exceeds max_model_len={min(lim)}"
+        if self.blocks_for(p) > self.capacity_blocks:
+            return (f"prompt of {p} tokens needs {self.blocks_for(p)} blocks of {self.block_size}; "
+                    f"the cache has {self.capacity_blocks}")
+        return None
+
+    # -- the Scheduler protocol (schedule() is the subclass's) --
+    def add_request(self, request: Request) -> None:
+        if not isinstance(request, Request):
+            raise ValueError(f"add_request takes a toolkit.types.Request, got {type(request).__name__}")
+        rid = request.request_id
+        if rid in self.requests or rid in self._ignored:
+            raise ValueError(f"request id {rid!r} is already queued; request ids must be unique")
+        if request.block_ids or request.num_computed_tokens:
+            raise ValueError(f"request {rid!r} already holds blocks or computed tokens; add a fresh Request")
+        if self.never_fits(request) is not None:
+            request.status = RequestStatus.FINISHED_IGNORED
+            self._ignored[rid] = request
+            self._finished_ids.append(rid)
+            return
+        request.status = RequestStatus.WAITING
+        self.requests[rid] = request
+        self.waiting.append(request)
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Finish these now (FINISHED_ABORTED) and free their blocks; unknown or finished ids
+        are skipped. Aborted requests get no RequestOutput from update (the caller knows);
+        they appear once in the next SchedulerOutput.finished_ids."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None:
+                self._finish(req, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests or self._ignored)
+
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]) -> list[RequestOutput]:
+        """Apply one step's results.
+
+        For each scheduled request that `samples`, `sampled[id]` holds 1 to 1 + num_spec_tokens
+        tokens: the accepted draft tokens followed by one sampled (bonus / correction) token.
+        They are appended one by one with a stop check after each (the rest are dropped on a
+        stop); then num_computed_tokens = num_tokens - 1 (the last token is not computed yet),
+        which rolls back the rejected drafts. A request that did not sample (a prefill chunk)
+        only advances num_computed_tokens to the chunk's end. Requests aborted since
+        schedule() are skipped. Returns a RequestOutput for each request that got tokens or
+        finished, including requests ignored at add_request (finish_reason "rejected").
+        """
+        live = [s for s in out.scheduled if self.requests.get(s.request_id) is s.request]
+        for s in live:       # validate everything before changing anything
+            if s.request.num_computed_tokens != s.start:
+                raise ValueError(f"request {s.request_id!r} has {s.request.num_computed_tokens} computed tokens "
+                                 f"but was scheduled from {s.start}; call update once per schedule, in order")
+            if s.samples:
+                toks = sampled.get(s.request_id)
+                if not toks or len(toks) > 1 + s.num_spec_tokens:
+                    raise ValueError(
+                        f"request {s.request_id!r} sampled this step ({s.num_spec_tokens} draft tokens); "
+                        f"sampled[{s.request_id!r}] must hold 1 to {1 + s.num_spec_tokens} tokens, got {toks!r}")
+        outputs: list[RequestOutput] = []
+        for s in live:
+            outputs.extend(self._update_one(s, sampled.get(s.request_id, ())))
+        for rid in out.finished_ids:
+            req = self._ignored.pop(rid, None)
+            if req is not None:
+                outputs.append(RequestOutput(rid, [], True, req.status.finish_reason, None))
+        return outputs
+
+    # -- helpers for subclasses --
+    def _update_one(self, s: ScheduledRequest, tokens: Sequence[int]) -> list[RequestOutput]:
+        req = s.request
+        req.spec_token_ids = []
+        new: list[int] = []
+        status = None
+        if s.samples:
+            max_len = self.max_len(req)
+            for t in tokens:
+                req.output_token_ids.append(int(t))
+                new.append(int(t))
+                status = check_stop(req, max_len)
+                if status is not None:
+                    break
+            req.num_computed_tokens = req.num_tokens - 1
+        else:
+            req.num_computed_tokens = s.end
+        self._publish(req)
+        if status is not None:
+            self._finish(req, status)
+        else:
+            self._after_update(req)
+        if not new and status is None:
+            return []
+        return [RequestOutput(req.request_id, new, status is not None,
+                              status.finish_reason if status else None, req.stop_reason if status else None)]
+
+    def _after_update(self, request: Request) -> None:
+        """Hook: a live request's tokens were just updated (continuous trims its tail here)."""
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        self._free(req)
+        req.status = status
+        rid = req.request_id
+        del self.requests[rid]
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._hashes.pop(rid, None)
+        self._published.pop(rid, None)
+        self._finished_ids.append(rid)
+
+    def _free(self, req: Request) -> None:
+        if req.block_ids:
+            self.allocator.free(list(reversed(req.block_ids)))   # tail blocks evicted first
+        req.block_ids = []
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        """Recompute preemption: free the blocks, forget progress, requeue at the front."""
+        self._free(req)
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self._published[req.request_id] = 0
+        self.running.remove(req)
+        self.waiting.insert(0, req)
+        out.preempted_ids.append(req.request_id)
+
+    def _drain_finished(self) -> list[str]:
+        ids, self._finished_ids = self._finished_ids, []
+        return ids
+
+    def _block_hashes(self, req: Request, num_blocks: int) -> list[int]:
+        """The first num_blocks hashes of the request's token chain (computed incrementally)."""
+        chain = self._hashes.setdefault(req.request_id, [])
+        if len(chain) < num_blocks:
+            bs = self.block_size
+            tokens = req.all_token_ids[len(chain) * bs:num_blocks * bs]
+            chain.extend(hash_blocks(tokens, bs, req.cache_salt, chain[-1] if chain else NONE_HASH))
+        return chain[:num_blocks]
+
+    def _publish(self, req: Request) -> None:
+        """Publish blocks that are now full of computed tokens (prompt and output alike)."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(req.num_computed_tokens // self.block_size, len(req.block_ids))
+        done = self._published.get(req.request_id, 0)
+        if full <= done:
+            return
+        hashes = self._block_hashes(req, full)
+        for i in range(done, full):
+            self.allocator.publish(req.block_ids[i], hashes[i])
+        self._published[req.request_id] = full
+
+    def _scheduled(self, req: Request, num_new_tokens: int) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        spec = max(0, start + num_new_tokens - req.num_tokens)
+        return ScheduledRequest(req, start, num_new_tokens, list(req.block_ids), spec)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(running={len(self.running)}, waiting={len(self.waiting)}, "
+                f"free_blocks={self.allocator.num_free_blocks()}/{self.allocator.num_blocks}, "
+                f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens})")
