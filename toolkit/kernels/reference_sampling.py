@@ -1,0 +1,103 @@
+"""Pure-torch twins of the sampling kernels (same names and signatures as the Triton ops).
+
+`top_k_top_p_threshold` (kernels/top_k_top_p.py), `gumbel_sample` (kernels/gumbel_sample.py)
+and `apply_token_bitmask` (kernels/apply_bitmask.py). They are the oracle of the kernels'
+tests and the CPU path of the sampler. The noise hash is written out here exactly as in
+the Triton kernel, so a seeded row draws the same token on either path.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: Tensor, c: int) -> Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32) held in int64, without int64 overflow."""
+    lo, hi = x & 0xFFFF, x >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _M32
+
+
+def _fmix32(x: Tensor) -> Tensor:
+    """MurmurHash3's 32-bit finalizer: a bijection of [0, 2**32) with full avalanche."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def hash_uniform_bits(keys: Tensor, token_ids: Tensor) -> Tensor:
+    """32 random bits per (key, token): keys int64 [N, 1], token_ids int64 [1, V] -> int64 [N, V].
+
+    A counter-based generator: the bits depend on the row's key and the token id only, never on
+    the batch, the vocabulary size or the device.
+    """
+    k1 = keys & _M32
+    k2 = (keys >> 32) & _M32
+    x = _fmix32((_mul32(token_ids, 0x9E3779B9) + k1) & _M32)
+    return _fmix32(x ^ k2)
+
+
+def gumbel_noise(keys: Tensor, vocab_size: int) -> Tensor:
+    """Gumbel(0, 1) noise float32 [N, V] from keys int64 [N] (computed in float64, then rounded).
+
+    u = (bits + 0.5) / 2**32 lies in (0, 1); float64 keeps u's 32 bits exactly, so the small
+    Exp(1) values that decide the race (-log u for u near 1) keep their resolution.
+    """
+    ids = torch.arange(vocab_size, device=keys.device, dtype=torch.int64)[None, :]
+    bits = hash_uniform_bits(keys[:, None], ids)                       # [N, V]
+    u = (bits.to(torch.float64) + 0.5) * (1.0 / 4294967296.0)
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def gumbel_sample(logits: Tensor, keys: Tensor, greedy: Tensor) -> Tensor:
+    """Exponential race / Gumbel-max: argmax(logits + G) per row; greedy rows: argmax(logits).
+
+    logits float32 [N, V] (processed, -inf = excluded), keys int64 [N], greedy bool [N]
+    -> token ids int64 [N]. Ties go to the lowest token id; a row of only -inf gives 0.
+    """
+    noise = gumbel_noise(keys, logits.shape[1])                        # [N, V]
+    noise = torch.where(greedy[:, None], torch.zeros_like(noise), noise)
+    return torch.argmax(logits.float() + noise, dim=-1)                # first max = lowest id
+
+
+def top_k_top_p_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Per-row logit threshold t such that {logits >= t} is the top-k then top-p set.
+
+    logits float32 [N, V]; top_k int [N] (<= 0 or >= V: off); top_p float32 [N] (1: off)
+    -> t float32 [N] (-inf: keep all). Ties at a cut are all kept:
+      t_k = the k-th largest logit;
+      t   = the largest logit value v >= t_k with  sum_{l >= v} e^l >= top_p * sum_{l >= t_k} e^l.
+    Sorting twin of the bisection kernel; sums in float32 like the kernel.
+    """
+    n, v = logits.shape
+    srt = logits.float().sort(dim=-1, descending=True).values           # [N, V]
+    k = top_k.to(torch.int64)
+    k = torch.where((k <= 0) | (k > v), torch.full_like(k, v), k)
+    t_k = srt.gather(1, (k - 1)[:, None])                               # [N, 1]
+    m = srt[:, :1]
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(srt - m) * (srt >= t_k)                                # [N, V] kept mass
+    total = e.sum(dim=-1, keepdim=True)
+    cum = e.cumsum(dim=-1)
+    target = top_p.float()[:, None] * total
+    # first index whose running mass reaches the target; later ties only add mass
+    idx = (cum < target).sum(dim=-1, keepdim=True).clamp(max=v - 1)
+    t_p = torch.maximum(srt.gather(1, idx), t_k)
+    off = (top_p.float() >= 1.0)[:, None]
+    return torch.where(off, t_k, t_p).squeeze(1)
+
+
+def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> None:
+    """In place: logits[r, v] = -inf where bit v of row r is 0 (bit v%32 of word v//32).
+
+    logits float [N, V]; bitmask int32 [N, ceil(V/32)] (bit set = allowed).
+    """
+    v = logits.shape[1]
+    ids = torch.arange(v, device=logits.device)
+    words = bitmask.to(torch.int64)[:, ids // 32]                       # [N, V]
+    allowed = ((words >> (ids % 32)) & 1).bool()
+    logits.masked_fill_(~allowed, float("-inf"))

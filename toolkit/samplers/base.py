@@ -1,0 +1,223 @@
+"""The sampler contract: logits [N, V] + per-row SamplingMetadata -> SamplerOutput.
+
+One metadata row per logits row; a request may own several rows (n > 1, speculative
+positions), each row carrying its own prompt and output token lists. Everything a stage
+needs is built here once per step, on the host, from host data only; the fast sampler
+then runs with no host synchronisation.
+
+Logprobs are those of the raw model logits (log_softmax before penalties, bans and
+temperature: vLLM V1's default "raw_logprobs"). Column 0 is the sampled token, columns
+1..k the top-k; ranks are 1-based, rank = #{tokens with logprob >= the sampled one's}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from toolkit.samplers.bitmask import pack_token_bitmask
+from toolkit.types import SamplingParams
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def seed_key(seed: int, step: int) -> int:
+    """The 63-bit noise key of a seeded row at output position `step` (tokens so far)."""
+    return _splitmix64(_splitmix64(seed & _M64) ^ step) >> 1
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """logits float32 [N, V] -> tokens [N]; no host sync on the GPU path."""
+
+    def __call__(self, logits: Tensor, meta: "SamplingMetadata") -> "SamplerOutput": ...
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: Tensor                    # int64 [N]
+    logprobs: Tensor | None = None       # float32 [N, k+1]: sampled token, then top-k (raw)
+    logprob_token_ids: Tensor | None = None   # int64 [N, k+1]
+    ranks: Tensor | None = None          # int64 [N]: 1-based rank of the sampled token
+
+
+def _pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> Tensor:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), max(width, 1)), pad, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.int64)
+    return out.to(device)
+
+
+def _coo(pairs: list[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor] | None:
+    if not pairs:
+        return None
+    t = torch.tensor(pairs, dtype=torch.int64).to(device)              # [B, 2]
+    return t[:, 0].contiguous(), t[:, 1].contiguous()
+
+
+def _check_ids(ids: Sequence[int], vocab_size: int, row: int, field: str) -> None:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"row {row}: {field} has token ids {bad[:5]} outside the vocabulary "
+                         f"[0, {vocab_size})")
+
+
+def banned_bad_words(bad_words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
+    """Tokens that would complete a bad word now (vLLM V1: matched against output tokens)."""
+    out = []
+    for w in bad_words:
+        prefix = list(w[:-1])
+        if len(prefix) > len(output):
+            continue
+        if not prefix or list(output[len(output) - len(prefix):]) == prefix:
+            out.append(w[-1])
+    return out
+
+
+def min_tokens_banned(p: SamplingParams, num_output: int, eos: int | None) -> list[int]:
+    """Stop tokens banned while fewer than min_tokens outputs exist (EOS unless ignore_eos)."""
+    if num_output >= p.min_tokens:
+        return []
+    ids = list(p.stop_token_ids or [])
+    if eos is not None and not p.ignore_eos:
+        ids.append(eos)
+    return ids
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row tensors of one step (None = no row uses that stage) plus the host inputs."""
+
+    num_rows: int
+    vocab_size: int
+    device: torch.device
+    temperature: Tensor                  # float32 [N], 0 = greedy
+    greedy: Tensor                       # bool [N]
+    all_greedy: bool
+    top_k: Tensor | None                 # int64 [N], 0 = off
+    top_p: Tensor | None                 # float32 [N], 1 = off
+    min_p: Tensor | None                 # float32 [N], 0 = off
+    repetition_penalty: Tensor | None    # float32 [N] } all three set when any row penalises
+    presence_penalty: Tensor | None      # float32 [N] }
+    frequency_penalty: Tensor | None     # float32 [N] }
+    prompt_tokens: Tensor | None         # int64 [N, Lp], padded with vocab_size
+    output_tokens: Tensor | None         # int64 [N, Lo], padded with vocab_size
+    bias: tuple[Tensor, Tensor, Tensor] | None        # rows int64 [B], tokens int64 [B], values f32 [B]
+    allowed_bitmask: Tensor | None       # int32 [N, ceil(V/32)], rows without a list: all ones
+    bad_words: tuple[Tensor, Tensor] | None           # (rows, tokens) int64 [B] banned now
+    min_tokens: tuple[Tensor, Tensor] | None          # (rows, tokens) int64 [B] banned now
+    bitmask: Tensor | None               # int32 [N, ceil(V/32)] from a grammar (bit set = allowed)
+    seeded: Tensor                       # bool [N]
+    seed_keys: Tensor                    # int64 [N], seed_key(seed, len(output)); 0 if unseeded
+    any_seeded: bool
+    max_num_logprobs: int | None         # k of the widest logprobs request; None = none asked
+    # host copies, for the reference sampler and for users' stages
+    params: list[SamplingParams]
+    prompt_token_ids: list[list[int]]
+    output_token_ids: list[list[int]]
+    eos_token_ids: list[int | None]
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], prompt_token_ids: list[list[int]],
+              output_token_ids: list[list[int]], vocab_size: int, device: Any,
+              eos_token_ids: list[int | None] | None = None,
+              bitmask: Tensor | None = None) -> "SamplingMetadata":
+        """One row per logits row. Token ids outside [0, vocab_size) raise ValueError."""
+        n = len(params)
+        device = torch.device(device)
+        if len(prompt_token_ids) != n or len(output_token_ids) != n:
+            raise ValueError(f"params, prompt_token_ids and output_token_ids need one entry per "
+                             f"row; got {n}, {len(prompt_token_ids)}, {len(output_token_ids)}")
+        if eos_token_ids is None:
+            eos_token_ids = [None] * n
+        if len(eos_token_ids) != n:
+            raise ValueError(f"eos_token_ids needs one entry (int or None) per row: {n}, "
+                             f"got {len(eos_token_ids)}")
+        if not (isinstance(vocab_size, int) and vocab_size >= 1):
+            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        if bitmask is not None:
+            want = (n, (vocab_size + 31) // 32)
+            if bitmask.dtype != torch.int32 or tuple(bitmask.shape) != want:
+                raise ValueError(f"bitmask must be int32 of shape {want} (bit set = allowed), "
+                                 f"got {bitmask.dtype} {tuple(bitmask.shape)}")
+            bitmask = bitmask.to(device)
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"row {i}: params must be SamplingParams, got {type(p).__name__}")
+            _check_ids(p.logit_bias or {}, vocab_size, i, "logit_bias")
+            _check_ids(p.allowed_token_ids or [], vocab_size, i, "allowed_token_ids")
+            _check_ids([t for w in p.bad_words or [] for t in w], vocab_size, i, "bad_words")
+            _check_ids(p.stop_token_ids or [], vocab_size, i, "stop_token_ids")
+            eos = eos_token_ids[i]
+            if eos is not None:
+                _check_ids([eos], vocab_size, i, "eos_token_id")
+
+        def f32(vals: list[float]) -> Tensor:
+            return torch.tensor(vals, dtype=torch.float32).to(device)
+
+        temperature = f32([p.temperature for p in params])
+        greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool).to(device)
+        sampled = [p for p in params if not p.greedy]   # top-k/p, min_p only matter when sampling
+        top_k = (torch.tensor([p.top_k if p.top_k < vocab_size else 0 for p in params],
+                              dtype=torch.int64).to(device)
+                 if any(0 < p.top_k < vocab_size for p in sampled) else None)
+        top_p = f32([p.top_p for p in params]) if any(p.top_p < 1.0 for p in sampled) else None
+        min_p = f32([p.min_p for p in params]) if any(p.min_p > 0.0 for p in sampled) else None
+
+        penalised = any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                        or p.frequency_penalty != 0.0 for p in params)
+        rep = pres = freq = prompt_t = output_t = None
+        if penalised:
+            rep = f32([p.repetition_penalty for p in params])
+            pres = f32([p.presence_penalty for p in params])
+            freq = f32([p.frequency_penalty for p in params])
+            # repetition looks at prompt + output; rows without it need no prompt tokens
+            prompt_t = _pad([pr if p.repetition_penalty != 1.0 else []
+                             for p, pr in zip(params, prompt_token_ids)], vocab_size, device)
+            output_t = _pad(output_token_ids, vocab_size, device)
+
+        bias_pairs = [(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
+        bias = None
+        if bias_pairs:
+            rows, toks = _coo([(i, t) for i, t, _ in bias_pairs], device)  # type: ignore[misc]
+            bias = (rows, toks, f32([b for _, _, b in bias_pairs]))
+
+        allowed = None
+        if any(p.allowed_token_ids is not None for p in params):
+            allowed = pack_token_bitmask([p.allowed_token_ids for p in params], vocab_size).to(device)
+
+        bad = _coo([(i, t) for i, (p, out) in enumerate(zip(params, output_token_ids))
+                    if p.bad_words for t in banned_bad_words(p.bad_words, out)], device)
+        min_tok = _coo([(i, t) for i, (p, out, e) in enumerate(zip(params, output_token_ids, eos_token_ids))
+                        for t in min_tokens_banned(p, len(out), e)], device)
+
+        seeded_l = [p.seed is not None for p in params]
+        keys = [seed_key(p.seed, len(out)) if p.seed is not None else 0
+                for p, out in zip(params, output_token_ids)]
+        asked = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            num_rows=n, vocab_size=vocab_size, device=device,
+            temperature=temperature, greedy=greedy, all_greedy=len(sampled) == 0,
+            top_k=top_k, top_p=top_p, min_p=min_p,
+            repetition_penalty=rep, presence_penalty=pres, frequency_penalty=freq,
+            prompt_tokens=prompt_t, output_tokens=output_t,
+            bias=bias, allowed_bitmask=allowed, bad_words=bad, min_tokens=min_tok, bitmask=bitmask,
+            seeded=torch.tensor(seeded_l, dtype=torch.bool).to(device),
+            seed_keys=torch.tensor(keys, dtype=torch.int64).to(device),
+            any_seeded=any(seeded_l),
+            max_num_logprobs=max(asked) if asked else None,
+            params=list(params), prompt_token_ids=[list(x) for x in prompt_token_ids],
+            output_token_ids=[list(x) for x in output_token_ids], eos_token_ids=list(eos_token_ids),
+        )

@@ -1,0 +1,115 @@
+"""The fast sampler: the whole batch at once, rows with mixed parameters, no host sync.
+
+    sampler = Sampler()                                   # default_stages(), in the fixed order
+    sampler.insert_after("temperature", MyStage())        # a stage: .name + (logits, meta) -> logits
+    out = sampler(logits, meta)                           # SamplerOutput
+
+Sampling is an exponential race (Gumbel-max) whose noise is a hash of (row key, token id):
+a seeded row's key is seed_key(seed, number of output tokens), so its token does not depend
+on the batch; unseeded rows draw their keys from the sampler's torch.Generator. On CUDA the
+threshold, bitmask and race run as Triton kernels, elsewhere as their torch twins.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import Tensor
+
+from toolkit.samplers.base import SamplerOutput, SamplingMetadata
+from toolkit.samplers.logprobs import gather_logprobs
+from toolkit.samplers.stages import Stage, default_stages, kernel
+
+
+class Sampler:
+    def __init__(self, stages: Iterable[Stage] | None = None, *,
+                 generator: torch.Generator | None = None, use_triton: bool | None = None) -> None:
+        """stages: the pipeline (default: default_stages()); generator: the source of unseeded
+        rows' keys (None: torch's default generator); use_triton: None = on CUDA only."""
+        self.use_triton = use_triton
+        self.generator = generator
+        self.stages: list[Stage] = []
+        for s in (default_stages(use_triton) if stages is None else stages):
+            self._add(len(self.stages), s)
+
+    # ---- composing the pipeline -------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def index(self, name: str) -> int:
+        if name not in self.names:
+            raise ValueError(f"no stage named {name!r}; stages: {self.names}")
+        return self.names.index(name)
+
+    def _add(self, i: int, stage: Stage) -> None:
+        if not (isinstance(getattr(stage, "name", None), str) and callable(stage)):
+            raise ValueError(f"a stage needs a str `name` and __call__(logits, meta) -> logits; "
+                             f"got {stage!r}")
+        if stage.name in self.names:
+            raise ValueError(f"a stage named {stage.name!r} is already in {self.names}")
+        self.stages.insert(i, stage)
+
+    def insert_after(self, anchor: str, stage: Stage) -> "Sampler":
+        self._add(self.index(anchor) + 1, stage)
+        return self
+
+    def insert_before(self, anchor: str, stage: Stage) -> "Sampler":
+        self._add(self.index(anchor), stage)
+        return self
+
+    def replace(self, name: str, stage: Stage) -> "Sampler":
+        i = self.index(name)
+        del self.stages[i]
+        self._add(i, stage)
+        return self
+
+    def remove(self, name: str) -> "Sampler":
+        del self.stages[self.index(name)]
+        return self
+
+    def __repr__(self) -> str:
+        return f"Sampler({' -> '.join(self.names)})"
+
+    # ---- running it ---------------------------------------------------------------------
+    def process(self, logits: Tensor, meta: SamplingMetadata,
+                trace: list[tuple[str, Tensor]] | None = None) -> Tensor:
+        """Processed logits float32 [N, V] (-inf = excluded); `trace` gets (name, copy) per stage."""
+        if tuple(logits.shape) != (meta.num_rows, meta.vocab_size):
+            raise ValueError(f"logits must be [num_rows, vocab_size] = "
+                             f"[{meta.num_rows}, {meta.vocab_size}], got {list(logits.shape)}")
+        x = logits.to(torch.float32).clone()                                 # stages work in place
+        if trace is not None:
+            trace.append(("logits", x.clone()))
+        for stage in self.stages:
+            x = stage(x, meta)
+            if trace is not None:
+                trace.append((stage.name, x.clone()))
+        return x
+
+    def keys(self, meta: SamplingMetadata, generator: torch.Generator | None = None) -> Tensor:
+        """int64 [N] noise keys: seed_key for seeded rows, fresh random ones for the others."""
+        if meta.any_seeded and all(p.seed is not None for p in meta.params):
+            return meta.seed_keys
+        gen = generator if generator is not None else self.generator
+        fresh = torch.randint(0, 2 ** 62, (meta.num_rows,), generator=gen,
+                              device=meta.seed_keys.device, dtype=torch.int64)
+        return torch.where(meta.seeded, meta.seed_keys, fresh)
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata,
+                 generator: torch.Generator | None = None) -> SamplerOutput:
+        """logits float [N, V] -> SamplerOutput; logprobs (raw log_softmax) when a row asks."""
+        raw = None
+        if meta.max_num_logprobs is not None:
+            raw = torch.log_softmax(logits.to(torch.float32), dim=-1)        # [N, V]
+        x = self.process(logits, meta)
+        if meta.all_greedy:
+            tokens = torch.argmax(x, dim=-1)                                 # first max = lowest id
+        else:
+            sample = kernel("gumbel_sample", x, self.use_triton)
+            tokens = sample(x.contiguous(), self.keys(meta, generator), meta.greedy)
+        if raw is None:
+            return SamplerOutput(tokens)
+        values, ids, ranks = gather_logprobs(raw, tokens, meta.max_num_logprobs)
+        return SamplerOutput(tokens, values, ids, ranks)

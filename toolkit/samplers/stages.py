@@ -1,0 +1,183 @@
+"""The fast sampler's stages: batched logits transforms, one small class each.
+
+A stage is any object with a `name` and `__call__(logits float32 [N, V], meta) -> [N, V]`;
+it may work in place and returns the result. It branches only on host metadata (a field
+is None when no row uses the stage), never on tensor values, so no stage syncs the host.
+Rows that do not use a stage carry its neutral value (top_k 0, top_p 1, penalty 1 / 0, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from toolkit.kernels import reference_sampling
+from toolkit.samplers.base import SamplingMetadata
+
+_KERNEL_MODULE = {
+    "top_k_top_p_threshold": "toolkit.kernels.top_k_top_p",
+    "gumbel_sample": "toolkit.kernels.gumbel_sample",
+    "apply_token_bitmask": "toolkit.kernels.apply_bitmask",
+}
+
+
+def kernel(name: str, logits: Tensor, use_triton: bool | None) -> Callable:
+    """The Triton op on CUDA (or when forced), else its torch twin of the same signature."""
+    if logits.is_cuda if use_triton is None else use_triton:
+        return getattr(importlib.import_module(_KERNEL_MODULE[name]), name)
+    return getattr(reference_sampling, name)
+
+
+@runtime_checkable
+class Stage(Protocol):
+    name: str
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor: ...
+
+
+class _KernelStage:
+    def __init__(self, use_triton: bool | None = None) -> None:
+        self.use_triton = use_triton
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Penalties(_KernelStage):
+    """Repetition (prompt + output tokens; divide positive logits, multiply negative ones),
+    then frequency (x count in the output) and presence (once if in the output)."""
+
+    name = "penalties"
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        if meta.repetition_penalty is None:
+            return logits
+        n, v = logits.shape
+        counts = torch.zeros(n, v + 1, device=logits.device, dtype=torch.float32)
+        counts.scatter_add_(1, meta.output_tokens, torch.ones_like(meta.output_tokens, dtype=torch.float32))
+        counts = counts[:, :v]                                             # [N, V], pad column dropped
+        seen = torch.zeros(n, v + 1, device=logits.device, dtype=torch.bool)
+        seen.scatter_(1, meta.prompt_tokens, True)
+        seen = seen[:, :v] | (counts > 0)                                  # [N, V]
+        rep = meta.repetition_penalty[:, None]
+        logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        logits = logits - meta.frequency_penalty[:, None] * counts
+        return logits - meta.presence_penalty[:, None] * (counts > 0).float()
+
+
+class LogitBias(_KernelStage):
+    name = "logit_bias"
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        if meta.bias is None:
+            return logits
+        rows, toks, vals = meta.bias
+        return logits.index_put_((rows, toks), vals, accumulate=True)
+
+
+class AllowedTokens(_KernelStage):
+    name = "allowed_token_ids"
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        if meta.allowed_bitmask is not None:
+            kernel("apply_token_bitmask", logits, self.use_triton)(logits, meta.allowed_bitmask)
+        return logits
+
+
+class _BanStage(_KernelStage):
+    field: str
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        pairs = getattr(meta, self.field)
+        if pairs is None:
+            return logits
+        return logits.index_put_(pairs, torch.tensor(float("-inf"), device=logits.device))
+
+
+class BadWords(_BanStage):
+    """The last token of a bad word whose prefix ends the output (pairs built on the host)."""
+
+    name = "bad_words"
+    field = "bad_words"
+
+
+class MinTokens(_BanStage):
+    """EOS (unless ignore_eos) and stop_token_ids while fewer than min_tokens outputs exist."""
+
+    name = "min_tokens"
+    field = "min_tokens"
+
+
+class GrammarBitmask(_KernelStage):
+    """The grammar's packed bitmask (meta.bitmask): -inf where the bit is 0."""
+
+    name = "bitmask"
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        if meta.bitmask is not None:
+            kernel("apply_token_bitmask", logits, self.use_triton)(logits, meta.bitmask)
+        return logits
+
+
+class Temperature(_KernelStage):
+    """logits / T; greedy rows (T = 0) are left as they are (they take the argmax)."""
+
+    name = "temperature"
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        if meta.all_greedy:
+            return logits
+        t = torch.where(meta.greedy, torch.ones_like(meta.temperature), meta.temperature)
+        return logits.div_(t[:, None])
+
+
+class MinP(_KernelStage):
+    """Drop tokens with p < min_p * p_max, i.e. logit < max logit + log(min_p)."""
+
+    name = "min_p"
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        if meta.min_p is None:
+            return logits
+        cut = logits.amax(dim=-1) + torch.log(meta.min_p)                 # [N]; min_p 0 -> -inf
+        return logits.masked_fill_(logits < cut[:, None], float("-inf"))
+
+
+class _ThresholdStage(_KernelStage):
+    def _cut(self, logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+        t = kernel("top_k_top_p_threshold", logits, self.use_triton)(logits, top_k, top_p)  # [N]
+        return logits.masked_fill_(logits < t[:, None], float("-inf"))
+
+
+class TopK(_ThresholdStage):
+    """Keep the k largest logits; ties at the k-th value are all kept."""
+
+    name = "top_k"
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        if meta.top_k is None:
+            return logits
+        return self._cut(logits, meta.top_k, torch.ones(meta.num_rows, device=logits.device))
+
+
+class TopP(_ThresholdStage):
+    """Keep the smallest set of most likely tokens with mass >= top_p; ties at the cut kept."""
+
+    name = "top_p"
+
+    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        if meta.top_p is None:
+            return logits
+        zeros = torch.zeros(meta.num_rows, dtype=torch.int64, device=logits.device)
+        return self._cut(logits, zeros, meta.top_p)
+
+
+def default_stages(use_triton: bool | None = None) -> list[Stage]:
+    """The fixed order: penalties -> bias / allowed / bad words / min_tokens / grammar bitmask
+    -> temperature -> min_p -> top_k -> top_p."""
+    kinds = (Penalties, LogitBias, AllowedTokens, BadWords, MinTokens, GrammarBitmask,
+             Temperature, MinP, TopK, TopP)
+    return [k(use_triton) for k in kinds]
