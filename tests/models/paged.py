@@ -1,0 +1,90 @@
+"""Test-only helpers: run a model on a ragged batch through the paged KV cache, and greedy-decode.
+
+Blocks are handed out naively (each sequence gets consecutive fresh blocks, in a shuffled
+order so neighbours are not adjacent in memory); the real engine is elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from toolkit.attention.torch_ref import TorchAttention
+from toolkit.blocks.kv_cache import KVCache
+from toolkit.blocks.layout import PagedKVLayout
+
+
+@dataclass
+class PagedRunner:
+    model: torch.nn.Module
+    block_size: int = 4
+    num_blocks: int = 256
+    seed: int = 0
+    kv_cache: KVCache = field(init=False)
+    attention: TorchAttention = field(init=False)
+    free: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        m = self.model
+        self.kv_cache = KVCache(m.num_layers, self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim,
+                                dtype=m.dtype, device=m.device)
+        for layer in self.kv_cache.layers:
+            layer.fill_(float("nan"))   # a read of an unwritten slot poisons the result
+        self.attention = TorchAttention(self.kv_cache, **m.attention_kwargs())
+        self.free = list(range(self.num_blocks))
+        random.Random(self.seed).shuffle(self.free)
+
+    def new_table(self) -> list[int]:
+        return []
+
+    def step(self, tables: list[list[int]], tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
+        """Sequence b gets tokens[b] at positions starts[b]...; returns the logits of every new token [T, V]."""
+        bs = self.block_size
+        for table, toks, start in zip(tables, tokens, starts):
+            need = -(-(start + len(toks)) // bs)
+            while len(table) < need:
+                table.append(self.free.pop())
+        kv_lens = [s + len(t) for s, t in zip(starts, tokens)]
+        layout = PagedKVLayout.build(tables, kv_lens, [len(t) for t in tokens], bs, device=self.model.device)
+        self.attention.plan(layout)
+        ids = torch.tensor([t for toks in tokens for t in toks], dtype=torch.int64, device=self.model.device)
+        pos = torch.tensor([p for s, toks in zip(starts, tokens) for p in range(s, s + len(toks))],
+                           dtype=torch.int64, device=self.model.device)
+        hidden = self.model.forward(ids, pos, self.attention)
+        return self.model.compute_logits(hidden)
+
+
+def greedy(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, block_size: int = 4,
+           prefill_chunk: int | None = None) -> list[list[int]]:
+    """Greedy decoding of a batch on the paged path: (chunked) prefill, then one token per step.
+
+    Sequences run together; each stops at max_new_tokens (EOS is not special here, as
+    HF generate is asked for a fixed length too).
+    """
+    runner = PagedRunner(model, block_size=block_size)
+    tables = [runner.new_table() for _ in prompts]
+    out: list[list[int]] = [[] for _ in prompts]
+    # prefill: in chunks, all sequences in one batch per chunk round
+    chunk = prefill_chunk or max(len(p) for p in prompts)
+    done = [0] * len(prompts)
+    last_logits: list[torch.Tensor | None] = [None] * len(prompts)
+    while any(d < len(p) for d, p in zip(done, prompts)):
+        idx = [b for b in range(len(prompts)) if done[b] < len(prompts[b])]
+        toks = [prompts[b][done[b]:done[b] + chunk] for b in idx]
+        logits = runner.step([tables[b] for b in idx], toks, [done[b] for b in idx])
+        ends = torch.tensor([len(t) for t in toks]).cumsum(0) - 1
+        for j, b in enumerate(idx):
+            done[b] += len(toks[j])
+            last_logits[b] = logits[ends[j]]
+    nxt = [int(lg.argmax()) for lg in last_logits]
+    for _ in range(max_new_tokens):
+        for b, t in enumerate(nxt):
+            out[b].append(t)
+        if len(out[0]) == max_new_tokens:
+            break
+        starts = [len(p) + len(o) - 1 for p, o in zip(prompts, out)]
+        logits = runner.step(tables, [[t] for t in nxt], starts)
+        nxt = logits.argmax(-1).tolist()
+    return out

@@ -1,0 +1,114 @@
+"""load_model / load_tokenizer: a Llama-family model from a local Hugging Face folder or a config.
+
+The class is picked from `config.architectures` through the registry's "model" table.
+Parameters are allocated once on the target device in the target dtype; real weights are
+then copied in tensor by tensor from the (memory-mapped) shards, random ones initialised
+in place, so no second full copy of the weights ever exists.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolkit import registry
+from toolkit.models.weights import iterate_weights, resolve_format
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def model_class(config: Any) -> type:
+    """The registered class for the config's architectures; ValueError listing the supported ones."""
+    table = registry.REGISTRY.get("model", {})
+    archs = list(getattr(config, "architectures", None) or [])
+    for arch in archs:
+        if arch in table:
+            return registry.lookup("model", arch)
+    raise ValueError(f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
+                     f"supported config.architectures: {sorted(table)}")
+
+
+def load_config(folder: str | os.PathLike) -> Any:
+    path = Path(folder)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model folder {str(path)!r} does not exist (expected a local Hugging Face "
+                                f"folder with config.json and weights)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json; a Hugging Face model folder needs one")
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
+
+
+def load_model(source: Any, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               load_format: str = "auto") -> torch.nn.Module:
+    """A model from a local HF folder (safetensors, or .bin with load_format="pt") or random weights.
+
+    `source` is a folder path or a transformers PretrainedConfig (random weights, as with
+    load_format="dummy"). Random weights are N(0, 0.02) with norms at 1, so activations stay
+    finite in bf16 through many layers.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    folder = None
+    if isinstance(source, (str, os.PathLike)):
+        folder = Path(source)
+        config = load_config(folder)
+    elif hasattr(source, "to_dict") and hasattr(source, "model_type"):
+        config, load_format = source, "dummy"
+    else:
+        raise ValueError(f"source must be a local model folder or a transformers config, got {type(source).__name__}")
+    cls = model_class(config)
+    fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
+    model = cls(config, dtype=dtype, device=device, eos_token_ids=_eos_token_ids(folder, config))
+    if fmt == "dummy":
+        init_random(model)
+    else:
+        loaded = model.load_weights(iterate_weights(folder, fmt))
+        missing = [f"{name}" + (f" (part {i} of {n})" if n > 1 else "")
+                   for name, n in model.expected_weights().items() for i in range(n)
+                   if (name, i) not in loaded]
+        if missing:
+            raise ValueError(f"checkpoint in {folder} lacks {len(missing)} tensor(s) the model needs: "
+                             f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    return model.eval()
+
+
+@torch.no_grad()
+def init_random(model: torch.nn.Module, std: float = 0.02, seed: int = 0) -> None:
+    """In-place random init: matrices N(0, std), biases 0, norm weights 1 (fixed seed: reproducible)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith(".bias"):
+            p.zero_()
+        else:
+            p.normal_(0.0, std, generator=gen)
+
+
+def _eos_token_ids(folder: Path | None, config: Any) -> list[int]:
+    """EOS ids from generation_config.json when the folder has one, else from the config."""
+    eos = None
+    if folder is not None and (folder / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(str(folder)).eos_token_id
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """The transformers tokenizer of a local model folder (AutoTokenizer)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"tokenizer folder {str(folder)!r} does not exist")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
