@@ -6,19 +6,20 @@ import torch
 from torch import Tensor
 
 
-def gather_logprobs(logprobs: Tensor, token_ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """logprobs float [N, V], token_ids int64 [N], k >= 0 ->
-    (values [N, k+1], ids int64 [N, k+1], ranks int64 [N]).
+def gather_logprobs(logits: Tensor, token_ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """logits float [N, V] (raw), token_ids int64 [N], k >= 0 ->
+    (logprobs float32 [N, k+1], ids int64 [N, k+1], ranks int64 [N]).
 
     Column 0 is the given token, columns 1..k the k most likely tokens (k capped at V).
-    rank = #{tokens whose logprob >= the given token's} (1-based; vLLM's rule, so a tie
-    shares the worse rank). Usable for prompt logprobs too (token_ids = the next prompt token).
+    rank = #{tokens whose logit >= the given token's} (1-based; vLLM's rule, so a tie shares
+    the worse rank). Ranks and the top-k come from the logits themselves, not from rounded
+    logprobs, so they are exact. Usable for prompt logprobs too (token_ids = the next token).
     """
-    k = min(k, logprobs.shape[1])
-    chosen = logprobs.gather(1, token_ids[:, None])                       # [N, 1]
-    ranks = (logprobs >= chosen).sum(dim=-1)                              # [N]
-    if k == 0:
-        return chosen, token_ids[:, None], ranks
-    top = logprobs.topk(k, dim=-1)
-    return (torch.cat([chosen, top.values], dim=1),
-            torch.cat([token_ids[:, None], top.indices], dim=1), ranks)
+    x = logits.to(torch.float32)
+    lp = torch.log_softmax(x, dim=-1)                                     # [N, V]
+    k = min(k, x.shape[1])
+    ranks = (x >= x.gather(1, token_ids[:, None])).sum(dim=-1)            # [N]
+    ids = token_ids[:, None]
+    if k:
+        ids = torch.cat([ids, x.topk(k, dim=-1).indices], dim=1)          # [N, k+1]
+    return lp.gather(1, ids), ids, ranks

@@ -100,16 +100,13 @@ class Sampler:
     def __call__(self, logits: Tensor, meta: SamplingMetadata,
                  generator: torch.Generator | None = None) -> SamplerOutput:
         """logits float [N, V] -> SamplerOutput; logprobs (raw log_softmax) when a row asks."""
-        raw = None
-        if meta.max_num_logprobs is not None:
-            raw = torch.log_softmax(logits.to(torch.float32), dim=-1)        # [N, V]
         x = self.process(logits, meta)
         if meta.all_greedy:
             tokens = torch.argmax(x, dim=-1)                                 # first max = lowest id
         else:
             sample = kernel("gumbel_sample", x, self.use_triton)
             tokens = sample(x.contiguous(), self.keys(meta, generator), meta.greedy)
-        if raw is None:
+        if meta.max_num_logprobs is None:
             return SamplerOutput(tokens)
-        values, ids, ranks = gather_logprobs(raw, tokens, meta.max_num_logprobs)
+        values, ids, ranks = gather_logprobs(logits, tokens, meta.max_num_logprobs)  # raw logits
         return SamplerOutput(tokens, values, ids, ranks)

@@ -155,12 +155,13 @@ class ReferenceSampler:
         k = min(meta.max_num_logprobs, meta.vocab_size)
         vals, ids, ranks = [], [], []
         for i in range(meta.num_rows):
-            lp = torch.log_softmax(logits[i].detach().to("cpu", torch.float64), dim=-1)
-            order = lp.sort(descending=True, stable=True).indices[:k]         # ties: lowest id first
+            raw = logits[i].detach().to("cpu", torch.float64)
+            lp = torch.log_softmax(raw, dim=-1)
+            order = raw.sort(descending=True, stable=True).indices[:k]        # ties: lowest id first
             t = tokens[i]
             vals.append(torch.cat([lp[t:t + 1], lp[order]]))
             ids.append(torch.cat([torch.tensor([t]), order]))
-            ranks.append(int((lp >= lp[t]).sum()))
+            ranks.append(int((raw >= raw[t]).sum()))
         dev = logits.device
         return SamplerOutput(tok.to(dev), torch.stack(vals).float().to(dev),
                              torch.stack(ids).to(dev), torch.tensor(ranks).to(dev))
