@@ -76,8 +76,10 @@ def top_k_top_p_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tenso
     n, v = logits.shape
     srt = logits.float().sort(dim=-1, descending=True).values           # [N, V]
     k = top_k.to(torch.int64)
+    off_k = ((k <= 0) | (k >= v))[:, None]                              # [N, 1]
     k = torch.where((k <= 0) | (k > v), torch.full_like(k, v), k)
     t_k = srt.gather(1, (k - 1)[:, None])                               # [N, 1]
+    t_k = torch.where(off_k, torch.full_like(t_k, float("-inf")), t_k)
     m = srt[:, :1]
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(srt - m) * (srt >= t_k)                                # [N, V] kept mass

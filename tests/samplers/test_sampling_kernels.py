@@ -1,0 +1,118 @@
+"""Triton sampling kernels against their torch twins: under TRITON_INTERPRET=1 at small V on
+the CPU (tests/conftest.py sets it without CUDA), at V = 152k on a GPU (marker `gpu`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toolkit.kernels import reference_sampling as twin
+from toolkit.kernels.apply_bitmask import apply_token_bitmask
+from toolkit.kernels.gumbel_sample import gumbel_sample
+from toolkit.kernels.top_k_top_p import top_k_top_p_threshold
+from toolkit.samplers import Sampler, SamplingMetadata
+from toolkit.samplers.bitmask import pack_token_bitmask, unpack_token_bitmask
+from toolkit.types import SamplingParams
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _rows(n: int, v: int, seed: int, device: str = "cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, v, generator=g) * 3
+    x[0, : v // 3] = float("-inf")                               # masked tokens
+    if n > 1:
+        x[1] = float("-inf")                                      # nothing left
+    if n > 2:
+        x[2] = torch.randint(0, 4, (v,), generator=g).float()     # heavy ties
+    return x.to(device)
+
+
+@pytest.mark.parametrize("v", [2, 5, 97, 300])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_threshold_kernel_matches_twin(v: int, seed: int) -> None:
+    n = 6
+    x = _rows(n, v, seed)
+    g = torch.Generator().manual_seed(seed + 10)
+    top_k = torch.randint(0, v + 2, (n,), generator=g)
+    top_p = torch.rand(n, generator=g).clamp(min=0.05)
+    top_p[3] = 1.0
+    for k, p in [(top_k, top_p), (top_k, torch.ones(n)), (torch.zeros(n, dtype=torch.int64), top_p)]:
+        got = top_k_top_p_threshold(x, k, p)
+        want = twin.top_k_top_p_threshold(x, k, p)
+        assert torch.equal(got, want), (got, want)
+
+
+def test_threshold_twin_definition() -> None:
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0, float("-inf")]])
+    thr = lambda k, p: float(twin.top_k_top_p_threshold(x, torch.tensor([k]), torch.tensor([p]))[0])
+    assert thr(1, 1.0) == 3.0                                     # ties at the k-th all kept
+    assert thr(3, 1.0) == 2.0
+    assert thr(0, 1.0) == float("-inf")                           # off
+    assert thr(0, 0.5) == 3.0                                     # two 3.0s hold > 0.5
+    assert thr(0, 0.9) == 2.0                                     # masses: 0.799, 0.946, 1
+    assert thr(0, 0.95) == 1.0
+
+
+@pytest.mark.parametrize("v", [2, 33, 300])
+def test_gumbel_kernel_matches_twin(v: int) -> None:
+    n = 5
+    x = _rows(n, v, 3)
+    keys = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(v))
+    greedy = torch.tensor([False, False, False, True, False])
+    assert torch.equal(gumbel_sample(x, keys, greedy), twin.gumbel_sample(x, keys, greedy))
+    assert int(gumbel_sample(x, keys, greedy)[1]) == 0            # a row of only -inf
+
+
+@pytest.mark.parametrize("v", [1, 31, 32, 33, 200])
+def test_bitmask_kernel_matches_twin(v: int) -> None:
+    n = 4
+    allowed = [None, [0], list(range(0, v, 3)), [v - 1]]
+    mask = pack_token_bitmask(allowed, v)
+    assert mask.shape == (n, (v + 31) // 32) and mask.dtype == torch.int32
+    unpacked = unpack_token_bitmask(mask, v)
+    assert unpacked[0].all() and unpacked[1].nonzero().flatten().tolist() == [0]
+    assert unpacked[2].nonzero().flatten().tolist() == list(range(0, v, 3))
+    x = torch.randn(n, v)
+    a, b = x.clone(), x.clone()
+    apply_token_bitmask(a, mask)
+    twin.apply_token_bitmask(b, mask)
+    assert torch.equal(a, b)
+    assert torch.equal(torch.isinf(a), ~unpacked)
+
+
+def _mixed(n: int, v: int):
+    params = [SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=i) if i % 3 == 0 else
+              SamplingParams(temperature=1.0, top_p=0.8, min_p=0.02, seed=i) if i % 3 == 1 else
+              SamplingParams(temperature=0.0, repetition_penalty=1.2, seed=i)
+              for i in range(n)]
+    allowed = pack_token_bitmask([None if i % 2 else list(range(0, v, 2)) for i in range(n)], v)
+    return SamplingMetadata.build(params, [[1, 2, 3]] * n, [[4]] * n, v, DEV, bitmask=allowed.to(DEV))
+
+
+def test_sampler_triton_path_equals_torch_path() -> None:
+    n, v = 6, 257
+    x = torch.randn(n, v, generator=torch.Generator().manual_seed(0)) * 2
+    meta = _mixed(n, v)
+    tri = Sampler(use_triton=True)
+    ref = Sampler(use_triton=False)
+    assert torch.equal(tri.process(x, meta), ref.process(x, meta))
+    assert torch.equal(tri(x, meta).token_ids, ref(x, meta).token_ids)   # all rows seeded
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 64])
+def test_kernels_at_qwen_vocab_on_gpu(n: int) -> None:
+    v = 151_936
+    x = _rows(n, v, 0, "cuda")
+    g = torch.Generator().manual_seed(1)
+    top_k = torch.randint(0, 2000, (n,), generator=g).cuda()
+    top_p = torch.rand(n, generator=g).clamp(min=0.05).cuda()
+    torch.testing.assert_close(top_k_top_p_threshold(x, top_k, top_p),
+                               twin.top_k_top_p_threshold(x, top_k, top_p), rtol=0, atol=0)
+    keys = torch.randint(0, 2**62, (n,), generator=g).cuda()
+    greedy = torch.zeros(n, dtype=torch.bool, device="cuda")
+    assert torch.equal(gumbel_sample(x, keys, greedy), twin.gumbel_sample(x, keys, greedy))
+    meta = _mixed(n, v)
+    assert torch.equal(Sampler(use_triton=True)(x, meta).token_ids,
+                       Sampler(use_triton=False)(x, meta).token_ids)

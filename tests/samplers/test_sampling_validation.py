@@ -1,0 +1,63 @@
+"""Errors at the public surface name the field and what is valid."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toolkit.samplers import Sampler, SamplingMetadata
+from toolkit.samplers.beam import beam_search_step
+from toolkit.types import SamplingParams
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"temperature": -0.1}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"), ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3.0}, "frequency_penalty"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    ({"logprobs": -1}, "logprobs"), ({"seed": "7"}, "seed"), ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"), ({"bad_words": [[]]}, "bad_words"),
+    ({"stop_token_ids": [-3]}, "stop_token_ids"),
+])
+def test_sampling_params_rejects(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_top_k_minus_one_means_off() -> None:
+    assert SamplingParams(top_k=-1).top_k == 0
+
+
+@pytest.mark.parametrize("params, field", [
+    (SamplingParams(logit_bias={10: 1.0}), "logit_bias"),
+    (SamplingParams(allowed_token_ids=[3, 10]), "allowed_token_ids"),
+    (SamplingParams(bad_words=[[1, 12]]), "bad_words"),
+    (SamplingParams(stop_token_ids=[10]), "stop_token_ids"),
+])
+def test_metadata_rejects_out_of_vocab_ids(params: SamplingParams, field: str) -> None:
+    with pytest.raises(ValueError, match=rf"{field}.*\[0, 10\)"):
+        SamplingMetadata.build([params], [[0]], [[]], 10, "cpu")
+
+
+def test_metadata_rejects_bad_shapes() -> None:
+    p = SamplingParams()
+    with pytest.raises(ValueError, match="one entry per row"):
+        SamplingMetadata.build([p, p], [[0]], [[], []], 10, "cpu")
+    with pytest.raises(ValueError, match="eos_token_ids"):
+        SamplingMetadata.build([p], [[0]], [[]], 10, "cpu", eos_token_ids=[1, 2])
+    with pytest.raises(ValueError, match="eos_token_id"):
+        SamplingMetadata.build([p], [[0]], [[]], 10, "cpu", eos_token_ids=[10])
+    with pytest.raises(ValueError, match=r"bitmask must be int32 of shape \(1, 1\)"):
+        SamplingMetadata.build([p], [[0]], [[]], 10, "cpu", bitmask=torch.zeros(1, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="params must be SamplingParams"):
+        SamplingMetadata.build([{"temperature": 0}], [[0]], [[]], 10, "cpu")
+    meta = SamplingMetadata.build([p], [[0]], [[]], 10, "cpu")
+    with pytest.raises(ValueError, match=r"\[num_rows, vocab_size\] = \[1, 10\]"):
+        Sampler()(torch.zeros(1, 11), meta)
+
+
+def test_beam_step_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="num_candidates"):
+        beam_search_step(torch.zeros(2), torch.zeros(2, 5), 0)
+    with pytest.raises(ValueError, match="cum_logprobs"):
+        beam_search_step(torch.zeros(3), torch.zeros(2, 5), 2)
