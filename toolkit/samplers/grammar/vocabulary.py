@@ -14,7 +14,6 @@ carries the extra EOS ids a model stops on (Qwen's <|im_end|> and <|endoftext|>)
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import weakref
 from dataclasses import dataclass, field
@@ -46,8 +45,8 @@ def detect_token_encoding(tokenizer: Any) -> str:
     from the vocabulary ("Ġ" tokens = byte-level, "▁" tokens = sentencepiece).
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        decoder = json.dumps(json.loads(backend.to_str()).get("decoder"))
+    if backend is not None and backend.decoder is not None:
+        decoder = repr(backend.decoder)      # e.g. "Sequence(decoders=[Replace(...), ByteFallback()])"
         if "ByteLevel" in decoder:
             return "byte_level"
         if "ByteFallback" in decoder or "Metaspace" in decoder or "\u2581" in decoder:
