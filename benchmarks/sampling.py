@@ -1,0 +1,128 @@
+"""Sampling-step time: the fast sampler vs the float64 reference vs a naive torch sampler.
+
+    python benchmarks/sampling.py --out results/sampling.json            # GPU: batch 1/64/256 x V=151936
+    python benchmarks/sampling.py --small --out /tmp/sampling.json       # CPU smoke run
+
+Every row of a batch has its own parameters (greedy, top-k, top-p, min-p, penalties, seeds,
+logprobs mixed). Times are medians over --iters after --warmup (CUDA events on the GPU).
+The naive peer is softmax + full sort + top-k/top-p masks + multinomial on the same logits.
+SamplingMetadata.build (host side, once per step) is timed separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from toolkit.samplers import ReferenceSampler, Sampler, SamplingMetadata
+from toolkit.types import SamplingParams
+
+
+def mixed_params(n: int) -> list[SamplingParams]:
+    kinds = [
+        dict(temperature=0.0),
+        dict(temperature=0.7, top_k=50),
+        dict(temperature=1.0, top_p=0.9),
+        dict(temperature=0.8, top_k=100, top_p=0.95, min_p=0.05),
+        dict(temperature=1.0, repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.2),
+        dict(temperature=0.9, top_p=0.8, seed=1234, logprobs=5),
+    ]
+    return [SamplingParams(**kinds[i % len(kinds)]) for i in range(n)]
+
+
+def naive_sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor) -> torch.Tensor:
+    """The textbook batch sampler: temperature, full sort, top-k / top-p masks, multinomial."""
+    x = logits / temperature.clamp(min=1e-5)[:, None]
+    srt, idx = x.sort(dim=-1, descending=True)                             # [N, V]
+    pos = torch.arange(x.shape[1], device=x.device)[None, :]
+    srt = srt.masked_fill((top_k[:, None] > 0) & (pos >= top_k[:, None]), float("-inf"))
+    probs = srt.softmax(dim=-1)
+    cum = probs.cumsum(dim=-1)
+    srt = srt.masked_fill(cum - probs > top_p[:, None], float("-inf"))
+    choice = torch.multinomial(srt.softmax(dim=-1), 1)                       # [N, 1]
+    return idx.gather(1, choice).squeeze(1)
+
+
+def timer(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
+    """Median milliseconds of fn()."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def run(batches: list[int], vocab: int, device: torch.device, warmup: int, iters: int,
+        reference_iters: int) -> list[dict]:
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    fast = Sampler(generator=gen)
+    ref = ReferenceSampler()
+    for n in batches:
+        params = mixed_params(n)
+        prompts = [list(range(i, i + 64)) for i in range(n)]
+        outputs = [list(range(i, i + 16)) for i in range(n)]
+        logits = torch.randn(n, vocab, device=device, generator=gen) * 4
+        build = lambda: SamplingMetadata.build(params, prompts, outputs, vocab, device)  # noqa: E731
+        meta = build()
+        t = torch.tensor([p.temperature for p in params], device=device)
+        k = torch.tensor([p.top_k for p in params], device=device)
+        p_ = torch.tensor([p.top_p for p in params], device=device)
+        row = {
+            "batch": n, "vocab": vocab, "device": str(device),
+            "build_ms": timer(build, device, 1, max(1, iters // 4)),
+            "fast_ms": timer(lambda: fast(logits, meta), device, warmup, iters),
+            "naive_ms": timer(lambda: naive_sample(logits, t, k, p_), device, warmup, iters),
+            "reference_ms": timer(lambda: ref(logits, meta), device, 0, reference_iters),
+        }
+        row["speedup_vs_naive"] = row["naive_ms"] / row["fast_ms"]
+        row["speedup_vs_reference"] = row["reference_ms"] / row["fast_ms"]
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--vocab", type=int, default=151_936, help="Qwen3's vocabulary by default")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--reference-iters", type=int, default=1, help="the reference is slow: few runs")
+    ap.add_argument("--small", action="store_true", help="CPU smoke sizes: batch 1 4, V 4096, 3 iters")
+    ap.add_argument("--out", type=pathlib.Path, default=None, help="write the rows as JSON here")
+    a = ap.parse_args()
+    if a.small:
+        a.batch, a.vocab, a.warmup, a.iters = [1, 4], 4096, 1, 3
+    rows = run(a.batch, a.vocab, torch.device(a.device), a.warmup, a.iters, a.reference_iters)
+    cols = ["batch", "vocab", "build_ms", "fast_ms", "naive_ms", "reference_ms",
+            "speedup_vs_naive", "speedup_vs_reference"]
+    print(" ".join(f"{c:>20}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[c]:>20.3f}" if isinstance(r[c], float) else f"{r[c]:>20}" for c in cols))
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps({"benchmark": "sampling", "rows": rows}, indent=2))
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
