@@ -31,6 +31,13 @@ def _create(kind: str, spec: Any, **kwargs: Any) -> Any:
     return spec
 
 
+def _has_tokenizer(folder) -> bool:
+    from pathlib import Path
+
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    return any((Path(folder) / n).exists() for n in names)
+
+
 def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = None,
                  scheduler: Any = "continuous", sampler: Any = "default", attention: Any = "auto",
                  config: EngineConfig | None = None, load_format: str = "auto") -> Engine:
@@ -44,7 +51,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if model is None:
         model = default_model_path()
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        if tokenizer is None:
+        if tokenizer is None and _has_tokenizer(model):
             tokenizer = load_tokenizer(model)
         model = load_model(model, dtype=dtype, device=device, load_format=load_format)
     elif not hasattr(model, "forward"):   # a transformers config: random weights

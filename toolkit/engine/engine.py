@@ -32,6 +32,7 @@ class Engine:
         self.output_processor = OutputProcessor(tokenizer)
         self._ids = itertools.count()
         self.num_steps = 0
+        self.num_preemptions = 0
 
     # -- requests --
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
@@ -81,6 +82,7 @@ class Engine:
             for rid, tok in zip(batch.row_owner, tokens):
                 sampled.setdefault(rid, []).append(tok)
         self.num_steps += 1
+        self.num_preemptions += len(out.preempted_ids)
         outputs, stopped = self.output_processor.process(self.scheduler.update(out, sampled))
         if stopped:
             self.scheduler.abort(stopped)   # a stop string finished these: free their blocks now

@@ -1,0 +1,153 @@
+"""Offline throughput: the toolkit's engine vs Hugging Face continuous batching, same run.
+
+Workloads (random weights at real shapes; EOS ignored; greedy on both sides):
+  random    Qwen3-0.6B-shaped, N requests, prompt and output lengths uniform in [100, 1024]
+  sharegpt  Llama-3.1-8B-shaped, requests from benchmarks/sharegpt_prep.py
+Throughput = requested output tokens / wall seconds. HF can run on the first --hf-num
+requests only (it is slow); the toolkit is then also timed on that same subset.
+
+    python benchmarks/throughput.py --workload random --num 256 --hf-num 256 --out results/tp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+
+import torch
+
+
+def qwen3_0_6b():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                       vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
+                       rope_theta=1e6, eos_token_id=151645, bos_token_id=151643)
+
+
+def llama31_8b():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                       max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=False,
+                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                       eos_token_id=128009, bos_token_id=128000)
+
+
+def random_workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [([rng.randrange(vocab) for _ in range(rng.randint(100, 1024))], rng.randint(100, 1024))
+            for _ in range(n)]
+
+
+def sharegpt_workload(path: str, n: int, vocab: int) -> list[tuple[list[int], int]]:
+    with open(path) as f:
+        data = json.load(f)["requests"][:n]
+    return [([t % vocab for t in r["prompt_ids"]], r["output_len"]) for r in data]
+
+
+def run_toolkit(cfg, reqs, args) -> dict:
+    from toolkit import LLM, SamplingParams
+
+    llm = LLM(cfg, dtype="bfloat16", attention=args.attention, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=args.kv_fraction,
+              enable_prefix_caching=False, max_model_len=4096)
+    eng = llm.engine
+    # warm-up: compile kernels on a small mixed batch
+    llm.generate([[1] * 300, [2] * 20], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
+                 use_tqdm=False)
+    results = {}
+    for label, sub in (("all", reqs), ("hf_subset", reqs[: args.hf_num])):
+        if label == "hf_subset" and (args.hf_num in (0, len(reqs))):
+            continue
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for p, n in sub:
+            eng.add_request(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+        produced = 0
+        steps0 = eng.num_steps
+        while eng.has_unfinished():
+            for o in eng.step():
+                produced += len(o.new_token_ids)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        want = sum(n for _, n in sub)
+        assert produced == want, (produced, want)
+        results[label] = dict(requests=len(sub), output_tokens=want, seconds=dt, tok_s=want / dt,
+                              steps=eng.num_steps - steps0)
+        print(f"toolkit[{label}]: {len(sub)} requests, {want} tokens in {dt:.1f} s = {want / dt:.0f} tok/s",
+              flush=True)
+    results["kv_blocks"] = eng.num_blocks
+    llm.close()
+    del llm, eng
+    gc.collect()
+    torch.cuda.empty_cache()
+    return results
+
+
+def run_hf(cfg, reqs) -> dict:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max(n for _, n in reqs),
+                           eos_token_id=-1, pad_token_id=0)
+    want = sum(n for _, n in reqs)
+    t0 = time.perf_counter()
+    got = 0
+    with model.continuous_batching_context_manager(generation_config=gen, block=True, timeout=5) as m:
+        ids = [m.add_request(p, max_new_tokens=n, eos_token_id=-1) for p, n in reqs]
+        done = 0
+        while done < len(ids):
+            r = m.get_result(timeout=1)
+            if r is not None and r.is_finished():
+                done += 1
+                got += len(r.generated_tokens)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    print(f"hf continuous batching: {len(reqs)} requests, {got} tokens (requested {want}) in {dt:.1f} s "
+          f"= {want / dt:.0f} tok/s", flush=True)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return dict(requests=len(reqs), output_tokens=want, generated=got, seconds=dt, tok_s=want / dt)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=["random", "sharegpt"], default="random")
+    ap.add_argument("--data", default="benchmarks/data/sharegpt.json")
+    ap.add_argument("--num", type=int, default=256)
+    ap.add_argument("--hf-num", type=int, default=256, help="HF runs the first N requests (0 = skip)")
+    ap.add_argument("--attention", default="triton")
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--kv-fraction", type=float, default=0.6)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cfg = qwen3_0_6b() if args.workload == "random" else llama31_8b()
+    reqs = (random_workload(args.num, cfg.vocab_size) if args.workload == "random"
+            else sharegpt_workload(args.data, args.num, cfg.vocab_size))
+    print(f"workload {args.workload}: {len(reqs)} requests, {sum(len(p) for p, _ in reqs)} prompt tokens, "
+          f"{sum(n for _, n in reqs)} output tokens; GPU {torch.cuda.get_device_name()}", flush=True)
+    res = {"workload": args.workload, "gpu": torch.cuda.get_device_name(),
+           "date": time.strftime("%Y-%m-%d"), "toolkit": run_toolkit(cfg, reqs, args)}
+    if args.hf_num:
+        res["hf"] = run_hf(cfg, reqs[: args.hf_num])
+        tk = res["toolkit"].get("hf_subset", res["toolkit"]["all"])
+        res["ratio"] = tk["tok_s"] / res["hf"]["tok_s"]
+        print(f"\n| workload | requests | toolkit tok/s | HF CB tok/s | ratio |\n|---|---|---|---|---|\n"
+              f"| {args.workload} | {res['hf']['requests']} | {tk['tok_s']:.0f} | {res['hf']['tok_s']:.0f} "
+              f"| {res['ratio']:.1f}x |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""End-to-end greedy equality on a tiny random Llama: the engine's output must not depend on
+batch composition, chunk size, KV pool size (preemption), prefix caching, or the scheduler,
+and must equal Hugging Face generate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from toolkit import LLM, SamplingParams
+
+MAX_NEW = 12
+
+
+def _prompts(seed: int = 0, n: int = 6) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, 517) for _ in range(20)]   # a shared prefix (prefix-cache hits)
+    out = []
+    for i in range(n):
+        tail = [rng.randrange(3, 517) for _ in range(rng.randrange(1, 40))]
+        out.append((shared if i % 2 else []) + tail)
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_llama_dir, hf_greedy):
+    return hf_greedy(tiny_llama_dir, _prompts(), MAX_NEW)
+
+
+def _run(model_dir, prompts, stats: dict | None = None, **kw) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    with LLM(model_dir, dtype="float32", device="cpu", **kw) as llm:
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        if stats is not None:
+            stats["preemptions"] = llm.engine.num_preemptions
+        return outs
+
+
+CONFIGS = {
+    "default": dict(),
+    "small_chunks": dict(max_num_batched_tokens=7),
+    "preempting_pool": dict(num_blocks=24, block_size=4, max_num_batched_tokens=16),
+    "no_prefix_cache": dict(enable_prefix_caching=False, block_size=8),
+    "one_seq": dict(max_num_seqs=1),
+    "static": dict(scheduler="static", max_num_seqs=3),
+    "reference_scheduler": dict(scheduler="reference"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_equals_hf(tiny_llama_dir, expected, name):
+    stats: dict = {}
+    assert _run(tiny_llama_dir, _prompts(), stats, **CONFIGS[name]) == expected
+    if name == "preempting_pool":
+        assert stats["preemptions"] > 0, "the small pool was meant to force preemption"
+
+
+def test_batch_order_does_not_matter(tiny_llama_dir, expected):
+    prompts = _prompts()
+    order = list(range(len(prompts)))[::-1]
+    got = _run(tiny_llama_dir, [prompts[i] for i in order], max_num_batched_tokens=23)
+    assert [got[order.index(i)] for i in range(len(prompts))] == expected
+
+
+def test_bad_input_is_rejected_and_engine_goes_on(tiny_llama_dir):
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", max_model_len=64, num_blocks=12,
+             block_size=4) as llm:
+        with pytest.raises(ValueError, match="empty"):
+            llm.generate([[]], use_tqdm=False)
+        with pytest.raises(ValueError, match="max_model_len"):
+            llm.generate([[5] * 64], use_tqdm=False)
+        with pytest.raises(ValueError, match="KV blocks"):
+            llm.generate([[5] * 60], use_tqdm=False)       # 16 blocks > 12 in the cache
+        with pytest.raises(ValueError, match="max_tokens"):
+            SamplingParams(max_tokens=0)
+        with pytest.raises(ValueError, match=r"\[0, 517\)"):
+            llm.generate([[5, 999]], use_tqdm=False)
+        free = llm.engine.scheduler.allocator.num_free_blocks()
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 3
+        assert llm.engine.scheduler.allocator.num_free_blocks() == free == 12
+
+
+def test_unknown_component_name_lists_valid(tiny_llama_dir):
+    with pytest.raises(ValueError, match="valid names"):
+        LLM(tiny_llama_dir, device="cpu", scheduler="round_robin")
+    with pytest.raises(ValueError, match="valid options"):
+        LLM(tiny_llama_dir, device="cpu", not_an_option=3)
+
+
+def test_stop_token_ids_and_max_model_len(tiny_llama_dir, expected):
+    prompt = _prompts()[0]
+    stop = expected[0][4]
+    cut = expected[0].index(stop)
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu") as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True,
+                                                    stop_token_ids=[stop]), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == expected[0][:cut + 1]
+    assert out.outputs[0].finish_reason == "stop"
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", max_model_len=len(prompt) + 5) as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True),
+                           use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == expected[0][:5]
+    assert out.outputs[0].finish_reason == "length"
+
+
+def test_abort_frees_blocks_at_once(tiny_llama_dir):
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=32, block_size=4) as llm:
+        eng = llm.engine
+        alloc = eng.scheduler.allocator
+        rid = eng.add_request(list(range(3, 30)), SamplingParams(max_tokens=50, ignore_eos=True))
+        eng.step()
+        assert alloc.num_free_blocks() < 32
+        eng.abort(rid)
+        assert alloc.num_free_blocks() == 32
+        assert not eng.has_unfinished()
