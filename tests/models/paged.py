@@ -39,8 +39,10 @@ class PagedRunner:
     def new_table(self) -> list[int]:
         return []
 
-    def step(self, tables: list[list[int]], tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
-        """Sequence b gets tokens[b] at positions starts[b]...; returns the logits of every new token [T, V]."""
+    def step(self, tables: list[list[int]], tokens: list[list[int]], starts: list[int],
+             last_only: bool = False) -> torch.Tensor:
+        """Sequence b gets tokens[b] at positions starts[b]...; returns the logits of every new
+        token [T, V], or with last_only of each sequence's last new token [B, V]."""
         bs = self.block_size
         for table, toks, start in zip(tables, tokens, starts):
             need = -(-(start + len(toks)) // bs)
@@ -52,7 +54,9 @@ class PagedRunner:
         ids = torch.tensor([t for toks in tokens for t in toks], dtype=torch.int64, device=self.model.device)
         pos = torch.tensor([p for s, toks in zip(starts, tokens) for p in range(s, s + len(toks))],
                            dtype=torch.int64, device=self.model.device)
-        hidden = self.model.forward(ids, pos, self.attention)
+        hidden = self.model.forward(ids, pos, self.attention)                     # [T, hidden]
+        if last_only:
+            hidden = hidden[torch.tensor([len(t) for t in tokens]).cumsum(0) - 1]   # [B, hidden]
         return self.model.compute_logits(hidden)
 
 
@@ -73,11 +77,10 @@ def greedy(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
     while any(d < len(p) for d, p in zip(done, prompts)):
         idx = [b for b in range(len(prompts)) if done[b] < len(prompts[b])]
         toks = [prompts[b][done[b]:done[b] + chunk] for b in idx]
-        logits = runner.step([tables[b] for b in idx], toks, [done[b] for b in idx])
-        ends = torch.tensor([len(t) for t in toks]).cumsum(0) - 1
+        logits = runner.step([tables[b] for b in idx], toks, [done[b] for b in idx], last_only=True)
         for j, b in enumerate(idx):
             done[b] += len(toks[j])
-            last_logits[b] = logits[ends[j]]
+            last_logits[b] = logits[j]
     nxt = [int(lg.argmax()) for lg in last_logits]
     for _ in range(max_new_tokens):
         for b, t in enumerate(nxt):

@@ -24,6 +24,11 @@ def model_class(config: Any) -> type:
     """The registered class for the config's architectures; ValueError listing the supported ones."""
     table = registry.REGISTRY.get("model", {})
     archs = list(getattr(config, "architectures", None) or [])
+    if not archs:   # a config built in code: the causal-LM class transformers maps its model_type to
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
+        archs = [arch] if isinstance(arch, str) else []
     for arch in archs:
         if arch in table:
             return registry.lookup("model", arch)
