@@ -12,10 +12,11 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import outlines_core
 import torch
 
-from toolkit.samplers.bitmask import pack_token_bitmask, unpack_token_bitmask
+from toolkit.samplers.bitmask import pack_token_bitmask
 from toolkit.samplers.grammar import CompiledGrammar, OutlinesGrammar
 
 
@@ -27,15 +28,19 @@ class Walk:
 
 
 def allowed_ids(row: torch.Tensor, vocab_size: int) -> list[int]:
-    return unpack_token_bitmask(row[None], vocab_size)[0].nonzero().flatten().tolist()
+    """Token ids whose bit is set in one row int32 [W] (numpy: a fraction of torch's cost here)."""
+    bits = np.unpackbits(row.numpy().view(np.uint8), bitorder="little")[:vocab_size]
+    return np.flatnonzero(bits).tolist()
 
 
 def single_byte_tokens(compiled: CompiledGrammar) -> dict[int, int]:
     """token id -> its byte, for tokens that are one byte (one id per byte)."""
     out: dict[int, int] = {}
+    seen: set[int] = set()
     for i, b in enumerate(compiled.vocab.token_bytes):
-        if b is not None and len(b) == 1 and b[0] not in out.values():
+        if b is not None and len(b) == 1 and b[0] not in seen:
             out[i] = b[0]
+            seen.add(b[0])
     return out
 
 

@@ -40,6 +40,7 @@ class Grammar(Protocol):
         """True once an EOS token was accepted."""
         ...
 
-    def can_continue(self) -> bool:
-        """Some token (EOS included) is allowed now; False once terminated or at a dead end."""
+    def can_continue(self, allow_eos: bool = True) -> bool:
+        """Some token is allowed now (EOS counts only if allow_eos: pass False while the request
+        may not stop, min_tokens / ignore_eos). False once terminated or at a dead end."""
         ...

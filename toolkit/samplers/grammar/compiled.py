@@ -35,7 +35,7 @@ class CompiledGrammar:
         self.width = vocab.bitmask_width                                   # W words per row
         self.max_cached_states = max(max_cache_bytes // (4 * self.width), 1)
         self._masks: dict[int, Tensor] = {}                                # state -> int32 [W]
-        self._alive: dict[int, bool] = {}                                  # state -> any bit set
+        self._alive: dict[tuple[int, bool], bool] = {}    # (state, allow_eos) -> some bit set
         self._eos0 = vocab.eos_token_ids[0]
         self._extra_eos = np.asarray(vocab.eos_token_ids[1:], dtype=np.int64)
 
@@ -76,11 +76,19 @@ class CompiledGrammar:
             self._masks[state] = mask
         return mask
 
-    def state_alive(self, state: int, guide: outlines_core.Guide) -> bool:
-        """Some token (EOS included) is allowed at `state` (a dead end ends the request)."""
-        alive = self._alive.get(state)
+    def state_alive(self, state: int, guide: outlines_core.Guide, allow_eos: bool = True) -> bool:
+        """Some token is allowed at `state`; with allow_eos=False, some token other than EOS
+        (the request cannot stop yet: min_tokens, ignore_eos). False = a dead end."""
+        key = (state, allow_eos)
+        alive = self._alive.get(key)
         if alive is None:
-            alive = self._alive[state] = bool(self.state_mask(state, guide).any())
+            mask = self.state_mask(state, guide)
+            if not allow_eos:
+                mask = mask.clone()
+                words = mask.numpy().view(np.uint32)
+                for e in self.vocab.eos_token_ids:
+                    words[e // 32] &= ~np.uint32(1 << (e % 32))
+            alive = self._alive[key] = bool(mask.any())
         return alive
 
     @property

@@ -35,7 +35,7 @@ class OutlinesGrammar:
             if self._terminated:
                 return i
             if t in self._eos:
-                return i + 1 if index.is_final_state(state) and i == len(tokens) - 1 else i
+                return i + 1 if index.is_final_state(state) else i     # nothing counts after EOS
             nxt = index.get_next_state(state, int(t))
             if nxt is None:
                 return i
@@ -80,10 +80,10 @@ class OutlinesGrammar:
     def is_terminated(self) -> bool:
         return self._terminated
 
-    def can_continue(self) -> bool:
+    def can_continue(self, allow_eos: bool = True) -> bool:
         if self._terminated:
             return False
-        return self.compiled.state_alive(self._guide.get_state(), self._guide)
+        return self.compiled.state_alive(self._guide.get_state(), self._guide, allow_eos)
 
     def __repr__(self) -> str:
         return (f"OutlinesGrammar({self.compiled.spec.describe()}, state={self.state}, "

