@@ -7,8 +7,11 @@
 A fake model samples the token at sequence index p of request r as a hash of (r, p), so a
 request's tokens do not depend on batching, chunking, prefix hits or preemption. It also
 keeps a fake KV cache (block, offset) -> token id written by every scheduled token, so a
-wrong block table, a wrong prefix-cache hit, a shared block written to, or a block
-published with rejected draft tokens shows up as a position whose KV holds the wrong token.
+wrong block table, a wrong prefix-cache hit, a stale computed count after preemption or
+rejected drafts, or a re-hit block published with rejected draft tokens shows up as a
+computed position whose KV holds the wrong token. With speculative=True, decoding requests
+get 0-3 draft tokens each step (a correct prefix, then wrong ones); the fake model accepts
+the matching prefix and samples one more token, as a rejection sampler would.
 
 Checked after every rule: token budget and max_num_seqs; each scheduled request starts at
 its num_computed_tokens, its block table covers its new tokens and its computed prefix
@@ -19,8 +22,8 @@ token; EOS / stop ids only after min_tokens). At teardown: arrivals stop and eve
 finishes within a bound of steps (no starvation, no livelock), and every block is free.
 
 Generated requests always fit the cache for their whole life (prompt + max_tokens <=
-blocks * block_size) and the token budget (prompt <= max_num_batched_tokens), except
-deliberately impossible ones (prompt larger than the cache, or than the request's
+blocks * block_size), and with prompts_within_budget=True the token budget too (prompt <=
+max_num_batched_tokens; otherwise prompts need chunking), except deliberately impossible ones (prompt larger than the cache, or than the request's
 max_model_len), which must finish as "rejected" (FINISHED_IGNORED) in the next step.
 """
 
