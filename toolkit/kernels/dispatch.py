@@ -1,0 +1,43 @@
+"""Pick an implementation of the cache ops: Triton on CUDA tensors, the torch twin otherwise.
+
+backend="auto" decides from the tensor's device; "triton" or "torch" forces one (tests force
+Triton on the CPU under TRITON_INTERPRET=1). Triton modules are imported only when used.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from toolkit.kernels import reference
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def use_triton(t: torch.Tensor, backend: str) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}; valid: {BACKENDS}")
+    return t.is_cuda if backend == "auto" else backend == "triton"
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             *, backend: str = "auto") -> None:
+    """k, v: [T, H_kv, D] into kv_cache [2, NB, BS, H_kv, D] at slot_mapping [T] (-1 = skip)."""
+    if use_triton(kv_cache, backend):
+        from toolkit.kernels.write_kv import write_kv as fast
+        fast(k, v, kv_cache, slot_mapping)
+    else:
+        reference.write_kv(k, v, kv_cache, slot_mapping)
+
+
+def copy_blocks(kv_caches: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor,
+                *, backend: str = "auto") -> None:
+    """Every layer: block dst[i] <- block src[i] (K and V)."""
+    if not kv_caches:
+        return
+    if use_triton(kv_caches[0], backend):
+        from toolkit.kernels.copy_blocks import copy_blocks as fast
+        fast(kv_caches, src, dst)
+    else:
+        reference.copy_blocks(kv_caches, src, dst)

@@ -1,0 +1,64 @@
+"""write_kv: store this step's K/V [T, H_kv, D] at their cache slots (slot -1 = skip).
+
+One program per (token, block of heads), vectorised over D. Any head_dim works: D is
+padded to a power of two and masked (80, 96, 97 ...). Twin: toolkit.kernels.reference.write_kv.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, cache_ptr, slot_ptr,
+    stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
+    stride_c0, stride_cb, stride_cs, stride_ch, stride_cd,
+    num_heads, head_dim, block_size,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)          # [BLOCK_H]
+    d = tl.arange(0, BLOCK_D)                                       # [BLOCK_D]
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    # slot -1 is skipped through the mask (no heads to write), not by an early return
+    heads = tl.where(slot >= 0, num_heads, 0)
+    mask = (h[:, None] < heads) & (d[None, :] < head_dim)
+    blk = slot // block_size
+    off = slot % block_size
+    k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :] * stride_kd, mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :] * stride_vd, mask=mask)
+    dst = cache_ptr + blk * stride_cb + off * stride_cs + h[:, None] * stride_ch + d[None, :] * stride_cd
+    tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + stride_c0, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def check_write_kv_args(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                        slot_mapping: torch.Tensor) -> None:
+    if k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"k and v must both be [T, H_kv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or kv_cache.shape[3:] != k.shape[1:]:
+        raise ValueError(f"kv_cache must be [2, num_blocks, block_size, {k.shape[1]}, {k.shape[2]}], "
+                         f"got {tuple(kv_cache.shape)}")
+    if slot_mapping.shape != (k.shape[0],) or slot_mapping.dtype.is_floating_point:
+        raise ValueError(f"slot_mapping must be an integer tensor [T={k.shape[0]}], got "
+                         f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """k, v: [T, H_kv, D]; kv_cache: [2, NB, BS, H_kv, D]; slot_mapping: int [T] (distinct slots, -1 = skip)."""
+    check_write_kv_args(k, v, kv_cache, slot_mapping)
+    num_tokens, num_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = min(triton.next_power_of_2(num_heads), max(1, 2048 // block_d))   # <= 2048 elements a program
+    grid = (num_tokens, triton.cdiv(num_heads, block_h))
+    _write_kv_kernel[grid](
+        k, v, kv_cache, slot_mapping,
+        *k.stride(), *v.stride(), *kv_cache.stride(),
+        num_heads, head_dim, kv_cache.shape[2],
+        BLOCK_H=block_h, BLOCK_D=block_d,
+    )
