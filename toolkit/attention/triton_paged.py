@@ -28,7 +28,9 @@ from toolkit.kernels import reference_attention
 class TritonPagedAttention:
     def __init__(self, kv_cache: KVCache, num_heads: int, head_dim: int, scale: float | None = None,
                  sliding_window: int | None = None, soft_cap: float | None = None, *,
-                 config: KernelConfig | None = None) -> None:
+                 config: KernelConfig | None = None, impl: str = "auto") -> None:
+        """impl: "triton" (CUDA, or the CPU under TRITON_INTERPRET=1), "reference" (the kernels'
+        torch twins on the same schedule) or "auto" (Triton where it can run)."""
         check_geometry(kv_cache, num_heads, head_dim)
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
@@ -42,7 +44,12 @@ class TritonPagedAttention:
         self.soft_cap = soft_cap
         dev = kv_cache.device
         self.config = config or default_config(kv_cache.dtype, head_dim, self.group, dev)
-        use_triton = dev.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        if impl not in ("auto", "triton", "reference"):
+            raise ValueError(f"impl must be 'auto', 'triton' or 'reference', got {impl!r}")
+        can_triton = dev.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+        if impl == "triton" and not can_triton:
+            raise ValueError("impl='triton' needs a CUDA KV cache or TRITON_INTERPRET=1")
+        use_triton = impl == "triton" or (impl == "auto" and can_triton)
         self._attn, self._merge = self._kernels(use_triton)
         self._write_kv = self._write_kv_impl(dev)
         self.layout: PagedKVLayout | None = None

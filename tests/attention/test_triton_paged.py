@@ -1,0 +1,125 @@
+"""TritonPagedAttention against TorchAttention (the reference twin) on ragged paged layouts.
+
+On the CPU the Triton kernels run under TRITON_INTERPRET=1 (tests/conftest.py) at small
+shapes in fp32/fp16; the output buffer is poisoned with NaN so an unwritten element fails.
+`gpu` tests repeat this at real shapes in bf16/fp16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attention_cases import (REL_TOL, head_geometry, make_case, poisoned_like, ragged_lengths,
+                             rel_err)
+from toolkit.attention.schedule import TileConfig
+from toolkit.attention.torch_ref import TorchAttention
+from toolkit.attention.triton_paged import TritonPagedAttention
+from toolkit.attention.tuning import KernelConfig
+from toolkit.registry import lookup
+
+WINDOWS = st.one_of(st.none(), st.integers(1, 64))
+CAPS = st.one_of(st.none(), st.floats(1.0, 30.0))
+
+
+def check(case, window=None, cap=None, scale=None, config=None, impl="auto", layer=0) -> float:
+    h, d = case.q.shape[1], case.q.shape[2]
+    ref = TorchAttention(case.cache, h, d, scale=scale, sliding_window=window, soft_cap=cap)
+    fast = TritonPagedAttention(case.cache, h, d, scale=scale, sliding_window=window, soft_cap=cap,
+                                config=config, impl=impl)
+    ref.plan(case.layout)
+    fast.plan(case.layout)
+    out = poisoned_like(case.q)
+    assert fast.run(layer, case.q, out=out) is out
+    err = rel_err(out, ref.run(layer, case.q))
+    assert err < REL_TOL[case.q.dtype], f"relative error {err:.2e} ({fast!r})"
+    return err
+
+
+@given(lengths=ragged_lengths(), geom=head_geometry(), bs=st.sampled_from([16, 32, 64]),
+       dtype=st.sampled_from([torch.float32, torch.float16]), window=WINDOWS, cap=CAPS,
+       seed=st.integers(0, 2**16))
+def test_ragged_layouts_match_reference(lengths, geom, bs, dtype, window, cap, seed) -> None:
+    (kv_lens, q_lens), (h, h_kv, d) = lengths, geom
+    check(make_case(h, h_kv, d, bs, kv_lens, q_lens, dtype, seed), window, cap)
+
+
+FORCE_SPLIT = KernelConfig(decode=TileConfig(4, 16, 4, 1), prefill=TileConfig(8, 16, 4, 1),
+                           target_programs=1 << 20, min_split_tokens=16)
+
+
+@settings(max_examples=10)
+@given(lengths=ragged_lengths(max_kv=120), geom=head_geometry((32, 64)), window=WINDOWS,
+       seed=st.integers(0, 2**16))
+def test_split_kv_merge_matches_reference(lengths, geom, window, seed) -> None:
+    """Every decode-class sequence split into 16-key pieces, merged by log-sum-exp."""
+    (kv_lens, q_lens), (h, h_kv, d) = lengths, geom
+    case = make_case(h, h_kv, d, 16, kv_lens, q_lens, torch.float32, seed)
+    check(case, window, config=FORCE_SPLIT)
+
+
+@settings(max_examples=10)
+@given(lengths=ragged_lengths(), geom=head_geometry(), window=WINDOWS, cap=CAPS,
+       seed=st.integers(0, 2**16))
+def test_reference_twins_on_the_same_schedule(lengths, geom, window, cap, seed) -> None:
+    """The kernels' torch twins (the CPU path) follow the same work tables."""
+    (kv_lens, q_lens), (h, h_kv, d) = lengths, geom
+    case = make_case(h, h_kv, d, 16, kv_lens, q_lens, torch.float32, seed)
+    check(case, window, cap, config=FORCE_SPLIT, impl="reference")
+
+
+@pytest.mark.parametrize("kv_lens,q_lens", [
+    ([1], [1]),                             # one token, batch of one
+    ([130], [1]),                           # decode over a partly filled last block
+    ([64], [64]),                           # whole prompt, exactly full blocks
+    ([5, 97, 1, 40], [5, 1, 1, 17]),        # mixed batch: prompt, decode, chunk after a prefix
+])
+def test_edge_layouts(kv_lens, q_lens) -> None:
+    check(make_case(8, 2, 64, 16, kv_lens, q_lens, torch.float32, seed=1), scale=0.3)
+
+
+def test_second_layer_and_write_kv_match_reference() -> None:
+    """write_kv stores at slot_mapping like the reference; run reads the asked-for layer."""
+    case = make_case(4, 2, 32, 16, [20, 9], [4, 9], torch.float32, num_layers=2)
+    fast = TritonPagedAttention(case.cache, 4, 32)
+    fast.plan(case.layout)
+    k, v = torch.randn(2, case.layout.num_tokens, 2, 32, device=case.q.device)
+    before = case.cache[1].clone()
+    fast.write_kv(1, k, v)
+    flat = case.cache[1].view(2, -1, 2, 32)
+    slots = case.layout.slot_mapping.long()
+    assert torch.equal(flat[0, slots], k) and torch.equal(flat[1, slots], v)
+    untouched = torch.ones(flat.shape[1], dtype=torch.bool, device=slots.device)
+    untouched[slots] = False
+    assert torch.equal(flat[:, untouched], before.view(2, -1, 2, 32)[:, untouched])
+    check(case, layer=1)
+
+
+def test_registry_name() -> None:
+    assert lookup("attention", "triton") is TritonPagedAttention
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("h,h_kv,d", [(32, 8, 128), (16, 8, 128), (8, 8, 64), (32, 1, 128),
+                                      (12, 4, 80), (8, 2, 256)])
+@pytest.mark.parametrize("bs", [16, 64])
+def test_gpu_real_shapes(dtype, h, h_kv, d, bs) -> None:
+    kv_lens = [3000, 1, 517, 2048, 70, 1200]
+    q_lens = [1, 1, 517, 300, 1, 1]          # decode rows, a whole prompt, a chunk after a prefix
+    case = make_case(h, h_kv, d, bs, kv_lens, q_lens, dtype, seed=h * d + bs)
+    check(case)
+    check(case, window=256, cap=30.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_long_context_split_decode(dtype) -> None:
+    """Few sequences with long contexts take the split-KV path under the default config."""
+    case = make_case(32, 8, 128, 16, [16384, 9000], [1, 1], dtype, seed=3)
+    fast = TritonPagedAttention(case.cache, 32, 128)
+    fast.plan(case.layout)
+    assert fast.schedule is not None and fast.schedule.num_splits > 1
+    check(case)
