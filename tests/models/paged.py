@@ -22,8 +22,9 @@ class PagedRunner:
     block_size: int = 4
     num_blocks: int = 256
     seed: int = 0
+    backend: type = TorchAttention
     kv_cache: KVCache = field(init=False)
-    attention: TorchAttention = field(init=False)
+    attention: object = field(init=False)
     free: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -32,7 +33,7 @@ class PagedRunner:
                                 dtype=m.dtype, device=m.device)
         for layer in self.kv_cache.layers:
             layer.fill_(float("nan"))   # a read of an unwritten slot poisons the result
-        self.attention = TorchAttention(self.kv_cache, **m.attention_kwargs())
+        self.attention = self.backend(self.kv_cache, **m.attention_kwargs())
         self.free = list(range(self.num_blocks))
         random.Random(self.seed).shuffle(self.free)
 
