@@ -14,9 +14,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))   # walk.py, tokenizer_zoo.py, strategies.py
 
-from tokenizer_zoo import LOADERS, Unavailable  # noqa: E402
+from tokenizer_zoo import LOADERS, Unavailable
 
-from toolkit.samplers.grammar import GrammarCompiler  # noqa: E402
+from toolkit.samplers.grammar import GrammarCompiler
 
 FAMILIES = list(LOADERS)
 

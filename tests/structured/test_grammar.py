@@ -3,9 +3,8 @@ EOS only in final states, dead ends, draft rows for speculative decoding, the co
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import string
+from concurrent.futures import Future
 
 import numpy as np
 import outlines_core
@@ -15,8 +14,14 @@ from walk import allowed_ids
 
 from toolkit.samplers.bitmask import unpack_token_bitmask
 from toolkit.samplers.grammar import (
-    Grammar, GrammarCache, GrammarCompiler, Structured, allocate_token_bitmask, build_vocabulary,
-    fill_batch_bitmask, fill_grammar_rows,
+    Grammar,
+    GrammarCache,
+    GrammarCompiler,
+    Structured,
+    allocate_token_bitmask,
+    build_vocabulary,
+    fill_batch_bitmask,
+    fill_grammar_rows,
 )
 
 # multi-character tokens first (their ids are what the assertions read), then every printable char

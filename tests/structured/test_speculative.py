@@ -7,11 +7,15 @@ import hashlib
 
 import pytest
 import torch
-from test_grammar import EOS, V, TinyTokenizer
+from test_grammar import EOS, TinyTokenizer, V
 
 from toolkit.kernels.reference_sampling import apply_token_bitmask
 from toolkit.samplers.grammar import (
-    GrammarCompiler, Structured, allocate_token_bitmask, build_vocabulary, fill_grammar_rows,
+    GrammarCompiler,
+    Structured,
+    allocate_token_bitmask,
+    build_vocabulary,
+    fill_grammar_rows,
 )
 
 

@@ -10,15 +10,32 @@ See base.py for the `Grammar` contract and batch.py for the step's row layout.
 """
 
 from toolkit.samplers.grammar.base import Grammar
-from toolkit.samplers.grammar.batch import allocate_token_bitmask, fill_batch_bitmask, fill_grammar_rows
+from toolkit.samplers.grammar.batch import (
+    allocate_token_bitmask,
+    fill_batch_bitmask,
+    fill_grammar_rows,
+)
 from toolkit.samplers.grammar.compiled import CompiledGrammar
 from toolkit.samplers.grammar.compiler import GrammarCache, GrammarCompiler
 from toolkit.samplers.grammar.outlines_backend import OutlinesGrammar
 from toolkit.samplers.grammar.spec import Structured
-from toolkit.samplers.grammar.vocabulary import TokenizerVocabulary, VocabularyCache, build_vocabulary
+from toolkit.samplers.grammar.vocabulary import (
+    TokenizerVocabulary,
+    VocabularyCache,
+    build_vocabulary,
+)
 
 __all__ = [
-    "Grammar", "Structured", "GrammarCompiler", "GrammarCache", "CompiledGrammar", "OutlinesGrammar",
-    "TokenizerVocabulary", "VocabularyCache", "build_vocabulary", "allocate_token_bitmask",
-    "fill_batch_bitmask", "fill_grammar_rows",
+    "CompiledGrammar",
+    "Grammar",
+    "GrammarCache",
+    "GrammarCompiler",
+    "OutlinesGrammar",
+    "Structured",
+    "TokenizerVocabulary",
+    "VocabularyCache",
+    "allocate_token_bitmask",
+    "build_vocabulary",
+    "fill_batch_bitmask",
+    "fill_grammar_rows",
 ]

@@ -9,7 +9,8 @@ finish reason "grammar".
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 

@@ -7,7 +7,7 @@ all-ones rows, so constrained and free requests share one bitmask and one kernel
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

@@ -41,7 +41,7 @@ class CompiledGrammar:
 
     @classmethod
     def compile(cls, spec: Structured, vocab: TokenizerVocabulary,
-                max_cache_bytes: int = 32 << 20) -> "CompiledGrammar":
+                max_cache_bytes: int = 32 << 20) -> CompiledGrammar:
         """Build the Index (seconds for a big schema; outlines-core releases the GIL meanwhile).
 
         Raises ValueError naming the spec when outlines-core cannot compile it."""
@@ -53,7 +53,7 @@ class CompiledGrammar:
             raise ValueError(f"{spec.describe()} cannot be compiled for this tokenizer: {e}") from None
         return cls(spec, regex, index, vocab, time.perf_counter() - t0, max_cache_bytes)
 
-    def new_grammar(self, max_rollback: int = 32) -> "OutlinesGrammar":
+    def new_grammar(self, max_rollback: int = 32) -> OutlinesGrammar:
         """A fresh per-request grammar at the start state. max_rollback bounds `rollback(n)`
         (use >= the number of speculative tokens + 1)."""
         from toolkit.samplers.grammar.outlines_backend import OutlinesGrammar

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from toolkit.samplers.grammar.compiled import CompiledGrammar
 from toolkit.samplers.grammar.outlines_backend import OutlinesGrammar
@@ -101,7 +102,7 @@ class GrammarCompiler:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def __enter__(self) -> "GrammarCompiler":
+    def __enter__(self) -> GrammarCompiler:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,7 +6,7 @@ outlines-core has no transition on it (an accepted EOS just terminates the gramm
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import outlines_core
 from torch import Tensor

@@ -9,7 +9,8 @@ accepts it and constrains only what outlines-core understands.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jsonschema
 import outlines_core

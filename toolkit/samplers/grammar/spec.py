@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from toolkit.samplers.grammar.schema import load_schema, schema_to_regex
 
@@ -31,8 +32,7 @@ def escape_regex(text: str) -> str:
 def _strip_anchors(pattern: str) -> str:
     """Drop a leading '^' and a trailing unescaped '$': the whole output must match anyway, and
     outlines-core's DFA refuses anchors."""
-    if pattern.startswith("^"):
-        pattern = pattern[1:]
+    pattern = pattern.removeprefix("^")
     if pattern.endswith("$"):
         backslashes = len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))
         if backslashes % 2 == 0:
@@ -47,7 +47,7 @@ def _unsupported_regex_features(pattern: str) -> list[str]:
     parse is left to the full compile, which reports Rust's own error.
     """
     try:
-        from re import _parser as sre_parse     # the stdlib parser (3.11+)
+        from re import _parser as sre_parse  # the stdlib parser (3.11+)
     except ImportError:                          # pragma: no cover - Python 3.10
         import sre_parse  # type: ignore[no-redef]
     try:
@@ -87,7 +87,7 @@ class Structured:
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
-    def regex(cls, pattern: str) -> "Structured":
+    def regex(cls, pattern: str) -> Structured:
         """Output fully matches `pattern` (outlines-core regex syntax; no lookaround/backrefs)."""
         if not isinstance(pattern, str) or not pattern:
             raise ValueError(f"Structured.regex needs a non-empty pattern string, got {pattern!r}")
@@ -97,7 +97,7 @@ class Structured:
 
     @classmethod
     def json(cls, schema: dict | str, *, whitespace_pattern: str | None = None,
-             strict: bool = True) -> "Structured":
+             strict: bool = True) -> Structured:
         """Output is JSON valid against `schema` (a dict or its JSON text)."""
         text = json.dumps(load_schema(schema), ensure_ascii=False)   # key order kept: it is output order
         spec = cls("json", text, whitespace_pattern, strict)
@@ -105,14 +105,14 @@ class Structured:
         return spec
 
     @classmethod
-    def choice(cls, options: Sequence[str]) -> "Structured":
+    def choice(cls, options: Sequence[str]) -> Structured:
         """Output is exactly one of `options`."""
         if isinstance(options, str) or not options or not all(isinstance(o, str) and o for o in options):
             raise ValueError(f"Structured.choice needs a non-empty list of non-empty strings, got {options!r}")
         return cls("choice", json.dumps(list(dict.fromkeys(options)), ensure_ascii=False))
 
     @classmethod
-    def json_object(cls, *, depth: int = 1, whitespace_pattern: str | None = None) -> "Structured":
+    def json_object(cls, *, depth: int = 1, whitespace_pattern: str | None = None) -> Structured:
         """Any JSON object (no schema); values nest `depth` levels of objects/arrays (0..2:
         the regex, and its compile time, grow fast with depth)."""
         if depth not in (0, 1, 2):
@@ -120,7 +120,7 @@ class Structured:
         return cls("json_object", json.dumps({"type": "object", "depth": depth}), whitespace_pattern, False)
 
     @classmethod
-    def coerce(cls, value: Any) -> "Structured | None":
+    def coerce(cls, value: Any) -> Structured | None:
         """SamplingParams.structured as a spec: a Structured, None, or a one-key dict
         {"regex": str} / {"json": schema} / {"choice": [str]} / {"json_object": True}."""
         if value is None or isinstance(value, Structured):

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import re
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import outlines_core
 
