@@ -18,7 +18,8 @@ import json
 import random
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from toolkit.blocks.free_list import FreeListAllocator
 from toolkit.blocks.hashing import hash_blocks
@@ -116,7 +117,7 @@ def show(rows: list[dict[str, Any]]) -> None:
     table = Table(title="Block allocator operations per second (CPU, one thread)")
     for col in ("workload", "allocator", *OPS, "total", "hit rate"):
         table.add_column(col, justify="left" if col in ("workload", "allocator") else "right")
-    fmt = lambda v: "-" if v is None else f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k"  # noqa: E731
+    fmt = lambda v: "-" if v is None else f"{v / 1e6:.2f} M" if v >= 1e6 else f"{v / 1e3:.0f} k"
     for r in rows:
         table.add_row(r["workload"], r["allocator"], *(fmt(r[f"{op}_per_s"]) for op in OPS),
                       fmt(r["total_per_s"]), f"{r['hit_rate']:.0%}" if "hit_rate" in r else "-")

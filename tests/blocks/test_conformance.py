@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -12,8 +12,8 @@ from toolkit.blocks.prefix_caching import PrefixCachingAllocator
 from toolkit.blocks.reference import ReferenceAllocator
 from toolkit.testing import check_allocator
 
-PASS = dict(max_examples=100)              # passing runs are cheap (~1 ms a step)
-FAIL = dict(max_examples=300, shrink=False)  # stops at the first failure; shrinking is slow
+PASS = {"max_examples": 100}              # passing runs are cheap (~1 ms a step)
+FAIL = {"max_examples": 300, "shrink": False}  # stops at the first failure; shrinking is slow
 
 
 def test_reference_passes() -> None:

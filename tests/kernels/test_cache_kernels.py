@@ -74,7 +74,7 @@ def copy_cases(draw):  # -> (caches, src, dst)
     dtype = draw(st.sampled_from([torch.float32, torch.float16]))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     caches = [torch.randn(2, nb, bs, h, d, generator=g).to(dtype).to(DEV) for _ in range(layers)]
-    as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEV)  # noqa: E731
+    as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEV)
     return caches, as_t(src), as_t(dst)
 
 

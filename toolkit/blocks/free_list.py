@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from toolkit.blocks._validate import check_count, check_held, check_size
 from toolkit.blocks.base import OutOfBlocks

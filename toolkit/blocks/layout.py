@@ -7,9 +7,9 @@ kv_indices[kv_indptr[b]:kv_indptr[b+1]], the last one holding kv_last_page_len[b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -39,8 +39,8 @@ class PagedKVLayout:
     def q_lens(self) -> torch.Tensor:
         return (self.qo_indptr[1:] - self.qo_indptr[:-1]).to(torch.int32)
 
-    def to(self, device: torch.device | str) -> "PagedKVLayout":
-        t = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+    def to(self, device: torch.device | str) -> PagedKVLayout:
+        t = lambda x: x.to(device, non_blocking=True)
         return PagedKVLayout(t(self.qo_indptr), t(self.kv_indptr), t(self.kv_indices),
                              t(self.kv_last_page_len), t(self.slot_mapping), self.block_size,
                              self.max_q_len, self.max_kv_len, self.num_seqs, self.num_tokens)
@@ -52,7 +52,7 @@ class PagedKVLayout:
         q_lens: Sequence[int],
         block_size: int,
         device: torch.device | str = "cpu",
-    ) -> "PagedKVLayout":
+    ) -> PagedKVLayout:
         """Layout of a batch: sequence b holds kv_lens[b] tokens after this step, the last
         q_lens[b] of which are new (queries, and written to the cache this step)."""
         if not (len(block_tables) == len(kv_lens) == len(q_lens)):

@@ -13,7 +13,7 @@ so no tokens are stored here.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 from toolkit.blocks._validate import check_count, check_held, check_size
 from toolkit.blocks.base import OutOfBlocks

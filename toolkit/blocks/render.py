@@ -8,7 +8,8 @@ each held block with the requests holding it.
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 COLORS = {"free": "#e5e7eb", "held": "#93c5fd", "shared": "#3b82f6",
           "cached": "#86efac", "evictable": "#fcd34d"}

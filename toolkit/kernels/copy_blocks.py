@@ -7,7 +7,7 @@ rare and the layer count small. Twin: toolkit.kernels.reference.copy_blocks.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import triton

@@ -6,7 +6,7 @@ Triton on the CPU under TRITON_INTERPRET=1). Triton modules are imported only wh
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

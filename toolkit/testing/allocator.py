@@ -27,11 +27,18 @@ Invariants, after every step:
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from toolkit.blocks.base import OutOfBlocks
 from toolkit.blocks.hashing import hash_blocks
@@ -336,8 +343,8 @@ def check_allocator(factory: Factory, *, prefix_caching: bool = True, num_blocks
     """
     if not isinstance(num_blocks, int) or num_blocks < 2 or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"need num_blocks >= 2 and block_size >= 1, got {num_blocks}, {block_size}")
-    kw: dict[str, Any] = dict(stateful_step_count=stateful_step_count, deadline=None,
-                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    kw: dict[str, Any] = {"stateful_step_count": stateful_step_count, "deadline": None,
+                              "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much]}
     if max_examples is not None:
         kw["max_examples"] = max_examples
     if not shrink:
