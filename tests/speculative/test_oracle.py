@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import pytest
-
-from spec_stats import ALPHA, chi_square_pvalue
 import torch
+from spec_stats import ALPHA, chi_square_pvalue
 
 from toolkit.samplers.speculative.oracle import OracleProposer
 from toolkit.types import Request, SamplingParams

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toolkit.kernels import reference_spec as ref
 from toolkit.kernels.rejection_sample import rejection_sample

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from spec_stats import ALPHA, chi_square_pvalue
+
 from toolkit.samplers.base import SamplingMetadata
 from toolkit.samplers.pipeline import Sampler
 from toolkit.samplers.reference import ReferenceSampler
 from toolkit.samplers.speculative.metrics import SpecDecodeStats
-from toolkit.samplers.speculative.rejection import (RejectionSampler, SpecDecodeMetadata,
-                                                    target_probs)
+from toolkit.samplers.speculative.rejection import (
+    RejectionSampler,
+    SpecDecodeMetadata,
+    target_probs,
+)
 from toolkit.types import SamplingParams
 
 V = 12

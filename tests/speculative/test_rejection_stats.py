@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
-
+from hypothesis import given
+from hypothesis import strategies as st
 from spec_stats import ALPHA, chi_square_pvalue, draw_from, rand_keys
+
 from toolkit.kernels.reference_spec import race_sample, rejection_sample
 
 N = 20_000
@@ -108,7 +109,7 @@ def test_zero_target_mass_is_never_emitted():
     q = torch.tensor([[0.9, 0.05, 0.05, 0.0]])
     gen = torch.Generator().manual_seed(1)
     drafts = draw_from(q[0], N, gen)[:, None]
-    tokens, counts = verify_copies(p, drafts, q, gen)
+    tokens, _counts = verify_copies(p, drafts, q, gen)
     first = torch.bincount(tokens[:, 0], minlength=4)
     assert first[0] == 0 and first[2] == 0
     assert chi_square_pvalue(first, p[0]) > ALPHA

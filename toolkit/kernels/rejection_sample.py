@@ -43,7 +43,7 @@ def _rejection_kernel(target_ptr, t_stride, draft_ids_ptr, draft_probs_ptr, d_st
     # -- walk the drafts: n_acc = length of the accepted prefix
     n_acc = tl.zeros((), tl.int64)
     alive = tl.full((), 1, tl.int1)
-    for j in range(0, k):
+    for j in range(k):
         row = r0 + j
         x = tl.load(draft_ids_ptr + d0 + j)
         key = tl.load(keys_ptr + row)

@@ -20,8 +20,9 @@ from softmax(logits / temperature), Draft.probs = those distributions (float32 [
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -104,7 +105,6 @@ class DraftModelProposer:
                 work.append((i, r, tokens, self._valid_prefix(r, tokens), kb))
         if not work:
             return drafts
-        dev = self.device
         # step 0: every request's uncomputed tokens [c, L) in one ragged forward
         ids = torch.tensor([t for _, _, tok, c, _ in work for t in tok[c:]], dtype=torch.int64)
         pos = torch.cat([torch.arange(c, len(tok)) for _, _, tok, c, _ in work])

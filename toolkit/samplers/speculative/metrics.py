@@ -9,8 +9,8 @@ Steps with k = 0 (nothing drafted) count as steps that emit one token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 @dataclass

@@ -10,7 +10,7 @@ of the proposal is seq[i + n + m] for i + n + m < L and proposal[m - s] after (a
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view

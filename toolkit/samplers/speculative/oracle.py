@@ -10,7 +10,7 @@ recorded by a run with speculation off. A request whose output has left its reco
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

@@ -13,8 +13,8 @@ the step's one host transfer with `SpecSamplerOutput.tolist()`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -41,7 +41,7 @@ class SpecDecodeMetadata:
     @classmethod
     def build(cls, draft_token_ids: Sequence[Sequence[int]], vocab_size: int,
               device: torch.device | str = "cpu",
-              draft_probs: Sequence[Tensor | None] | None = None) -> "SpecDecodeMetadata":
+              draft_probs: Sequence[Tensor | None] | None = None) -> SpecDecodeMetadata:
         """draft_token_ids[b]: the drafts request b verifies (may be empty); draft_probs[b]:
         float32 [len(draft_token_ids[b]), V] or None (one-hot). A mix is allowed: rows
         without probs get a one-hot row."""
