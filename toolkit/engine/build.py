@@ -40,7 +40,8 @@ def _has_tokenizer(folder) -> bool:
 
 def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = None,
                  scheduler: Any = "continuous", sampler: Any = "default", attention: Any = "auto",
-                 config: EngineConfig | None = None, load_format: str = "auto") -> Engine:
+                 proposer: Any = None, draft_model: Any = None, config: EngineConfig | None = None,
+                 load_format: str = "auto") -> Engine:
     from toolkit.models import default_model_path, load_model, load_tokenizer
 
     cfg = config or EngineConfig()
@@ -76,6 +77,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     allocator = _create("allocator", allocator, num_blocks=kv_cache.num_blocks, block_size=cfg.block_size)
     scheduler = _create(
         "scheduler", scheduler, allocator=allocator, block_size=cfg.block_size,
+        # a draft model writes its k drafts' KV one step ahead: reserve their slots
+        num_lookahead_tokens=cfg.num_speculative_tokens if cfg.speculative == "draft" else 0,
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
         enable_chunked_prefill=cfg.enable_chunked_prefill)
@@ -84,8 +87,42 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     attention = _create("attention", attention, kv_cache=kv_cache, **model.attention_kwargs())
     sampler = _create("sampler", sampler)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed
+        sampler.generator = generator
     runner = Runner(model, attention, sampler, kv_cache, device, generator)
     eos = model.eos_token_ids[0] if getattr(model, "eos_token_ids", None) else (
         getattr(tokenizer, "eos_token_id", None))
+    proposer = proposer if proposer is not None else cfg.speculative
+    if proposer == "draft":
+        proposer = _draft_proposer(draft_model, model, kv_cache, attention, dtype, device)
+    elif proposer is not None:
+        proposer = _create("proposer", proposer)
+    k = cfg.num_speculative_tokens if proposer is not None else 0
+    if proposer is not None and k < 1:
+        raise ValueError("a proposer needs num_speculative_tokens >= 1")
     return Engine(model, tokenizer, scheduler, runner, block_size=cfg.block_size,
-                  num_blocks=kv_cache.num_blocks, max_model_len=max_model_len, eos_token_id=eos)
+                  num_blocks=kv_cache.num_blocks, max_model_len=max_model_len, eos_token_id=eos,
+                  proposer=proposer, num_spec_tokens=k)
+
+
+def _draft_proposer(draft_model: Any, model: Any, kv_cache: KVCache, attention: Any,
+                    dtype: torch.dtype, device: torch.device) -> Any:
+    """A DraftModelProposer over the target's block geometry. draft_model: an int (the first
+    N layers of the target, sharing its weights), a folder, a config, or a loaded model."""
+    from toolkit.models import load_model
+    from toolkit.samplers.speculative.draft import DraftModelProposer
+    from toolkit.samplers.speculative.truncate import truncated_model
+
+    if draft_model is None:
+        raise ValueError('speculative="draft" needs draft_model= (an int = the first N layers of '
+                         "the target, a Hugging Face folder, a config, or a loaded model)")
+    if isinstance(draft_model, int):
+        draft_model = truncated_model(model, draft_model)
+    elif not hasattr(draft_model, "forward"):
+        fmt = "auto" if isinstance(draft_model, str) or hasattr(draft_model, "__fspath__") else "dummy"
+        draft_model = load_model(draft_model, dtype=dtype, device=device, load_format=fmt)
+    if draft_model.vocab_size != model.vocab_size:
+        raise ValueError(f"the draft model's vocabulary ({draft_model.vocab_size}) differs from the "
+                         f"target's ({model.vocab_size}); they must share a tokenizer")
+    return DraftModelProposer(draft_model, num_blocks=kv_cache.num_blocks, block_size=kv_cache.block_size,
+                              attention=type(attention), dtype=dtype, device=device)

@@ -1,38 +1,48 @@
 """Engine: the step loop. It is the only place where the parts meet.
 
-    out = scheduler.schedule()                  # who runs how many tokens
-    logits = runner.forward(runner.prepare(out)) # one ragged forward over the paged cache
-    tokens = runner.sample(...)                 # logits -> token ids
-    outputs = scheduler.update(out, tokens)     # append, token-level stops, free blocks
-    outputs = output_processor.process(outputs) # text, stop strings, metrics
+    out = scheduler.schedule()                     # who runs how many tokens
+    logits = runner.forward(runner.prepare(out))   # one ragged forward over the paged cache
+    tokens = runner.sample(batch, logits, masks)   # grammar masks -> sampler (or draft verifier)
+    outputs = scheduler.update(out, tokens)        # append, token-level stops, free blocks
+    outputs = output_processor.process(outputs)    # text, stop strings, metrics
+    proposer.propose(running)                      # drafts for the next step (speculative)
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from typing import Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any, Iterable, Sequence
 
 import torch
 
 from toolkit.engine.output import OutputProcessor
 from toolkit.engine.runner import Runner
-from toolkit.types import Request, RequestOutput, SamplingParams
+from toolkit.types import CompletionOutput, Request, RequestOutput, RequestStatus, SamplingParams
 
 log = logging.getLogger(__name__)
 
 
 class Engine:
     def __init__(self, model, tokenizer, scheduler, runner: Runner, *, block_size: int,
-                 num_blocks: int, max_model_len: int, eos_token_id: int | None) -> None:
+                 num_blocks: int, max_model_len: int, eos_token_id: int | None,
+                 proposer: Any = None, num_spec_tokens: int = 0) -> None:
         self.model, self.tokenizer, self.scheduler, self.runner = model, tokenizer, scheduler, runner
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.output_processor = OutputProcessor(tokenizer)
+        self.proposer, self.num_spec_tokens = proposer, num_spec_tokens
+        self.grammars: dict[str, Any] = {}               # request id -> its Grammar
+        self._compiling: list[tuple[Request, Future]] = []  # waiting for a grammar compile
+        self._compiler = None
+        self._rejected: list[RequestOutput] = []
         self._ids = itertools.count()
         self.num_steps = 0
         self.num_preemptions = 0
+        self.spec_drafted = 0
+        self.spec_accepted = 0
 
     # -- requests --
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
@@ -54,39 +64,114 @@ class Engine:
         if -(-(len(ids) + 1) // self.block_size) > self.num_blocks:
             raise ValueError(f"the prompt needs {-(-(len(ids) + 1) // self.block_size)} KV blocks; the cache "
                              f"has {self.num_blocks} of {self.block_size} tokens")
+        future = self._compile(params.structured) if params.structured is not None else None
         rid = request_id if request_id is not None else str(next(self._ids))
         req = Request(rid, ids, params, eos_token_id=self.eos_token_id, priority=priority,
                       max_model_len=self.max_model_len,
                       **({"arrival_time": arrival_time} if arrival_time is not None else {}))
-        self.scheduler.add_request(req)
         self.output_processor.add(req, text)
+        if future is None:
+            self.scheduler.add_request(req)
+        else:
+            self._compiling.append((req, future))   # joins the scheduler once compiled
         return rid
 
     def abort(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self._compiling = [(r, f) for r, f in self._compiling if r.request_id not in ids]
         self.scheduler.abort(ids)
         for rid in ids:
             self.output_processor.forget(rid)
+            self.grammars.pop(rid, None)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return bool(self._compiling) or bool(self._rejected) or self.scheduler.has_unfinished()
 
     # -- the step --
     def step(self) -> list[RequestOutput]:
+        self._admit_compiled()
         out = self.scheduler.schedule()
         sampled: dict[str, list[int]] = {}
+        forced: dict[str, str] = {}
         if out.scheduled:
             batch = self.runner.prepare(out)
             logits = self.runner.forward(batch)
-            tokens = self.runner.sample(batch, logits).token_ids.tolist()   # the step's one sync
-            for rid, tok in zip(batch.row_owner, tokens):
-                sampled.setdefault(rid, []).append(tok)
+            emitted = self.runner.sample(batch, logits, self.grammars)
+            for req, d, toks in zip(batch.sampling, batch.drafts, emitted):
+                sampled[req.request_id] = toks
+                self.spec_drafted += len(d)
+                self.spec_accepted += len(toks) - 1
+                g = self.grammars.get(req.request_id)
+                end = self._grammar_end(g, req, toks) if g is not None else None
+                if end is not None:
+                    forced[req.request_id] = end
         self.num_steps += 1
         self.num_preemptions += len(out.preempted_ids)
-        outputs, stopped = self.output_processor.process(self.scheduler.update(out, sampled))
+        outputs, stopped = self.output_processor.process(self.scheduler.update(out, sampled), forced)
         if stopped:
-            self.scheduler.abort(stopped)   # a stop string finished these: free their blocks now
-        return outputs
+            self.scheduler.abort(stopped)   # a stop string or the grammar finished these
+        done = [o.request_id for o in outputs if o.finished]
+        for rid in done:
+            self.grammars.pop(rid, None)
+        if done and hasattr(self.proposer, "remove"):
+            self.proposer.remove(done)           # a draft model forgets their KV state
+        if self.proposer is not None and out.scheduled:
+            self._propose(batch.sampling)
+        rejected, self._rejected = self._rejected, []
+        return rejected + outputs
+
+    def _propose(self, requests: list[Request]) -> None:
+        from toolkit.samplers.speculative.base import draft_budget
+
+        live = [r for r in requests if not r.is_finished and r.status is RequestStatus.RUNNING
+                and r.num_computed_tokens == r.num_tokens - 1]
+        if not live:
+            return
+        for r, d in zip(live, self.proposer.propose(live, self.num_spec_tokens)):
+            r.spec_token_ids = list(d.token_ids[: draft_budget(r, self.num_spec_tokens)])
+
+    # -- structured output --
+    def _compile(self, spec: Any) -> Future:
+        if self.tokenizer is None:
+            raise ValueError("structured output needs a tokenizer; this engine has none")
+        if self._compiler is None:
+            from toolkit.samplers.grammar import GrammarCompiler
+
+            eos = list(getattr(self.model, "eos_token_ids", None) or [self.eos_token_id])
+            self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.model.vocab_size,
+                                             eos_token_ids=eos)
+        return self._compiler.compile_async(spec)     # cheap checks raise ValueError here
+
+    def _admit_compiled(self) -> None:
+        still = []
+        for req, fut in self._compiling:
+            if not fut.done():
+                still.append((req, fut))
+                continue
+            try:
+                self.grammars[req.request_id] = fut.result().new_grammar(
+                    max_rollback=self.num_spec_tokens + 1)
+                self.scheduler.add_request(req)
+            except ValueError as e:
+                log.warning("request %s rejected: %s", req.request_id, e)
+                self.output_processor.forget(req.request_id)
+                self._rejected.append(RequestOutput(
+                    req.request_id, finished=True, finish_reason="rejected", stop_reason=str(e),
+                    prompt_token_ids=req.prompt_token_ids,
+                    outputs=[CompletionOutput(0, "", [], "rejected", str(e))]))
+        self._compiling = still
+
+    @staticmethod
+    def _grammar_end(grammar: Any, req: Request, tokens: list[int]) -> str | None:
+        """Advance the grammar by the emitted tokens. Returns a finish reason: "stop" when it
+        accepted EOS, "grammar" when it rejects a token or no token can continue it."""
+        if not grammar.accept(tokens):
+            return "grammar"
+        if grammar.is_terminated():
+            return "stop"
+        sp = req.sampling_params
+        allow_eos = not (sp.ignore_eos or req.num_output_tokens + len(tokens) < sp.min_tokens)
+        return None if grammar.can_continue(allow_eos=allow_eos) else "grammar"
 
     def _tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -99,9 +184,10 @@ class Engine:
         cache = getattr(self.runner, "kv_cache", None)
         if cache is not None:
             cache.close()
+        if self._compiler is not None:
+            self._compiler.close()
         self.runner = None  # type: ignore[assignment]
         self.model = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         log.info("engine closed after %d steps", self.num_steps)
-

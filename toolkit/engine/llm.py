@@ -26,7 +26,8 @@ class LLM:
 
     def __init__(self, model: Any = None, *, tokenizer: Any = None, allocator: Any = None,
                  scheduler: Any = "continuous", sampler: Any = "default", attention: Any = "auto",
-                 load_format: str = "auto", **config: Any) -> None:
+                 proposer: Any = None, draft_model: Any = None, load_format: str = "auto",
+                 **config: Any) -> None:
         fields = {f.name for f in dataclasses.fields(EngineConfig)}
         unknown = sorted(set(config) - fields)
         if unknown:
@@ -34,7 +35,8 @@ class LLM:
         self.config = EngineConfig(**config)
         self.engine = build_engine(model, tokenizer=tokenizer, allocator=allocator,
                                    scheduler=scheduler, sampler=sampler, attention=attention,
-                                   config=self.config, load_format=load_format)
+                                   proposer=proposer, draft_model=draft_model, config=self.config,
+                                   load_format=load_format)
 
     @property
     def tokenizer(self):

@@ -41,8 +41,12 @@ class OutputProcessor:
         self.requests[request.request_id] = request
         self.prompts[request.request_id] = prompt
 
-    def process(self, outs: list[RequestOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Fill text and metrics; returns (outputs, ids to abort because a stop string hit)."""
+    def process(self, outs: list[RequestOutput], forced: dict[str, str] | None = None,
+                ) -> tuple[list[RequestOutput], list[str]]:
+        """Fill text and metrics. `forced` finishes requests for a reason found outside the
+        scheduler (a grammar's end). Returns (outputs, ids the scheduler must abort because a
+        stop string or `forced` finished them)."""
+        forced = forced or {}
         now = time.monotonic()
         to_abort: list[str] = []
         result = []
@@ -63,7 +67,10 @@ class OutputProcessor:
                     if not o.finished:
                         to_abort.append(o.request_id)
                     break
-            finished = o.finished or finish == "stop"
+            if o.request_id in forced and not o.finished and finish != "stop":
+                finish = forced[o.request_id]
+                to_abort.append(o.request_id)
+            finished = o.finished or finish is not None
             if finished:
                 st.done = True
                 m.finished_time = now

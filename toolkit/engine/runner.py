@@ -3,19 +3,24 @@
 One step flattens every scheduled request's new tokens into one ragged batch
 (`input_ids [T]`, `positions [T]`), builds the step's PagedKVLayout once (every layer's
 attention reuses it), runs the model, gathers the rows that produce a token
-(`logits_indices [N]`) and samples them.
+(`logits_indices [N]`) and samples them. A request verifying k draft tokens owns 1 + k
+consecutive rows (row j predicts the token after drafts[:j]).
+
+The forward is launched before the sampling metadata and grammar bitmasks are built, so
+that host work overlaps the GPU's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 import torch
 
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
-from toolkit.types import SchedulerOutput
+from toolkit.types import Request, SchedulerOutput
 
 
 @dataclass
@@ -24,9 +29,12 @@ class Batch:
     positions: torch.Tensor          # int64 [T]
     layout: PagedKVLayout
     logits_indices: torch.Tensor     # int64 [N]: rows of hidden that are sampled
-    row_owner: list[str]             # [N] request id of each sampled row
-    row_count: dict[str, int]        # request id -> number of rows it samples (1 + drafts)
-    meta: object                     # SamplingMetadata of the N rows
+    sampling: list[Request]          # [B] requests that sample this step, in row order
+    drafts: list[list[int]]          # [B] the draft tokens each of them verifies (k_b)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(1 + len(d) for d in self.drafts)
 
 
 class Runner:
@@ -35,17 +43,15 @@ class Runner:
         self.model, self.attention, self.sampler = model, attention, sampler
         self.kv_cache, self.device = kv_cache, device
         self.generator = generator
+        self._rejection = None
 
     def prepare(self, out: SchedulerOutput) -> Batch:
-        from toolkit.samplers.base import SamplingMetadata
-
         ids: list[np.ndarray] = []
         pos: list[np.ndarray] = []
         tables, kv_lens, q_lens = [], [], []
         logits_idx: list[int] = []
-        owners: list[str] = []
-        counts: dict[str, int] = {}
-        params, prompts, outputs, eos = [], [], [], []
+        sampling: list[Request] = []
+        drafts: list[list[int]] = []
         offset = 0
         for s in out.scheduled:
             req = s.request
@@ -56,27 +62,17 @@ class Runner:
             q_lens.append(s.num_new_tokens)
             offset += s.num_new_tokens
             if s.samples:
-                # rows: the last token, plus one per draft token being verified
-                n_rows = 1 + s.num_spec_tokens
-                counts[req.request_id] = n_rows
-                for j in range(n_rows):
-                    logits_idx.append(offset - n_rows + j)
-                    owners.append(req.request_id)
-                    params.append(req.sampling_params)
-                    prompts.append(req.prompt_token_ids)
-                    # tokens before this row's position (drafts before it count as output)
-                    outputs.append(req.output_token_ids + req.spec_token_ids[:j])
-                    eos.append(req.eos_token_id)
+                k = s.num_spec_tokens
+                logits_idx.extend(range(offset - 1 - k, offset))
+                sampling.append(req)
+                drafts.append(req.spec_token_ids[:k])
         dev = self.device
-        layout = PagedKVLayout.build(tables, kv_lens, q_lens, self.kv_cache.block_size, dev)
-        meta = SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, dev,
-                                      eos_token_ids=eos)
         return Batch(
             input_ids=_to(np.concatenate(ids), dev),
             positions=_to(np.concatenate(pos), dev),
-            layout=layout,
+            layout=PagedKVLayout.build(tables, kv_lens, q_lens, self.kv_cache.block_size, dev),
             logits_indices=_to(np.asarray(logits_idx, dtype=np.int64), dev),
-            row_owner=owners, row_count=counts, meta=meta,
+            sampling=sampling, drafts=drafts,
         )
 
     @torch.inference_mode()
@@ -87,8 +83,41 @@ class Runner:
         return self.model.compute_logits(hidden[batch.logits_indices])                 # [N, V]
 
     @torch.inference_mode()
-    def sample(self, batch: Batch, logits: torch.Tensor):
-        return self.sampler(logits, batch.meta)
+    def sample(self, batch: Batch, logits: torch.Tensor,
+               grammars: Mapping[str, object] | None = None) -> list[list[int]]:
+        """Tokens each sampling request emits: [one] for a plain row; with drafts, the accepted
+        drafts plus one recovered or bonus token. The step's one device->host transfer."""
+        from toolkit.samplers.base import SamplingMetadata
+
+        params, prompts, outputs, eos = [], [], [], []
+        for req, d in zip(batch.sampling, batch.drafts):
+            for j in range(1 + len(d)):
+                params.append(req.sampling_params)
+                prompts.append(req.prompt_token_ids)
+                outputs.append(req.output_token_ids + d[:j])   # drafts before a row count as output
+                eos.append(req.eos_token_id)
+        bitmask = self._bitmask(batch, grammars) if grammars else None
+        meta = SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
+                                      eos_token_ids=eos, bitmask=bitmask)
+        if not any(batch.drafts):
+            return [[t] for t in self.sampler(logits, meta).token_ids.tolist()]
+        from toolkit.samplers.speculative.rejection import RejectionSampler, SpecDecodeMetadata
+
+        if self._rejection is None:
+            self._rejection = RejectionSampler(self.sampler)
+        spec = SpecDecodeMetadata.build(batch.drafts, self.model.vocab_size, self.device)
+        return self._rejection(logits, meta, spec, self.generator).tolist()
+
+    def _bitmask(self, batch: Batch, grammars: Mapping[str, object]) -> torch.Tensor | None:
+        from toolkit.samplers.grammar.batch import allocate_token_bitmask, fill_batch_bitmask
+
+        per_req = [grammars.get(r.request_id) for r in batch.sampling]
+        if not any(g is not None for g in per_req):
+            return None
+        mask = allocate_token_bitmask(batch.num_rows, self.model.vocab_size,
+                                      pin_memory=self.device.type == "cuda")
+        fill_batch_bitmask(mask, per_req, batch.drafts)
+        return mask.to(self.device, non_blocking=True)
 
 
 def _to(x: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,61 @@
+"""Speculative decoding inside the engine: greedy outputs with speculation on equal those with
+it off, for the n-gram and the draft-model proposer, whatever k, batch and preemption."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from toolkit import LLM, SamplingParams
+
+MAX_NEW = 24
+
+
+def _prompts(n: int = 5) -> list[list[int]]:
+    rng = random.Random(1)
+    base = [rng.randrange(3, 517) for _ in range(8)]
+    # repetitive prompts give the n-gram proposer something to copy
+    return [(base * 3)[: rng.randrange(6, 24)] + [rng.randrange(3, 517)] for _ in range(n)]
+
+
+def _run(model_dir, **kw):
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    with LLM(model_dir, dtype="float32", device="cpu", **kw) as llm:
+        outs = llm.generate(_prompts(), params, use_tqdm=False)
+        e = llm.engine
+        return [o.outputs[0].token_ids for o in outs], (e.spec_drafted, e.spec_accepted, e.num_preemptions)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_llama_dir):
+    return _run(tiny_llama_dir)[0]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_ngram_greedy_identical(tiny_llama_dir, baseline, k):
+    got, (drafted, accepted, _) = _run(tiny_llama_dir, speculative="ngram", num_speculative_tokens=k)
+    assert got == baseline
+    assert drafted > 0, "the repetitive prompts should give the n-gram proposer drafts"
+
+
+def test_ngram_with_preemption_identical(tiny_llama_dir, baseline):
+    got, (drafted, _, preempted) = _run(tiny_llama_dir, speculative="ngram", num_speculative_tokens=4,
+                                        num_blocks=16, block_size=4, max_num_batched_tokens=32)
+    assert got == baseline
+    assert preempted > 0 and drafted > 0
+
+
+def test_draft_model_greedy_identical(tiny_llama_dir, baseline):
+    got, (drafted, accepted, _) = _run(tiny_llama_dir, speculative="draft", draft_model=1,
+                                       num_speculative_tokens=3)
+    assert got == baseline
+    assert drafted > 0 and 0 <= accepted <= drafted
+
+
+def test_full_model_as_draft_accepts_everything(tiny_llama_dir, baseline):
+    """A draft equal to the target (all layers) must have every greedy draft accepted."""
+    got, (drafted, accepted, _) = _run(tiny_llama_dir, speculative="draft", draft_model=2,
+                                       num_speculative_tokens=3)
+    assert got == baseline
+    assert drafted > 0 and accepted == drafted
