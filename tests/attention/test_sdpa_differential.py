@@ -6,10 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_cases import (
+    REL_TOL,
+    head_geometry,
+    make_case,
+    poisoned_like,
+    ragged_lengths,
+    rel_err,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_cases import REL_TOL, head_geometry, make_case, poisoned_like, ragged_lengths, rel_err
 from toolkit.attention.triton_paged import TritonPagedAttention
 
 

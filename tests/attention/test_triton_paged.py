@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_cases import (
+    REL_TOL,
+    head_geometry,
+    make_case,
+    poisoned_like,
+    ragged_lengths,
+    rel_err,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_cases import (REL_TOL, head_geometry, make_case, poisoned_like, ragged_lengths,
-                             rel_err)
 from toolkit.attention.schedule import TileConfig
 from toolkit.attention.torch_ref import TorchAttention
 from toolkit.attention.triton_paged import TritonPagedAttention
@@ -101,17 +107,21 @@ def test_registry_name() -> None:
     assert lookup("attention", "triton") is TritonPagedAttention
 
 
+GPU_LENGTHS = ([3000, 1, 517, 2048, 70, 1200], [1, 1, 517, 300, 1, 1])   # decode, prompt, chunk
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("h,h_kv,d", [(32, 8, 128), (16, 8, 128), (8, 8, 64), (32, 1, 128),
                                       (12, 4, 80), (8, 2, 256)])
-@pytest.mark.parametrize("bs", [16, 64])
-def test_gpu_real_shapes(dtype, h, h_kv, d, bs) -> None:
-    kv_lens = [3000, 1, 517, 2048, 70, 1200]
-    q_lens = [1, 1, 517, 300, 1, 1]          # decode rows, a whole prompt, a chunk after a prefix
-    case = make_case(h, h_kv, d, bs, kv_lens, q_lens, dtype, seed=h * d + bs)
-    check(case)
-    check(case, window=256, cap=30.0)
+def test_gpu_real_shapes(dtype, h, h_kv, d) -> None:
+    check(make_case(h, h_kv, d, 16, *GPU_LENGTHS, dtype, seed=h * d))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,window,cap", [(64, 256, 30.0), (32, None, 50.0), (16, 1000, None)])
+def test_gpu_block_sizes_window_softcap(bs, window, cap) -> None:
+    check(make_case(32, 8, 128, bs, *GPU_LENGTHS, torch.bfloat16, seed=bs), window, cap)
 
 
 @pytest.mark.gpu

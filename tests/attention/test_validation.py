@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from attention_cases import DEVICE, make_case
+
 from toolkit.attention.triton_paged import TritonPagedAttention
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout

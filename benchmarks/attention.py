@@ -1,0 +1,242 @@
+"""Paged attention on the GPU: decode bandwidth against a device copy and torch SDPA (cuDNN,
+flash) on contiguous K/V; causal prefill TFLOP/s against SDPA flash and cuDNN. One process,
+same inputs, random data, a correctness check of every configuration before it is timed.
+
+    python benchmarks/attention.py [--out results.json] [--quick] [--no-sweep]
+
+Decode bytes = K/V of every visible token + q + out (what the kernel must move at least);
+bandwidth = bytes / median kernel time (triton.testing.do_bench, L2 flushed between runs);
+copy = a 4 GiB device-to-device copy, bytes read + written. Prefill FLOPs = 2 matmuls x
+2 FLOP x B x H x S^2 x D / 2 (causal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from toolkit.attention.schedule import TileConfig
+from toolkit.attention.torch_ref import paged_attention_ref
+from toolkit.attention.triton_paged import TritonPagedAttention
+from toolkit.attention.tuning import KernelConfig, default_config
+from toolkit.blocks.kv_cache import KVCache
+from toolkit.blocks.layout import PagedKVLayout
+
+MODELS = {"llama3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}   # (H, H_kv, D)
+BATCHES, CONTEXTS, BLOCK = [1, 16, 64, 256], [512, 4096, 16384], 16
+PREFILL_SHAPES = [(1, 4096), (8, 1024)]             # (batch, tokens per sequence)
+DTYPE = torch.bfloat16
+DEVICE = "cuda"
+PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+
+
+def bench_ms(fn: Callable[[], Any]) -> float:
+    return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    x = torch.randn(2**31 // 2, device=DEVICE, dtype=DTYPE)                # 2 GiB read, 2 GiB written
+    y = torch.empty_like(x)
+    ms = bench_ms(lambda: y.copy_(x))
+    return 2 * x.numel() * x.element_size() / (ms * 1e-3)
+
+
+def paged_case(h: int, h_kv: int, d: int, kv_lens: list[int], q_lens: list[int], seed: int):
+    """Shuffled (non-contiguous) block tables over a cache of exactly the needed blocks."""
+    rng = random.Random(seed)
+    need = [-(-n // BLOCK) for n in kv_lens]
+    cache = KVCache(1, sum(need), BLOCK, h_kv, d, DTYPE, DEVICE)
+    cache[0].normal_()
+    ids = list(range(sum(need)))
+    rng.shuffle(ids)
+    tables, i = [], 0
+    for n in need:
+        tables.append(ids[i:i + n])
+        i += n
+    layout = PagedKVLayout.build(tables, kv_lens, q_lens, BLOCK, device=DEVICE)
+    q = torch.randn(layout.num_tokens, h, d, device=DEVICE, dtype=DTYPE)
+    return cache, layout, q, tables
+
+
+def check_against_reference(out: torch.Tensor, q: torch.Tensor, cache: KVCache, tables: list[list[int]],
+                            kv_lens: list[int], q_lens: list[int], scale: float) -> float:
+    """Relative error of up to 4 sequences (first, last, two random) against the reference."""
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    picks = sorted({0, len(kv_lens) - 1, *random.Random(0).sample(range(len(kv_lens)), min(2, len(kv_lens)))})
+    num = den = 0.0
+    for b in picks:
+        rows = slice(starts[b], starts[b + 1])
+        ref = paged_attention_ref(q[rows], cache[0], tables[b], kv_lens[b], scale)
+        num += float((out[rows].float() - ref).norm() ** 2)
+        den += float(ref.norm() ** 2)
+    err = (num / den) ** 0.5
+    if not err < 2e-2:
+        raise AssertionError(f"paged attention differs from the reference: rel err {err:.2e}")
+    return err
+
+
+def time_paged(cache, layout, q, h: int, d: int, config: KernelConfig | None) -> tuple[float, Any]:
+    attn = TritonPagedAttention(cache, h, d, config=config)
+    attn.plan(layout)
+    out = torch.full_like(q, float("nan"))
+    attn.run(0, q, out=out)
+    return bench_ms(lambda: attn.run(0, q, out=out)), (attn, out)
+
+
+def time_sdpa(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict[str, float | None]:
+    res: dict[str, float | None] = {}
+    for name, backend in PEERS.items():
+        try:
+            with sdpa_kernel(backend):
+                fn = lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=causal, enable_gqa=True)
+                fn()
+                res[name] = bench_ms(fn)
+        except RuntimeError as e:               # backend refuses the shape (recorded, not hidden)
+            res[name] = None
+            print(f"    sdpa {name}: n/a ({str(e).splitlines()[0][:90]})")
+    return res
+
+
+def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
+    out = {"default": base, "nosplit": replace(base, target_programs=0),
+           "split2x": replace(base, target_programs=2 * sms), "split8x": replace(base, target_programs=8 * sms)}
+    for bn, st, nw in [(32, 3, 4), (64, 2, 4), (64, 4, 4), (128, 2, 4), (128, 3, 4), (128, 3, 8), (64, 3, 8)]:
+        out[f"bn{bn}_s{st}_w{nw}"] = replace(base, decode=TileConfig(base.decode.block_q, bn, nw, st))
+    return out
+
+
+def prefill_variants(base: KernelConfig, group: int) -> dict[str, KernelConfig]:
+    out = {"default": base}
+    for rows, bn, nw, st in [(128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3),
+                             (64, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 2), (64, 128, 4, 3)]:
+        out[f"m{rows}_n{bn}_w{nw}_s{st}"] = replace(
+            base, prefill=TileConfig(max(1, rows // group), bn, nw, st))
+    return out
+
+
+def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batches, contexts) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for model, (h, h_kv, d) in MODELS.items():
+        for batch in batches:
+            for ctx in contexts:
+                kv_bytes = 2 * batch * ctx * h_kv * d * 2
+                free, _ = torch.cuda.mem_get_info()
+                if 2.2 * kv_bytes > free:
+                    print(f"  skip {model} b{batch} c{ctx}: {kv_bytes / 2**30:.1f} GiB x2 does not fit")
+                    continue
+                cache, layout, q, tables = paged_case(h, h_kv, d, [ctx] * batch, [1] * batch, batch * ctx)
+                scale = d ** -0.5
+                moved = kv_bytes + 2 * q.numel() * q.element_size()
+                base = default_config(DTYPE, d, h // h_kv, torch.device(DEVICE))
+                variants = decode_variants(base, sms) if sweep and (
+                    batch, ctx) in {(64, 4096), (1, 16384), (256, 512)} and model == "llama3-8b" else {"default": base}
+                times = {}
+                for name, cfg in variants.items():
+                    if time.time() > deadline and name != "default":
+                        break
+                    ms, (attn, out) = time_paged(cache, layout, q, h, d, cfg)
+                    err = check_against_reference(out, q, cache, tables, [ctx] * batch, [1] * batch, scale)
+                    times[name] = dict(ms=ms, splits=attn.schedule.num_splits, err=err)
+                del cache, layout
+                k = torch.randn(batch, h_kv, ctx, d, device=DEVICE, dtype=DTYPE)
+                v = torch.randn_like(k)
+                peers = time_sdpa(q.view(batch, 1, h, d).transpose(1, 2), k, v, causal=False)
+                del k, v
+                row = dict(model=model, batch=batch, ctx=ctx, bytes=moved, copy_bw=copy_bw,
+                           toolkit_ms=times["default"]["ms"], splits=times["default"]["splits"],
+                           err=times["default"]["err"], peers_ms=peers, variants=times)
+                pct = lambda ms: None if ms is None else 100 * moved / (ms * 1e-3) / copy_bw
+                row["toolkit_pct"] = pct(row["toolkit_ms"])
+                row["peers_pct"] = {k2: pct(v2) for k2, v2 in peers.items()}
+                results["decode"].append(row)
+                best = min(times.items(), key=lambda kv: kv[1]["ms"])
+                print(f"  {model:11s} b{batch:<4d} c{ctx:<6d} toolkit {row['toolkit_ms'] * 1e3:8.1f} us "
+                      f"{row['toolkit_pct']:5.1f}% (splits {row['splits']}, err {row['err']:.1e})  "
+                      + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:5.1f}%'}" for k2, v2 in row["peers_pct"].items())
+                      + (f"  best variant {best[0]} {pct(best[1]['ms']):.1f}%" if len(times) > 1 else ""), flush=True)
+                torch.cuda.empty_cache()
+
+
+def run_prefill(results: dict, sweep: bool, deadline: float) -> None:
+    for model, (h, h_kv, d) in MODELS.items():
+        for batch, seq in PREFILL_SHAPES:
+            cache, layout, q, tables = paged_case(h, h_kv, d, [seq] * batch, [seq] * batch, seq)
+            flops = 4 * batch * h * seq * seq * d / 2
+            k = torch.stack([cache[0][0, t].flatten(0, 1) for t in tables])   # [B, S, H_kv, D] same data
+            v = torch.stack([cache[0][1, t].flatten(0, 1) for t in tables])
+            q4 = q.view(batch, seq, h, d).transpose(1, 2)                    # [B, H, S, D]
+            k4, v4 = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                ref = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+            ref = ref.transpose(1, 2).reshape_as(q)
+            base = default_config(DTYPE, d, h // h_kv, torch.device(DEVICE))
+            variants = prefill_variants(base, h // h_kv) if sweep and model == "llama3-8b" else {"default": base}
+            times = {}
+            for name, cfg in variants.items():
+                if time.time() > deadline and name != "default":
+                    break
+                ms, (_, out) = time_paged(cache, layout, q, h, d, cfg)
+                err = float((out.float() - ref.float()).norm() / ref.float().norm())
+                assert err < 2e-2, f"prefill {name} differs from SDPA flash: rel err {err:.2e}"
+                times[name] = dict(ms=ms, tflops=flops / (ms * 1e-3) / 1e12, err=err)
+            peers = time_sdpa(q4.contiguous(), k4, v4, causal=True)
+            tf = lambda ms: None if ms is None else flops / (ms * 1e-3) / 1e12
+            row = dict(model=model, batch=batch, seq=seq, flops=flops, toolkit_ms=times["default"]["ms"],
+                       toolkit_tflops=times["default"]["tflops"], err=times["default"]["err"],
+                       peers_ms=peers, peers_tflops={k2: tf(v2) for k2, v2 in peers.items()}, variants=times)
+            results["prefill"].append(row)
+            best = max(times.items(), key=lambda kv: kv[1]["tflops"])
+            print(f"  {model:11s} {batch}x{seq:<5d} toolkit {row['toolkit_tflops']:6.1f} TFLOP/s (err {row['err']:.1e})  "
+                  + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:6.1f}'}" for k2, v2 in row["peers_tflops"].items())
+                  + (f"  best variant {best[0]} {best[1]['tflops']:.1f}" if len(times) > 1 else ""), flush=True)
+            del cache, layout, k, v, k4, v4
+            torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "attention.json"))
+    ap.add_argument("--quick", action="store_true", help="batch 1/64, context 512/4096 only")
+    ap.add_argument("--no-sweep", action="store_true", help="time only the default tile configs")
+    ap.add_argument("--budget-s", type=float, default=200.0, help="stop config sweeps after this long")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/attention.py needs a CUDA device")
+    t0 = time.time()
+    deadline = t0 + args.budget_s
+    props = torch.cuda.get_device_properties(0)
+    results: dict[str, Any] = dict(gpu=props.name, torch=torch.__version__, triton=triton.__version__,
+                                   dtype=str(DTYPE), block_size=BLOCK, decode=[], prefill=[])
+    copy_bw = copy_bandwidth()
+    results["copy_bw"] = copy_bw
+    print(f"{props.name}, {props.multi_processor_count} SMs; copy {copy_bw / 1e12:.2f} TB/s", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results["default_config"] = asdict(default_config(DTYPE, 128, 4, torch.device(DEVICE)))
+    print("prefill (causal, bf16):")
+    run_prefill(results, not args.no_sweep, deadline)
+    out.write_text(json.dumps(results, indent=1))
+    print("decode (bf16, block 16, % of copy bandwidth):")
+    batches, contexts = ([1, 64], [512, 4096]) if args.quick else (BATCHES, CONTEXTS)
+    run_decode(results, copy_bw, not args.no_sweep, deadline, batches, contexts)
+    results["wall_s"] = time.time() - t0
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out} ({results['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
