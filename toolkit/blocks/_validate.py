@@ -18,22 +18,21 @@ def check_count(n: object) -> int:
     return n
 
 
-def _is_id(b: object, num_blocks: int) -> bool:
-    return isinstance(b, int) and not isinstance(b, bool) and 0 <= b < num_blocks
-
-
 def check_held(ref: list[int], block_ids: Sequence[int], what: str) -> None:
     """Raise ValueError unless every id is held (for "free": at least as often as it appears).
 
     Validates the whole list before the caller changes anything. The common case (distinct
     ids) costs one pass; duplicates fall back to counting.
     """
-    n = len(ref)
     for b in block_ids:
-        if not _is_id(b, n) or ref[b] < 1:
-            got = ref[b] if _is_id(b, n) else 0
+        try:
+            ok = b >= 0 and ref[b] >= 1          # b < 0 would wrap around in a list index
+        except (IndexError, TypeError):          # out of range, or not an integer
+            ok = False
+        if not ok:
+            got = ref[b] if isinstance(b, int) and 0 <= b < len(ref) else 0
             raise ValueError(f"cannot {what} block {b!r}: it is not held (ref count {got}); "
-                             f"valid: ids in [0, {n}) with ref count >= 1")
+                             f"valid: ids in [0, {len(ref)}) with ref count >= 1")
     if what == "free" and len(set(block_ids)) != len(block_ids):
         for b, c in Counter(block_ids).items():
             if ref[b] < c:
