@@ -118,7 +118,7 @@ def test_rotary_twin_is_the_rotation():
     pos = torch.tensor([0, 1, 5, 15], device=DEVICE)
     rq, _ = ref.rotary(pos, q.clone(), k.clone(), cache)
     torch.testing.assert_close(rq[0], q[0])                       # position 0: identity
-    pair = lambda x: torch.stack((x[..., : d // 2], x[..., d // 2:]), -1).norm(dim=-1)  # noqa: E731
+    pair = lambda x: torch.stack((x[..., : d // 2], x[..., d // 2:]), -1).norm(dim=-1)
     torch.testing.assert_close(pair(rq), pair(q))
     assert not torch.allclose(rq[1:], q[1:])
 

@@ -4,8 +4,9 @@ embedded SmolLM2 folder (converted once per session, cached under $TOOLKIT_CACHE
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch

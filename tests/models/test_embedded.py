@@ -6,10 +6,15 @@ import os
 
 import pytest
 import torch
-
 from paged import greedy
-from toolkit.models import apply_chat_template, default_model_path, load_model, load_tokenizer
-from toolkit.models import embedded
+
+from toolkit.models import (
+    apply_chat_template,
+    default_model_path,
+    embedded,
+    load_model,
+    load_tokenizer,
+)
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import FAMILIES
 from paged import PagedRunner, greedy
+
 from toolkit.models import load_model
 from toolkit.models.llama import LlamaForCausalLM
 
@@ -50,7 +50,7 @@ def test_ragged_paged_logits_equal_hf(family, hf_checkpoint):
         with torch.no_grad():
             want = hf(torch.tensor([toks])).logits[0].float()      # [S, V]
         assert want.abs().max() > 1.0, "logits too small to be a meaningful comparison"
-        torch.testing.assert_close(got[s], want, rtol=1e-4, atol=1e-4, msg=lambda m: f"{family}/{s}: {m}")
+        torch.testing.assert_close(got[s], want, rtol=1e-4, atol=1e-4, msg=lambda m, s=s: f"{family}/{s}: {m}")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

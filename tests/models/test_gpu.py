@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import LLAMA3_ROPE
 from paged import PagedRunner
+
 from toolkit import registry
 from toolkit.models import load_model
 

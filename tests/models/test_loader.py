@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from conftest import build_hf, family_config
 from paged import PagedRunner
+from safetensors.torch import load_file, save_file
+
 from toolkit.models import load_model, model_class
 from toolkit.models.weights import iterate_weights
 

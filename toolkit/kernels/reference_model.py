@@ -14,32 +14,47 @@ def _into(buf: torch.Tensor | None, value: torch.Tensor, name: str) -> torch.Ten
     if buf is None:
         return value
     if buf.shape != value.shape or buf.dtype != value.dtype or not buf.is_contiguous():
-        raise ValueError(f"{name} must be contiguous {tuple(value.shape)} {value.dtype}, "
-                         f"got {tuple(buf.shape)} {buf.dtype}")
+        raise ValueError(
+            f"{name} must be contiguous {tuple(value.shape)} {value.dtype}, "
+            f"got {tuple(buf.shape)} {buf.dtype}"
+        )
     return buf.copy_(value)
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-    *, out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., N] (+ residual [..., N]), weight [N] -> (normed [..., N], new_residual [..., N])."""
     n = x.shape[-1]
     if weight.shape != (n,):
-        raise ValueError(f"weight must have shape ({n},) to match x [..., {n}], got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must have shape ({n},) to match x [..., {n}], got {tuple(weight.shape)}"
+        )
     if residual is not None:
         if residual.shape != x.shape:
-            raise ValueError(f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}")
-        x = _into(residual_out, x + residual, "residual_out")   # rounded to the activation dtype
+            raise ValueError(
+                f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}"
+            )
+        x = _into(residual_out, x + residual, "residual_out")  # rounded to the activation dtype
     xf = x.float()
-    var = xf.pow(2).mean(-1, keepdim=True)                       # [..., 1]
+    var = xf.pow(2).mean(-1, keepdim=True)  # [..., 1]
     normed = (weight * (xf * torch.rsqrt(var + eps)).to(x.dtype)).to(x.dtype)
     return _into(out, normed, "out"), x
 
 
 def rotary(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-    *, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions int64 [T], q [T, H, D], k [T, H_kv, D], cos_sin_cache fp32 [P, D] -> (q, k) rotated.
 
@@ -47,21 +62,30 @@ def rotary(
     """
     t, d = positions.shape[0], cos_sin_cache.shape[1]
     if d % 2 or cos_sin_cache.dim() != 2:
-        raise ValueError(f"cos_sin_cache must be [P, D] with D even, got {tuple(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"cos_sin_cache must be [P, D] with D even, got {tuple(cos_sin_cache.shape)}"
+        )
     for name, x in (("q", q), ("k", k)):
         if x.dim() != 3 or x.shape[0] != t or x.shape[2] != d:
             raise ValueError(f"{name} must be [T={t}, heads, D={d}], got {tuple(x.shape)}")
-    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)     # [T, D/2] each
-    cos, sin = cos[:, None, :], sin[:, None, :]              # broadcast over heads
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
+    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
 
     def rot(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.float().chunk(2, dim=-1)                  # [T, heads, D/2]
+        x1, x2 = x.float().chunk(2, dim=-1)  # [T, heads, D/2]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
     q_out, k_out = (q, k) if out is None else out
-    if q_out.shape != q.shape or k_out.shape != k.shape or q_out.dtype != q.dtype or k_out.dtype != k.dtype:
-        raise ValueError(f"out must match q {tuple(q.shape)} and k {tuple(k.shape)} in shape and dtype, "
-                         f"got {tuple(q_out.shape)}, {tuple(k_out.shape)}")
+    if (
+        q_out.shape != q.shape
+        or k_out.shape != k.shape
+        or q_out.dtype != q.dtype
+        or k_out.dtype != k.dtype
+    ):
+        raise ValueError(
+            f"out must match q {tuple(q.shape)} and k {tuple(k.shape)} in shape and dtype, "
+            f"got {tuple(q_out.shape)}, {tuple(k_out.shape)}"
+        )
     q_rot, k_rot = rot(q), rot(k)
     return q_out.copy_(q_rot), k_out.copy_(k_rot)
 

@@ -15,9 +15,19 @@ import triton.language as tl
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    n_cols, stride_x, stride_res, stride_out, stride_res_out, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    n_cols,
+    stride_x,
+    stride_res,
+    stride_out,
+    stride_res_out,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -41,14 +51,21 @@ def _output(buf: torch.Tensor | None, x: torch.Tensor, name: str) -> torch.Tenso
     if buf is None:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if buf.shape != x.shape or buf.dtype != x.dtype or not buf.is_contiguous():
-        raise ValueError(f"{name} must be contiguous {tuple(x.shape)} {x.dtype}, "
-                         f"got {tuple(buf.shape)} {buf.dtype}")
+        raise ValueError(
+            f"{name} must be contiguous {tuple(x.shape)} {x.dtype}, "
+            f"got {tuple(buf.shape)} {buf.dtype}"
+        )
     return buf
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-    *, out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., N] (+ residual [..., N]), weight [N] -> (normed [..., N], new_residual [..., N]).
 
@@ -57,13 +74,17 @@ def rms_norm(
     """
     n = x.shape[-1]
     if weight.shape != (n,):
-        raise ValueError(f"weight must have shape ({n},) to match x [..., {n}], got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must have shape ({n},) to match x [..., {n}], got {tuple(weight.shape)}"
+        )
     if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}")
+        raise ValueError(
+            f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}"
+        )
     x2 = x.reshape(-1, n)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    out = _output(out, x, "out").view(x2.shape)                      # [rows, N]
+    out = _output(out, x, "out").view(x2.shape)  # [rows, N]
     if residual is None:
         res2, res_out = x2, x2
     else:
@@ -74,9 +95,19 @@ def rms_norm(
     rows = x2.shape[0]
     if rows:
         _rms_norm_kernel[(rows,)](
-            x2, res2, weight, out, res_out,
-            n, x2.stride(0), res2.stride(0), out.stride(0), res_out.stride(0), float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n),
+            x2,
+            res2,
+            weight,
+            out,
+            res_out,
+            n,
+            x2.stride(0),
+            res2.stride(0),
+            out.stride(0),
+            res_out.stride(0),
+            float(eps),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(n),
         )
     new_residual = x if residual is None else res_out.view(x.shape)
     return out.view(x.shape), new_residual

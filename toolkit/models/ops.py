@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 
 @dataclass(frozen=True)
 class ModelOps:
-    rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]   # (x, weight, eps, residual) -> (normed, residual)
-    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]     # (positions, q, k, cos_sin_cache) -> (q, k)
-    silu_and_mul: Callable[..., torch.Tensor]                    # x [T, 2I] -> [T, I]
+    rms_norm: Callable[
+        ..., tuple[torch.Tensor, torch.Tensor]
+    ]  # (x, weight, eps, residual) -> (normed, residual)
+    rotary: Callable[
+        ..., tuple[torch.Tensor, torch.Tensor]
+    ]  # (positions, q, k, cos_sin_cache) -> (q, k)
+    silu_and_mul: Callable[..., torch.Tensor]  # x [T, 2I] -> [T, I]
 
 
 def model_ops(device: torch.device | str) -> ModelOps:

@@ -35,8 +35,10 @@ def inv_frequencies(config: Any, head_dim: int) -> torch.Tensor:
     if kind not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"rope_type {kind!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
     if p.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"partial_rotary_factor must be 1.0 (rotary over the whole head), "
-                         f"got {p['partial_rotary_factor']}")
+        raise ValueError(
+            f"partial_rotary_factor must be 1.0 (rotary over the whole head), "
+            f"got {p['partial_rotary_factor']}"
+        )
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (p["rope_theta"] ** exponent)
     if kind == "linear":
@@ -59,8 +61,10 @@ def _llama3(inv_freq: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def cos_sin_cache(inv_freq: torch.Tensor, max_positions: int, device: torch.device | str) -> torch.Tensor:
+def cos_sin_cache(
+    inv_freq: torch.Tensor, max_positions: int, device: torch.device | str
+) -> torch.Tensor:
     """fp32 [max_positions, D]: row p = cos(p * inv_freq) | sin(p * inv_freq)."""
     positions = torch.arange(max_positions, dtype=torch.float32)
-    freqs = positions[:, None] * inv_freq[None, :]          # [P, D/2], one fp32 product as HF
+    freqs = positions[:, None] * inv_freq[None, :]  # [P, D/2], one fp32 product as HF
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)

@@ -8,8 +8,8 @@ at a time. A sharded checkpoint's index names its shards; a missing shard is an 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -29,10 +29,14 @@ def resolve_format(folder: Path, load_format: str) -> str:
     if any(folder.glob("*.safetensors")) or (folder / _FORMATS["safetensors"][1]).exists():
         return "safetensors"
     if any(folder.glob("*.bin")):
-        raise ValueError(f"{folder} holds only .bin (pickle) weights; pass load_format='pt' to load them "
-                         "with torch.load(weights_only=True), or convert them to safetensors")
-    raise ValueError(f"no weights in {folder}: expected model.safetensors, a sharded "
-                     f"model.safetensors.index.json, or (with load_format='pt') pytorch_model.bin")
+        raise ValueError(
+            f"{folder} holds only .bin (pickle) weights; pass load_format='pt' to load them "
+            "with torch.load(weights_only=True), or convert them to safetensors"
+        )
+    raise ValueError(
+        f"no weights in {folder}: expected model.safetensors, a sharded "
+        f"model.safetensors.index.json, or (with load_format='pt') pytorch_model.bin"
+    )
 
 
 def shard_files(folder: Path, fmt: str) -> list[Path]:
@@ -47,8 +51,9 @@ def shard_files(folder: Path, fmt: str) -> list[Path]:
         files = sorted(p for p in folder.glob(pattern) if p.is_file())
     missing = [p.name for p in files if not p.exists()]
     if missing:
-        raise FileNotFoundError(f"checkpoint shards missing from {folder}: {missing} "
-                                f"(listed in {index})")
+        raise FileNotFoundError(
+            f"checkpoint shards missing from {folder}: {missing} (listed in {index})"
+        )
     if not files:
         raise FileNotFoundError(f"no {pattern} weight files in {folder}")
     return files
