@@ -159,6 +159,13 @@ class Structured:
         regex = self.to_regex()
         if not regex:
             raise ValueError(f"{self.describe()}: the pattern is empty after removing ^ and $ anchors")
+        if self.kind == "regex" and not re.search(r"\\[pP]", regex):
+            # Outside Rust-only classes (\p{..}), Python's parser agrees with outlines-core's on
+            # syntax: catch plain syntax errors here, at add_request, not in the compile thread.
+            try:
+                re.compile(regex)
+            except re.error as e:
+                raise ValueError(f"{self.describe()}: invalid regex: {e}") from None
         bad = _unsupported_regex_features(regex) if self.kind == "regex" else []
         if bad:
             raise ValueError(f"{self.describe()}: outlines-core builds a DFA, which cannot have "
