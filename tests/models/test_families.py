@@ -90,3 +90,21 @@ def test_tied_embeddings_share_storage(hf_checkpoint):
     assert not hasattr(model, "lm_head")
     h = torch.randn(3, 96)
     torch.testing.assert_close(model.compute_logits(h), h @ model.model.embed_tokens.weight.T)
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+def test_triton_model_kernels_inside_the_model(family, hf_checkpoint):
+    # The Triton kernels (interpreted on the CPU, fp32) on the model's real, strided inputs:
+    # q/k are views of the merged qkv matmul; Qwen3 normalises them per head first.
+    from toolkit.models.ops import model_ops
+
+    hf, folder = hf_checkpoint(family)
+    model = load_model(folder)
+    model._ops = model_ops("cpu", kernels="triton")
+    tokens = torch.randint(0, 517, (11,), generator=torch.Generator().manual_seed(3)).tolist()
+    runner = PagedRunner(model, block_size=4)
+    table = runner.new_table()
+    got = torch.cat([runner.step([table], [tokens[:8]], [0]), runner.step([table], [tokens[8:]], [8])])
+    with torch.no_grad():
+        want = hf(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -1,4 +1,4 @@
-"""Which implementation of the model's elementwise ops runs: Triton on CUDA, the torch twins elsewhere."""
+"""Which implementation of the model's elementwise ops runs: Triton on CUDA, torch twins elsewhere."""
 
 from __future__ import annotations
 
@@ -7,21 +7,25 @@ from dataclasses import dataclass
 
 import torch
 
+KERNELS = ("auto", "triton", "torch")
+
 
 @dataclass(frozen=True)
 class ModelOps:
-    rms_norm: Callable[
-        ..., tuple[torch.Tensor, torch.Tensor]
-    ]  # (x, weight, eps, residual) -> (normed, residual)
-    rotary: Callable[
-        ..., tuple[torch.Tensor, torch.Tensor]
-    ]  # (positions, q, k, cos_sin_cache) -> (q, k)
-    silu_and_mul: Callable[..., torch.Tensor]  # x [T, 2I] -> [T, I]
+    # (x, weight, eps, residual) -> (normed, new residual)
+    rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # (positions, q, k, cos_sin_cache, *, out) -> (q, k)
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # x [T, 2I] -> [T, I]
+    silu_and_mul: Callable[..., torch.Tensor]
 
 
-def model_ops(device: torch.device | str) -> ModelOps:
-    """The Triton kernels for a CUDA device; the pure-torch twins (the reference path) otherwise."""
-    if torch.device(device).type == "cuda":
+def model_ops(device: torch.device | str, kernels: str = "auto") -> ModelOps:
+    """kernels="auto": the Triton kernels on a CUDA device, the pure-torch twins (the reference
+    path) otherwise; "triton" / "torch" force one (Triton on the CPU needs TRITON_INTERPRET=1)."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
+    if kernels == "triton" or (kernels == "auto" and torch.device(device).type == "cuda"):
         from toolkit.kernels.rms_norm import rms_norm
         from toolkit.kernels.rotary import rotary
         from toolkit.kernels.silu_and_mul import silu_and_mul
