@@ -61,6 +61,10 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    def extra_repr(self) -> str:
+        n_out, n_in = self.weight.shape
+        return f"in={n_in}, out={n_out}, bias={self.bias is not None}"
+
 
 def _norm_weight(n: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(n, dtype=dtype, device=device), requires_grad=False)
@@ -233,6 +237,13 @@ class LlamaForCausalLM(nn.Module):
     head_dim = property(lambda self: self.geometry.head_dim)
     vocab_size = property(lambda self: self.geometry.vocab_size)
     hidden_size = property(lambda self: self.geometry.hidden)
+
+    def extra_repr(self) -> str:
+        g = self.geometry
+        return (f"model_type={getattr(self.config, 'model_type', '?')}, layers={g.num_layers}, "
+                f"hidden={g.hidden}, heads={g.num_heads}/{g.num_kv_heads} (q/kv) x {g.head_dim}, "
+                f"vocab={g.vocab_size}, tied={g.tie_word_embeddings}, dtype={self.dtype}, "
+                f"device={self.device}")
 
     def attention_kwargs(self) -> dict[str, Any]:
         g = self.geometry
