@@ -33,7 +33,7 @@ def qwen3_0_6b():
 def make_llm(cfg, args, proposer=None, k: int = 0):
     from toolkit import LLM
 
-    spec = {} if proposer is None else dict(speculative=proposer, num_speculative_tokens=k)
+    spec = {} if proposer is None else dict(proposer=proposer, num_speculative_tokens=k)
     return LLM(cfg, dtype=args.dtype, attention="triton", max_num_seqs=max(args.batches),
                gpu_memory_utilization=args.kv_fraction, enable_prefix_caching=False,
                max_model_len=args.prompt_len + args.output_len + 16, **spec)

@@ -96,9 +96,11 @@ class Engine:
         if out.scheduled:
             batch = self.runner.prepare(out)
             logits = self.runner.forward(batch)
-            emitted = self.runner.sample(batch, logits, self.grammars)
-            for req, d, toks in zip(batch.sampling, batch.drafts, emitted):
+            emitted, logprobs = self.runner.sample(batch, logits, self.grammars)
+            for req, d, toks, lp in zip(batch.sampling, batch.drafts, emitted, logprobs):
                 sampled[req.request_id] = toks
+                if lp is not None:
+                    self.output_processor.add_logprobs(req.request_id, lp)
                 self.spec_drafted += len(d)
                 self.spec_accepted += len(toks) - 1
                 g = self.grammars.get(req.request_id)

@@ -73,6 +73,16 @@ class LLM:
                         bar.update(1)
         return _merge(prompts, params, children, done)
 
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], beam_width: int, max_tokens: int, *,
+                    length_penalty: float = 1.0, ignore_eos: bool = False):
+        """Beam search (Hugging Face's rules) on the engine's parts; beams share prefix blocks
+        through the allocator. Returns per prompt the beam_width best sequences, best first."""
+        from toolkit.engine.beam import beam_search
+
+        ids = [self.engine._tokenize(p)[1] for p in _as_prompt_list(prompts)]
+        return beam_search(self.engine, ids, beam_width, max_tokens,
+                           length_penalty=length_penalty, ignore_eos=ignore_eos)
+
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, **kwargs: Any) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, through the chat template."""
@@ -143,7 +153,8 @@ def _merge(prompts, params, children, done) -> list[RequestOutput]:
     for rid, (i, j) in sorted(children.items(), key=lambda kv: kv[1]):
         o = done[rid]
         c = o.outputs[0]
-        comp = CompletionOutput(j, c.text, c.token_ids, c.finish_reason, c.stop_reason)
+        comp = CompletionOutput(j, c.text, c.token_ids, c.finish_reason, c.stop_reason,
+                                c.logprobs, c.cumulative_logprob)
         if merged[i] is None:
             merged[i] = RequestOutput(request_id=str(i), finished=True, finish_reason=o.finish_reason,
                                       stop_reason=o.stop_reason, prompt=o.prompt,

@@ -24,6 +24,8 @@ class _Detok:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     output_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] | None = None   # per output token: {token id: logprob}
+    cumulative_logprob: float = 0.0
 
 
 class OutputProcessor:
@@ -40,6 +42,12 @@ class OutputProcessor:
         self.metrics[request.request_id] = RequestMetrics(arrival_time=request.arrival_time)
         self.requests[request.request_id] = request
         self.prompts[request.request_id] = prompt
+
+    def add_logprobs(self, request_id: str, lp: dict[int, float]) -> None:
+        """Logprobs of the token just sampled for this request (before update() appends it)."""
+        st = self.states.get(request_id)
+        if st is not None:
+            st.logprobs = (st.logprobs or []) + [lp]
 
     def process(self, outs: list[RequestOutput], forced: dict[str, str] | None = None,
                 ) -> tuple[list[RequestOutput], list[str]]:
@@ -61,6 +69,8 @@ class OutputProcessor:
             finish, stop_reason = o.finish_reason, o.stop_reason
             for tok in o.new_token_ids:
                 st.output_ids.append(tok)
+                if st.logprobs is not None and len(st.logprobs) >= len(st.output_ids):
+                    st.cumulative_logprob += st.logprobs[len(st.output_ids) - 1].get(tok, 0.0)
                 hit = self._append(st, tok, req)
                 if hit is not None:
                     finish, stop_reason = "stop", hit
@@ -79,7 +89,11 @@ class OutputProcessor:
                 finish_reason=finish if finished else None, stop_reason=stop_reason,
                 prompt=self.prompts[o.request_id], prompt_token_ids=req.prompt_token_ids,
                 outputs=[CompletionOutput(0, st.text, list(st.output_ids),
-                                          finish if finished else None, stop_reason)],
+                                          finish if finished else None, stop_reason,
+                                          logprobs=None if st.logprobs is None
+                                          else st.logprobs[: len(st.output_ids)],
+                                          cumulative_logprob=None if st.logprobs is None
+                                          else st.cumulative_logprob)],
                 metrics=m,
             ))
             if finished:

@@ -84,9 +84,12 @@ class Runner:
 
     @torch.inference_mode()
     def sample(self, batch: Batch, logits: torch.Tensor,
-               grammars: Mapping[str, object] | None = None) -> list[list[int]]:
+               grammars: Mapping[str, object] | None = None,
+               ) -> tuple[list[list[int]], list[dict[int, float] | None]]:
         """Tokens each sampling request emits: [one] for a plain row; with drafts, the accepted
-        drafts plus one recovered or bonus token. The step's one device->host transfer."""
+        drafts plus one recovered or bonus token. Also, per request, {token id: logprob} of the
+        sampled token and its top-N alternatives when it asked for logprobs (plain rows only).
+        The step's one device->host transfer."""
         from toolkit.samplers.base import SamplingMetadata
 
         params, prompts, outputs, eos = [], [], [], []
@@ -99,14 +102,20 @@ class Runner:
         bitmask = self._bitmask(batch, grammars) if grammars else None
         meta = SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
                                       eos_token_ids=eos, bitmask=bitmask)
+        none: list[dict[int, float] | None] = [None] * len(batch.sampling)
         if not any(batch.drafts):
-            return [[t] for t in self.sampler(logits, meta).token_ids.tolist()]
+            out = self.sampler(logits, meta)
+            tokens = [[t] for t in out.token_ids.tolist()]
+            if out.logprobs is None:
+                return tokens, none
+            return tokens, _logprob_dicts(batch.sampling, out.logprobs.tolist(),
+                                          out.logprob_token_ids.tolist())
         from toolkit.samplers.speculative.rejection import RejectionSampler, SpecDecodeMetadata
 
         if self._rejection is None:
             self._rejection = RejectionSampler(self.sampler)
         spec = SpecDecodeMetadata.build(batch.drafts, self.model.vocab_size, self.device)
-        return self._rejection(logits, meta, spec, self.generator).tolist()
+        return self._rejection(logits, meta, spec, self.generator).tolist(), none
 
     def _bitmask(self, batch: Batch, grammars: Mapping[str, object]) -> torch.Tensor | None:
         from toolkit.samplers.grammar.batch import allocate_token_bitmask, fill_batch_bitmask
@@ -118,6 +127,16 @@ class Runner:
                                       pin_memory=self.device.type == "cuda")
         fill_batch_bitmask(mask, per_req, batch.drafts)
         return mask.to(self.device, non_blocking=True)
+
+
+def _logprob_dicts(reqs: list[Request], values: list[list[float]], ids: list[list[int]],
+                   ) -> list[dict[int, float] | None]:
+    """Per request: {sampled token and its top-N: logprob} (N = the request's own logprobs)."""
+    out: list[dict[int, float] | None] = []
+    for req, v, i in zip(reqs, values, ids):
+        n = req.sampling_params.logprobs
+        out.append(None if n is None else dict(zip(i[: n + 1], v[: n + 1])))
+    return out
 
 
 def _to(x: np.ndarray, device: torch.device) -> torch.Tensor:

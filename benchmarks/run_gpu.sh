@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, then the benchmarks, each under its own time limit; logs and
+# JSON land in $OUT (or ./results). Usage: benchmarks/run_gpu.sh [tests] [throughput] [sampling] ...
+set -u
+OUT=${OUT:-results}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOOLKIT_CACHE=/tmp/toolkit-cache
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=$PYTHONPATH:/tmp/site
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+for step in "$@"; do
+  case $step in
+    tests)      timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -40 ;;
+    throughput) timeout 420 python3 benchmarks/throughput.py --workload random --num 256 --hf-num ${HF_NUM:-64} --out $OUT/throughput_random.json 2>&1 | grep -v Warning | tail -30 ;;
+    sharegpt)   timeout 420 python3 benchmarks/throughput.py --workload sharegpt --num 1000 --hf-num ${HF_NUM:-100} --kv-fraction 0.5 --out $OUT/throughput_sharegpt.json 2>&1 | tail -20 ;;
+    sampling)   timeout 180 python3 benchmarks/sampling.py --out $OUT/sampling.json 2>&1 | tail -20 ;;
+    speculative) timeout 300 python3 benchmarks/speculative.py --out $OUT/speculative.json 2>&1 | tail -35 ;;
+    structured) timeout 300 python3 benchmarks/structured.py --out $OUT/structured.json 2>&1 | tail -25 ;;
+    attention)  timeout 300 python3 benchmarks/attention.py --out $OUT/attention.json 2>&1 | tail -40 ;;
+  esac
+  echo "== $step done (rc ${PIPESTATUS[0]})"
+done
