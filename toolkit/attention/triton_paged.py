@@ -78,8 +78,10 @@ class TritonPagedAttention:
         cfg, dev = self.config, self.kv_cache.device
         qo, kvp = layout.qo_indptr.tolist(), layout.kv_indptr.tolist()
         kv_lens = layout.kv_lens.tolist()
+        prefill_kv = [kv_lens[b] for b in range(len(kv_lens)) if qo[b + 1] - qo[b] > cfg.decode.block_q]
+        self._prefill_tile = cfg.prefill_tile(max(prefill_kv, default=0))
         sched = build_schedule(qo, kv_lens, kvp, num_kv_heads=self.num_kv_heads, decode=cfg.decode,
-                               prefill=cfg.prefill, window=self.sliding_window,
+                               prefill=self._prefill_tile, window=self.sliding_window,
                                target_programs=cfg.target_programs,
                                min_split_tokens=cfg.min_split_tokens)
         rows = sched.decode + sched.prefill + sched.merge_rows
@@ -134,7 +136,7 @@ class TritonPagedAttention:
             if self._part_out is not None:
                 self._merge(self._part_out, self._part_lse, self._work["merge"], out)
         if self.schedule.prefill:
-            t = cfg.prefill
+            t = self._prefill_tile
             self._attn(q, cache, self.kv_indices, self._work["prefill"], out, None, None,
                        block_q=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
                        num_stages=t.num_stages, **common)

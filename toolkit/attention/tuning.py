@@ -19,9 +19,20 @@ class KernelConfig:
     prefill: TileConfig
     target_programs: int      # split decode KV until this many programs run (0: never split)
     min_split_tokens: int     # fewest keys per split
+    prefill_long: TileConfig | None = None   # prefill tiles when some prefill row sees many keys
+    long_prefill_keys: int = 2048             # ... at least this many
+
+    def prefill_tile(self, max_prefill_kv_len: int) -> TileConfig:
+        """Long key loops amortize a deeper, wider pipeline (measured: H200, NOTES_attention.md)."""
+        if self.prefill_long is not None and max_prefill_kv_len >= self.long_prefill_keys:
+            return self.prefill_long
+        return self.prefill
 
     def __post_init__(self) -> None:
-        for name, t in (("decode", self.decode), ("prefill", self.prefill)):
+        tiles = [("decode", self.decode), ("prefill", self.prefill)]
+        if self.prefill_long is not None:
+            tiles.append(("prefill_long", self.prefill_long))
+        for name, t in tiles:
             if t.block_q < 1 or t.block_n < 16 or t.block_n & (t.block_n - 1):
                 raise ValueError(f"{name} tile needs block_q >= 1 and block_n a power of two "
                                  f">= 16, got {t}")
@@ -40,12 +51,20 @@ def default_config(dtype: torch.dtype, head_dim: int, group: int, device: torch.
     if device.type != "cuda":   # interpreter: small tiles, several steps and splits even at tiny shapes
         dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=16, num_warps=4, num_stages=1)
         pre = TileConfig(block_q=max(1, 32 // g_pad), block_n=16, num_warps=4, num_stages=1)
-        return KernelConfig(dec, pre, target_programs=8, min_split_tokens=16)
+        long = TileConfig(block_q=max(1, 16 // g_pad), block_n=32, num_warps=4, num_stages=1)
+        return KernelConfig(dec, pre, target_programs=8, min_split_tokens=16, prefill_long=long,
+                            long_prefill_keys=96)
     wide = dtype == torch.float32 or d_pad > 128
-    dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=32 if wide else 64, num_warps=4,
-                     num_stages=2 if wide else 3)
-    rows = 64 if wide else 128
-    pre = TileConfig(block_q=max(1, rows // g_pad), block_n=32 if wide else 64,
-                     num_warps=8 if d_pad >= 128 else 4, num_stages=2 if wide else 3)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256)
+    if wide:    # 4-byte elements or head_dim 256: smaller tiles for shared memory and registers
+        dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=32, num_warps=4, num_stages=2)
+        pre = TileConfig(block_q=max(1, 64 // g_pad), block_n=32, num_warps=8 if d_pad > 128 else 4,
+                         num_stages=2)
+        return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256)
+    # H200, bf16, d128 (benchmarks/NOTES_attention.md v1): decode 128-key steps, 3 stages, 4 warps
+    # (90.7% of copy at b64 c4096 vs 81.1% with 64); prefill 128 rows x 64 keys, 4 warps, and
+    # 128 keys with 8 warps when rows see >= 2048 keys (294 vs 266 TFLOP/s at 1x4096).
+    dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=128, num_warps=4, num_stages=3)
+    pre = TileConfig(block_q=max(1, 128 // g_pad), block_n=64, num_warps=4, num_stages=3)
+    long = TileConfig(block_q=max(1, 128 // g_pad), block_n=128, num_warps=8, num_stages=3)
+    return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256, prefill_long=long)
