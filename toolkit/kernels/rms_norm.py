@@ -92,7 +92,7 @@ def rms_norm(
         if res2.stride(-1) != 1:
             res2 = res2.contiguous()
         res_out = _output(residual_out, x, "residual_out").view(x2.shape)
-    rows = x2.shape[0]
+    rows, block = x2.shape[0], triton.next_power_of_2(n)
     if rows:
         _rms_norm_kernel[(rows,)](
             x2,
@@ -107,7 +107,8 @@ def rms_norm(
             res_out.stride(0),
             float(eps),
             HAS_RESIDUAL=residual is not None,
-            BLOCK=triton.next_power_of_2(n),
+            BLOCK=block,
+            num_warps=min(max(block // 512, 1), 16),   # wide rows (hidden 4096+) get more warps
         )
     new_residual = x if residual is None else res_out.view(x.shape)
     return out.view(x.shape), new_residual
