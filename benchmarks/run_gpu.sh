@@ -4,6 +4,7 @@
 set -u
 OUT=${OUT:-results}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOOLKIT_CACHE=/tmp/toolkit-cache
+[ -d .cache/tokenizers ] && export TOOLKIT_TOKENIZER_CACHE=$PWD/.cache/tokenizers
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=$PYTHONPATH:/tmp/site
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
@@ -15,6 +16,7 @@ for step in "$@"; do
     sampling)   timeout 180 python3 benchmarks/sampling.py --out $OUT/sampling.json 2>&1 | tail -20 ;;
     speculative) timeout 300 python3 benchmarks/speculative.py --out $OUT/speculative.json 2>&1 | tail -35 ;;
     structured) timeout 300 python3 benchmarks/structured.py --out $OUT/structured.json 2>&1 | tail -25 ;;
+    profile)    timeout 200 python3 -m benchmarks.profile_step --batch ${BATCH:-256} 2>&1 | tail -70 ;;
     attention)  timeout 300 python3 benchmarks/attention.py --out $OUT/attention.json 2>&1 | tail -40 ;;
   esac
   echo "== $step done (rc ${PIPESTATUS[0]})"

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import re
 
-import jsonschema
 import pytest
 
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("outlines_core")
+
 from toolkit import LLM, SamplingParams
-from toolkit.samplers.grammar import Structured
+from toolkit.samplers.grammar import Structured  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}},

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("outlines_core", reason="structured output needs outlines-core")
+
 sys.path.insert(0, str(Path(__file__).parent))   # walk.py, tokenizer_zoo.py, strategies.py
 
 from tokenizer_zoo import LOADERS, Unavailable
