@@ -125,6 +125,14 @@ def time_sdpa(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) 
     return res
 
 
+def pct_of_copy(ms: float | None, moved: int, copy_bw: float) -> float | None:
+    return None if ms is None else 100 * moved / (ms * 1e-3) / copy_bw
+
+
+def tflops(ms: float | None, flops: float) -> float | None:
+    return None if ms is None else flops / (ms * 1e-3) / 1e12
+
+
 def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
     out = {"default": base, "nosplit": replace(base, target_programs=0),
            "split2x": replace(base, target_programs=2 * sms), "split8x": replace(base, target_programs=8 * sms),
@@ -165,24 +173,23 @@ def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batc
                         break
                     ms, (attn, out, eager) = time_paged(cache, layout, q, h, d, cfg)
                     err = check_against_reference(out, q, cache, tables, [ctx] * batch, [1] * batch, scale)
-                    times[name] = dict(ms=ms, eager_ms=eager, splits=attn.schedule.num_splits, err=err)
+                    times[name] = {"ms": ms, "eager_ms": eager, "splits": attn.schedule.num_splits, "err": err}
                 del cache, layout
                 k = torch.randn(batch, h_kv, ctx, d, device=DEVICE, dtype=DTYPE)
                 v = torch.randn_like(k)
                 peers = time_sdpa(q.view(batch, 1, h, d).transpose(1, 2), k, v, causal=False)
                 del k, v
-                row = dict(model=model, batch=batch, ctx=ctx, bytes=moved, copy_bw=copy_bw,
-                           toolkit_ms=times["default"]["ms"], splits=times["default"]["splits"],
-                           err=times["default"]["err"], peers_ms=peers, variants=times)
-                pct = lambda ms: None if ms is None else 100 * moved / (ms * 1e-3) / copy_bw
-                row["toolkit_pct"] = pct(row["toolkit_ms"])
-                row["peers_pct"] = {k2: pct(v2) for k2, v2 in peers.items()}
+                row = {"model": model, "batch": batch, "ctx": ctx, "bytes": moved, "copy_bw": copy_bw,
+                           "toolkit_ms": times["default"]["ms"], "splits": times["default"]["splits"],
+                           "err": times["default"]["err"], "peers_ms": peers, "variants": times}
+                row["toolkit_pct"] = pct_of_copy(row["toolkit_ms"], moved, copy_bw)
+                row["peers_pct"] = {k2: pct_of_copy(v2, moved, copy_bw) for k2, v2 in peers.items()}
                 results["decode"].append(row)
                 best = min(times.items(), key=lambda kv: kv[1]["ms"])
                 print(f"  {model:11s} b{batch:<4d} c{ctx:<6d} toolkit {row['toolkit_ms'] * 1e3:8.1f} us "
                       f"{row['toolkit_pct']:5.1f}% (splits {row['splits']}, err {row['err']:.1e})  "
                       + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:5.1f}%'}" for k2, v2 in row["peers_pct"].items())
-                      + (f"  best variant {best[0]} {pct(best[1]['ms']):.1f}%" if len(times) > 1 else ""), flush=True)
+                      + (f"  best variant {best[0]} {pct_of_copy(best[1]['ms'], moved, copy_bw):.1f}%" if len(times) > 1 else ""), flush=True)
                 torch.cuda.empty_cache()
 
 
@@ -207,12 +214,11 @@ def run_prefill(results: dict, sweep: bool, deadline: float) -> None:
                 ms, (_, out, eager) = time_paged(cache, layout, q, h, d, cfg)
                 err = float((out.float() - ref.float()).norm() / ref.float().norm())
                 assert err < 2e-2, f"prefill {name} differs from SDPA flash: rel err {err:.2e}"
-                times[name] = dict(ms=ms, eager_ms=eager, tflops=flops / (ms * 1e-3) / 1e12, err=err)
+                times[name] = {"ms": ms, "eager_ms": eager, "tflops": flops / (ms * 1e-3) / 1e12, "err": err}
             peers = time_sdpa(q4.contiguous(), k4, v4, causal=True)
-            tf = lambda ms: None if ms is None else flops / (ms * 1e-3) / 1e12
-            row = dict(model=model, batch=batch, seq=seq, flops=flops, toolkit_ms=times["default"]["ms"],
-                       toolkit_tflops=times["default"]["tflops"], err=times["default"]["err"],
-                       peers_ms=peers, peers_tflops={k2: tf(v2) for k2, v2 in peers.items()}, variants=times)
+            row = {"model": model, "batch": batch, "seq": seq, "flops": flops, "toolkit_ms": times["default"]["ms"],
+                       "toolkit_tflops": times["default"]["tflops"], "err": times["default"]["err"],
+                       "peers_ms": peers, "peers_tflops": {k2: tflops(v2, flops) for k2, v2 in peers.items()}, "variants": times}
             results["prefill"].append(row)
             best = max(times.items(), key=lambda kv: kv[1]["tflops"])
             print(f"  {model:11s} {batch}x{seq:<5d} toolkit {row['toolkit_tflops']:6.1f} TFLOP/s (err {row['err']:.1e})  "
@@ -234,8 +240,8 @@ def main() -> None:
     t0 = time.time()
     deadline = t0 + args.budget_s
     props = torch.cuda.get_device_properties(0)
-    results: dict[str, Any] = dict(gpu=props.name, torch=torch.__version__, triton=triton.__version__,
-                                   dtype=str(DTYPE), block_size=BLOCK, decode=[], prefill=[])
+    results: dict[str, Any] = {"gpu": props.name, "torch": torch.__version__, "triton": triton.__version__,
+                                   "dtype": str(DTYPE), "block_size": BLOCK, "decode": [], "prefill": []}
     copy_bw = copy_bandwidth()
     results["copy_bw"] = copy_bw
     print(f"{props.name}, {props.multi_processor_count} SMs; copy {copy_bw / 1e12:.2f} TB/s", flush=True)

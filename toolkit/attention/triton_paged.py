@@ -9,7 +9,6 @@ pure-torch twins (toolkit.kernels.reference_attention) on the same schedule.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from toolkit.attention.schedule import Schedule, build_schedule
 from toolkit.attention.tuning import KernelConfig, default_config
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
-from toolkit.kernels import reference as ref
+from toolkit.kernels import dispatch as kernel_dispatch
 from toolkit.kernels import reference_attention
 
 
@@ -52,7 +51,6 @@ class TritonPagedAttention:
             raise ValueError("impl='triton' needs a CUDA KV cache or TRITON_INTERPRET=1")
         use_triton = impl == "triton" or (impl == "auto" and can_triton)
         self._attn, self._merge = self._kernels(use_triton)
-        self._write_kv = self._write_kv_impl(dev)
         self.layout: PagedKVLayout | None = None
         self.schedule: Schedule | None = None
         self._work: dict[str, torch.Tensor] = {}
@@ -64,14 +62,6 @@ class TritonPagedAttention:
         from toolkit.kernels.merge_attention_states import merge_attention_states
         from toolkit.kernels.paged_attention import paged_attention
         return paged_attention, merge_attention_states
-
-    @staticmethod
-    def _write_kv_impl(dev: torch.device) -> Callable[..., None]:
-        # The Triton cache writer is used on CUDA once toolkit/kernels/write_kv.py exists.
-        if dev.type == "cuda" and importlib.util.find_spec("toolkit.kernels.write_kv") is not None:
-            from toolkit.kernels.write_kv import write_kv
-            return write_kv
-        return ref.write_kv
 
     def plan(self, layout: PagedKVLayout) -> None:
         check_layout(layout, self.kv_cache)
@@ -88,10 +78,11 @@ class TritonPagedAttention:
         # one host->device copy of all int32 tables: [decode W | prefill W | merge rows (pairs)]
         flat = [x for r in rows for x in r]
         table = torch.tensor(flat, dtype=torch.int32).to(dev, non_blocking=True)
-        n_dec, n_pre = len(sched.decode) * 10, len(sched.prefill) * 10
+        cols = reference_attention.WORK_COLS
+        n_dec, n_pre = len(sched.decode) * cols, len(sched.prefill) * cols
         self._work = {
-            "decode": table[:n_dec].view(-1, 10),
-            "prefill": table[n_dec:n_dec + n_pre].view(-1, 10),
+            "decode": table[:n_dec].view(-1, cols),
+            "prefill": table[n_dec:n_dec + n_pre].view(-1, cols),
             "merge": table[n_dec + n_pre:].view(-1, 2),
         }
         if sched.merge_rows:
@@ -109,7 +100,8 @@ class TritonPagedAttention:
             raise RuntimeError("call plan(layout) before write_kv()")
         check_qkv(None, k, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
         check_qkv(None, v, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
-        self._write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping)
+        # Triton cache writer on CUDA tensors, its torch twin otherwise
+        kernel_dispatch.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping)
 
     def run(self, layer: int, q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, H, D] -> out [T, H, D] (written into `out` when given: q's shape and dtype,
@@ -126,8 +118,8 @@ class TritonPagedAttention:
             raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim, "
                              f"got {tuple(out.shape)} {out.dtype}")
         cfg = self.config
-        common: dict[str, Any] = dict(scale=self.scale, soft_cap=self.soft_cap,
-                                      sliding_window=self.sliding_window, num_q_per_kv=self.group)
+        common: dict[str, Any] = {"scale": self.scale, "soft_cap": self.soft_cap,
+                                      "sliding_window": self.sliding_window, "num_q_per_kv": self.group}
         if self.schedule.decode:
             t = cfg.decode
             self._attn(q, cache, self.kv_indices, self._work["decode"], out, self._part_out,
