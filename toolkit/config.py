@@ -38,8 +38,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     # seed of the engine's default generator (requests may bring their own)
     seed: int = 0
-    # capture CUDA graphs of decode steps (GPU only)
-    cuda_graphs: bool = False
+    # replay decode steps from piecewise CUDA graphs (CUDA with the Triton backend only)
+    cuda_graphs: bool = True
     # speculative decoding: proposer name ("ngram", "draft") or None, and draft length k
     speculative: str | None = None
     num_speculative_tokens: int = 0

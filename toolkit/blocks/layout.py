@@ -52,12 +52,20 @@ class PagedKVLayout:
         q_lens: Sequence[int],
         block_size: int,
         device: torch.device | str = "cpu",
+        num_pad_seqs: int = 0,
     ) -> PagedKVLayout:
         """Layout of a batch: sequence b holds kv_lens[b] tokens after this step, the last
-        q_lens[b] of which are new (queries, and written to the cache this step)."""
+        q_lens[b] of which are new (queries, and written to the cache this step).
+
+        num_pad_seqs appends that many one-token sequences over block 0 whose slots are -1
+        (never written): the padding of a CUDA-graph batch, whose outputs are discarded."""
         if not (len(block_tables) == len(kv_lens) == len(q_lens)):
             raise ValueError("block_tables, kv_lens and q_lens must have one entry per sequence, got "
                              f"{len(block_tables)}, {len(kv_lens)}, {len(q_lens)}")
+        if num_pad_seqs:
+            block_tables = list(block_tables) + [[0]] * num_pad_seqs
+            kv_lens = list(kv_lens) + [1] * num_pad_seqs
+            q_lens = list(q_lens) + [1] * num_pad_seqs
         kv = np.asarray(kv_lens, dtype=np.int64).reshape(-1)            # [B]
         q = np.asarray(q_lens, dtype=np.int64).reshape(-1)              # [B]
         bad = np.flatnonzero((q < 1) | (q > kv))
@@ -81,6 +89,8 @@ class PagedKVLayout:
         pos = np.arange(num_tokens) - qo_indptr[seq] + (kv - q)[seq]    # [T]
         block = kv_indices[kv_indptr[seq] + pos // block_size]          # [T]
         slots = block * block_size + pos % block_size                   # [T]
+        if num_pad_seqs:
+            slots[num_tokens - num_pad_seqs:] = -1
         last = kv - (n_pages - 1) * block_size                          # [B]
         pin = torch.device(device).type == "cuda"
         host = PagedKVLayout(

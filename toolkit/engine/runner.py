@@ -31,6 +31,7 @@ class Batch:
     logits_indices: torch.Tensor     # int64 [N]: rows of hidden that are sampled
     sampling: list[Request]          # [B] requests that sample this step, in row order
     drafts: list[list[int]]          # [B] the draft tokens each of them verifies (k_b)
+    graph_batch: int | None = None   # a pure decode step padded to this CUDA-graph bucket
 
     @property
     def num_rows(self) -> int:
@@ -44,6 +45,16 @@ class Runner:
         self.kv_cache, self.device = kv_cache, device
         self.generator = generator
         self._rejection = None
+        self.graphs = None               # DecodeGraphs, set by enable_cuda_graphs()
+
+    def enable_cuda_graphs(self, max_batch: int) -> bool:
+        """Replay decode steps from piecewise CUDA graphs (CUDA + a backend with run(out=))."""
+        from toolkit.engine.cuda_graphs import DecodeGraphs, supports_graphs
+
+        if self.device.type != "cuda" or not supports_graphs(self.attention):
+            return False
+        self.graphs = DecodeGraphs(self.model, self.attention, max_batch, self.device)
+        return True
 
     def prepare(self, out: SchedulerOutput) -> Batch:
         ids: list[np.ndarray] = []
@@ -67,19 +78,33 @@ class Runner:
                 sampling.append(req)
                 drafts.append(req.spec_token_ids[:k])
         dev = self.device
+        bp = pad = None
+        if self.graphs is not None and offset == len(out.scheduled):   # one token each: decode
+            bp = self.graphs.bucket(offset)
+            if bp is not None:
+                pad = bp - offset
+                ids.append(np.zeros(pad, dtype=np.int64))
+                pos.append(np.zeros(pad, dtype=np.int64))
         return Batch(
             input_ids=_to(np.concatenate(ids), dev),
             positions=_to(np.concatenate(pos), dev),
-            layout=PagedKVLayout.build(tables, kv_lens, q_lens, self.kv_cache.block_size, dev),
+            layout=PagedKVLayout.build(tables, kv_lens, q_lens, self.kv_cache.block_size, dev,
+                                       num_pad_seqs=pad or 0),
             logits_indices=_to(np.asarray(logits_idx, dtype=np.int64), dev),
-            sampling=sampling, drafts=drafts,
+            sampling=sampling, drafts=drafts, graph_batch=bp,
         )
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [N, V] (float32) of the rows that sample."""
         self.attention.plan(batch.layout)
-        hidden = self.model.forward(batch.input_ids, batch.positions, self.attention)  # [T, hidden]
+        bp = batch.graph_batch
+        if bp is not None and self.graphs.captured(bp):
+            hidden = self.graphs.replay(bp, batch.input_ids, batch.positions, batch.layout.slot_mapping)
+        else:
+            hidden = self.model.forward(batch.input_ids, batch.positions, self.attention)  # [T, hidden]
+            if bp is not None:
+                self.graphs.capture(bp)   # the eager run above compiled every kernel of this shape
         return self.model.compute_logits(hidden[batch.logits_indices])                 # [N, V]
 
     @torch.inference_mode()
