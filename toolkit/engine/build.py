@@ -90,8 +90,9 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed
         sampler.generator = generator
     runner = Runner(model, attention, sampler, kv_cache, device, generator)
-    if cfg.cuda_graphs and runner.enable_cuda_graphs(cfg.max_num_seqs):
-        log.info("decode steps replay piecewise CUDA graphs (batch buckets up to %d)", cfg.max_num_seqs)
+    graph_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (1 + cfg.num_speculative_tokens))
+    if cfg.cuda_graphs and runner.enable_cuda_graphs(graph_tokens):
+        log.info("steps of up to %d tokens replay piecewise CUDA graphs", graph_tokens)
     eos = model.eos_token_ids[0] if getattr(model, "eos_token_ids", None) else (
         getattr(tokenizer, "eos_token_id", None))
     proposer = proposer if proposer is not None else cfg.speculative

@@ -1,10 +1,12 @@
-"""Piecewise CUDA graphs for decode steps (vLLM's approach, without a compiler).
+"""Piecewise CUDA graphs for small steps (vLLM's approach, without a compiler).
 
 A decode step launches a few hundred small kernels; from Python that takes far longer than
-the GPU needs to run them. For a batch of B one-token sequences (padded up to a bucket size
-Bp) the model's forward is captured once as L + 1 graphs: everything between two attention
-calls is one graph, and attention itself runs eagerly between replays, because its work
-table depends on the sequence lengths of the step (planned once per step, as always).
+the GPU needs to run them. Everything but attention is per token, so for a step of T tokens
+(padded up to a bucket size Bp with one-token pad sequences that write nothing) the model's
+forward is captured once as L + 1 graphs: everything between two attention calls is one
+graph, and attention itself runs eagerly between replays, because its work table depends on
+the step's sequence layout (planned once per step, as always). Decodes, draft verification
+(1 + k tokens per request) and small prefill chunks all replay the same graphs.
 
 Capture trick: while the forward is captured, the model sees a proxy attention whose
 write_kv launches the cache writer on a static slot buffer (so it is captured), and whose
@@ -28,9 +30,10 @@ def supports_graphs(attention) -> bool:
     return "out" in inspect.signature(attention.run).parameters
 
 
-def buckets(max_batch: int) -> list[int]:
-    sizes = [1, 2, 4, 8] + list(range(16, 257, 16))
-    sizes = [b for b in sizes if b < max_batch] + [max_batch]
+def buckets(max_tokens: int) -> list[int]:
+    """Token-count buckets: fine steps where decode batches live, coarser above 256."""
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(320, max_tokens + 1, 64))
+    sizes = [b for b in sizes if b < max_tokens] + [max_tokens]
     return sorted(set(sizes))
 
 
@@ -75,9 +78,9 @@ class _CaptureProxy:
 
 
 class DecodeGraphs:
-    def __init__(self, model, attention, max_batch: int, device: torch.device) -> None:
+    def __init__(self, model, attention, max_tokens: int, device: torch.device) -> None:
         self.model, self.attention, self.device = model, attention, device
-        self.sizes = buckets(max_batch)
+        self.sizes = buckets(max_tokens)
         self.graphs: dict[int, _Graph] = {}
         self.pool = torch.cuda.graph_pool_handle()
 
@@ -108,7 +111,7 @@ class DecodeGraphs:
     @torch.inference_mode()
     def replay(self, bp: int, ids: torch.Tensor, positions: torch.Tensor,
                slots: torch.Tensor) -> torch.Tensor:
-        """ids, positions, slots: [Bp] of the padded batch (attention planned for it)."""
+        """ids, positions, slots: [Bp] of the padded step (attention planned for it)."""
         g = self.graphs[bp]
         g.ids.copy_(ids, non_blocking=True)
         g.positions.copy_(positions, non_blocking=True)

@@ -47,13 +47,14 @@ class Runner:
         self._rejection = None
         self.graphs = None               # DecodeGraphs, set by enable_cuda_graphs()
 
-    def enable_cuda_graphs(self, max_batch: int) -> bool:
-        """Replay decode steps from piecewise CUDA graphs (CUDA + a backend with run(out=))."""
+    def enable_cuda_graphs(self, max_tokens: int) -> bool:
+        """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
+        chunks) from piecewise CUDA graphs (CUDA + a backend with run(out=))."""
         from toolkit.engine.cuda_graphs import DecodeGraphs, supports_graphs
 
         if self.device.type != "cuda" or not supports_graphs(self.attention):
             return False
-        self.graphs = DecodeGraphs(self.model, self.attention, max_batch, self.device)
+        self.graphs = DecodeGraphs(self.model, self.attention, max_tokens, self.device)
         return True
 
     def prepare(self, out: SchedulerOutput) -> Batch:
@@ -79,7 +80,7 @@ class Runner:
                 drafts.append(req.spec_token_ids[:k])
         dev = self.device
         bp = pad = None
-        if self.graphs is not None and offset == len(out.scheduled):   # one token each: decode
+        if self.graphs is not None:   # any step of at most the largest bucket's tokens
             bp = self.graphs.bucket(offset)
             if bp is not None:
                 pad = bp - offset
