@@ -275,6 +275,7 @@ class RequestOutput:
     prompt_token_ids: list[int] = field(default_factory=list)
     outputs: list[CompletionOutput] = field(default_factory=list)
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None   # [None, {token: logprob}, ...]
 
     @property
     def text(self) -> str:

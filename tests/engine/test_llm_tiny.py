@@ -115,3 +115,24 @@ def test_abort_frees_blocks_at_once(tiny_llama_dir):
         eng.abort(rid)
         assert alloc.num_free_blocks() == 32
         assert not eng.has_unfinished()
+
+
+def test_prompt_logprobs_equal_hf_and_survive_chunking(tiny_llama_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = _prompts()[1]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)   # [P, V]
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3, logprobs=1)
+    for kw in (dict(), dict(max_num_batched_tokens=7)):
+        with LLM(tiny_llama_dir, dtype="float32", device="cpu", **kw) as llm:
+            out = llm.generate([prompt, prompt], params, use_tqdm=False)[0]
+        lps = out.prompt_logprobs
+        assert lps[0] is None and len(lps) == len(prompt)
+        for p in range(1, len(prompt)):
+            row = ref[p - 1]
+            assert abs(lps[p][prompt[p]] - row[prompt[p]].item()) < 1e-4
+            top = set(row.topk(3).indices.tolist()) | {prompt[p]}
+            assert set(lps[p]) == top
+        assert len(out.outputs[0].logprobs) == 2

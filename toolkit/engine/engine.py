@@ -66,8 +66,10 @@ class Engine:
                              f"has {self.num_blocks} of {self.block_size} tokens")
         future = self._compile(params.structured) if params.structured is not None else None
         rid = request_id if request_id is not None else str(next(self._ids))
+        # prompt logprobs need every prompt position computed: no prefix-cache hits (own salt)
+        salt = hash(("prompt_logprobs", rid)) if params.prompt_logprobs is not None else 0
         req = Request(rid, ids, params, eos_token_id=self.eos_token_id, priority=priority,
-                      max_model_len=self.max_model_len,
+                      max_model_len=self.max_model_len, cache_salt=salt,
                       **({"arrival_time": arrival_time} if arrival_time is not None else {}))
         self.output_processor.add(req, text)
         if future is None:
@@ -96,6 +98,8 @@ class Engine:
         if out.scheduled:
             batch = self.runner.prepare(out)
             logits = self.runner.forward(batch)
+            for rid, start, n in batch.prompt_owner or ():
+                self.output_processor.add_prompt_logprobs(rid, start, batch.prompt_logprobs[rid])
             emitted, logprobs = self.runner.sample(batch, logits, self.grammars)
             for req, d, toks, lp in zip(batch.sampling, batch.drafts, emitted, logprobs):
                 sampled[req.request_id] = toks

@@ -159,7 +159,7 @@ def _merge(prompts, params, children, done) -> list[RequestOutput]:
             merged[i] = RequestOutput(request_id=str(i), finished=True, finish_reason=o.finish_reason,
                                       stop_reason=o.stop_reason, prompt=o.prompt,
                                       prompt_token_ids=o.prompt_token_ids, outputs=[comp],
-                                      metrics=o.metrics)
+                                      metrics=o.metrics, prompt_logprobs=o.prompt_logprobs)
         else:
             merged[i].outputs.append(comp)
     return merged  # type: ignore[return-value]

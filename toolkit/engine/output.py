@@ -25,6 +25,7 @@ class _Detok:
     stop_reason: int | str | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None   # per output token: {token id: logprob}
+    prompt_logprobs: list[dict[int, float] | None] | None = None   # [None, then per prompt token]
     cumulative_logprob: float = 0.0
 
 
@@ -42,6 +43,17 @@ class OutputProcessor:
         self.metrics[request.request_id] = RequestMetrics(arrival_time=request.arrival_time)
         self.requests[request.request_id] = request
         self.prompts[request.request_id] = prompt
+
+    def add_prompt_logprobs(self, request_id: str, start: int, lps: list[dict[int, float]]) -> None:
+        """Logprobs of prompt tokens start+1 ... (a recompute after preemption overwrites)."""
+        st = self.states.get(request_id)
+        if st is None:
+            return
+        if st.prompt_logprobs is None:
+            st.prompt_logprobs = [None]          # the first token has no logprob (vLLM's convention)
+        need = start + 1 + len(lps)
+        st.prompt_logprobs.extend([None] * (need - len(st.prompt_logprobs)))
+        st.prompt_logprobs[start + 1:need] = lps
 
     def add_logprobs(self, request_id: str, lp: dict[int, float]) -> None:
         """Logprobs of the token just sampled for this request (before update() appends it)."""
@@ -94,7 +106,7 @@ class OutputProcessor:
                                           else st.logprobs[: len(st.output_ids)],
                                           cumulative_logprob=None if st.logprobs is None
                                           else st.cumulative_logprob)],
-                metrics=m,
+                metrics=m, prompt_logprobs=st.prompt_logprobs,
             ))
             if finished:
                 self.forget(o.request_id)

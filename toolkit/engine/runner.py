@@ -31,7 +31,12 @@ class Batch:
     logits_indices: torch.Tensor     # int64 [N]: rows of hidden that are sampled
     sampling: list[Request]          # [B] requests that sample this step, in row order
     drafts: list[list[int]]          # [B] the draft tokens each of them verifies (k_b)
-    graph_batch: int | None = None   # a pure decode step padded to this CUDA-graph bucket
+    graph_batch: int | None = None   # the step padded to this CUDA-graph bucket (tokens)
+    # prompt logprobs: rows of hidden whose next token is a prompt token, that token, and who asked
+    prompt_rows: list[int] | None = None
+    prompt_next: list[int] | None = None
+    prompt_owner: list[tuple[str, int, int]] | None = None   # (request id, first position, count)
+    prompt_logprobs: dict[str, list[dict[int, float]]] | None = None   # filled by forward()
 
     @property
     def num_rows(self) -> int:
@@ -46,6 +51,7 @@ class Runner:
         self.generator = generator
         self._rejection = None
         self.graphs = None               # DecodeGraphs, set by enable_cuda_graphs()
+        self._params: dict[str, object] = {}   # request id -> SamplingParams of this step
 
     def enable_cuda_graphs(self, max_tokens: int) -> bool:
         """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
@@ -62,11 +68,23 @@ class Runner:
         pos: list[np.ndarray] = []
         tables, kv_lens, q_lens = [], [], []
         logits_idx: list[int] = []
+        self._params = {}
         sampling: list[Request] = []
         drafts: list[list[int]] = []
+        p_rows: list[int] = []
+        p_next: list[int] = []
+        p_owner: list[tuple[str, int, int]] = []
         offset = 0
         for s in out.scheduled:
             req = s.request
+            self._params[req.request_id] = req.sampling_params
+            if req.sampling_params.prompt_logprobs is not None:
+                # positions [start, min(end, P - 1)) predict prompt tokens start+1 ...
+                last = min(s.end, req.num_prompt_tokens - 1)
+                if last > s.start:
+                    p_owner.append((req.request_id, s.start, last - s.start))
+                    p_rows.extend(range(offset, offset + last - s.start))
+                    p_next.extend(req.prompt_token_ids[s.start + 1:last + 1])
             ids.append(np.asarray(req.token_ids_slice(s.start, s.end), dtype=np.int64))
             pos.append(np.arange(s.start, s.end, dtype=np.int64))
             tables.append(s.block_ids)
@@ -93,6 +111,7 @@ class Runner:
                                        num_pad_seqs=pad or 0),
             logits_indices=_to(np.asarray(logits_idx, dtype=np.int64), dev),
             sampling=sampling, drafts=drafts, graph_batch=bp,
+            prompt_rows=p_rows or None, prompt_next=p_next or None, prompt_owner=p_owner or None,
         )
 
     @torch.inference_mode()
@@ -106,7 +125,25 @@ class Runner:
             hidden = self.model.forward(batch.input_ids, batch.positions, self.attention)  # [T, hidden]
             if bp is not None:
                 self.graphs.capture(bp)   # the eager run above compiled every kernel of this shape
+        if batch.prompt_rows:
+            batch.prompt_logprobs = self._prompt_logprobs(batch, hidden)
         return self.model.compute_logits(hidden[batch.logits_indices])                 # [N, V]
+
+    def _prompt_logprobs(self, batch: Batch, hidden: torch.Tensor) -> dict[str, list[dict[int, float]]]:
+        """{request id: [{next prompt token and top-N: logprob}] for this step's positions}."""
+        from toolkit.samplers.logprobs import gather_logprobs
+
+        rows = torch.tensor(batch.prompt_rows, device=hidden.device)
+        nxt = torch.tensor(batch.prompt_next, device=hidden.device)
+        k = max(self._params[rid].prompt_logprobs for rid, _, _ in batch.prompt_owner)
+        values, ids, _ = gather_logprobs(self.model.compute_logits(hidden[rows]), nxt, k)
+        values, ids = values.tolist(), ids.tolist()
+        out, i = {}, 0
+        for rid, _, n in batch.prompt_owner:
+            want = self._params[rid].prompt_logprobs
+            out[rid] = [dict(zip(ids[j][: want + 1], values[j][: want + 1])) for j in range(i, i + n)]
+            i += n
+        return out
 
     @torch.inference_mode()
     def sample(self, batch: Batch, logits: torch.Tensor,
