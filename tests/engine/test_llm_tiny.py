@@ -136,3 +136,26 @@ def test_prompt_logprobs_equal_hf_and_survive_chunking(tiny_llama_dir):
             top = set(row.topk(3).indices.tolist()) | {prompt[p]}
             assert set(lps[p]) == top
         assert len(out.outputs[0].logprobs) == 2
+
+
+def test_n_samples_share_prompt_blocks(tiny_llama_dir):
+    """n > 1: samples 1.. join after sample 0 computed the prompt and hit its full blocks."""
+    prompt = list(range(3, 3 + 37))                      # 9 full blocks of 4 and one partial
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=64) as llm:
+        eng = llm.engine
+        seen = {}
+        orig = eng.scheduler.add_request
+
+        def spy(req):
+            seen[req.request_id] = req
+            orig(req)
+        eng.scheduler.add_request = spy
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
+        assert eng.scheduler.allocator.num_free_blocks() == 64
+    assert len(out.outputs) == 3 and len({tuple(c.token_ids) for c in out.outputs}) > 1
+    hits = sorted(r.num_cached_tokens for r in seen.values())
+    assert hits == [0, 36, 36], hits                     # siblings reuse the 9 full prompt blocks
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, enable_prefix_caching=False) as llm:
+        again = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]

@@ -38,6 +38,8 @@ class Engine:
         self._compiling: list[tuple[Request, Future]] = []  # waiting for a grammar compile
         self._compiler = None
         self._rejected: list[RequestOutput] = []
+        self._held: list[tuple[Request, Request]] = []    # (sibling, leader whose prompt it waits for)
+        self._live: dict[str, Request] = {}                # request id -> request, until finished
         self._ids = itertools.count()
         self.num_steps = 0
         self.num_preemptions = 0
@@ -47,8 +49,13 @@ class Engine:
     # -- requests --
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0,
-                    arrival_time: float | None = None) -> str:
-        """Validate and queue one request; raises ValueError (nothing queued) on bad input."""
+                    arrival_time: float | None = None, after: str | None = None) -> str:
+        """Validate and queue one request; raises ValueError (nothing queued) on bad input.
+
+        after: the id of a live request with the same prompt (a sibling sample of n > 1); this
+        one joins the scheduler only once that one has computed its prompt, so the prompt's
+        full blocks are shared through the prefix cache (a lookup is a fork: ref += 1) and
+        only the partial last block is computed again."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -66,13 +73,19 @@ class Engine:
                              f"has {self.num_blocks} of {self.block_size} tokens")
         future = self._compile(params.structured) if params.structured is not None else None
         rid = request_id if request_id is not None else str(next(self._ids))
+        if rid in self._live:
+            raise ValueError(f"request id {rid!r} is already in use")
         # prompt logprobs need every prompt position computed: no prefix-cache hits (own salt)
         salt = hash(("prompt_logprobs", rid)) if params.prompt_logprobs is not None else 0
         req = Request(rid, ids, params, eos_token_id=self.eos_token_id, priority=priority,
                       max_model_len=self.max_model_len, cache_salt=salt,
                       **({"arrival_time": arrival_time} if arrival_time is not None else {}))
+        self._live[rid] = req
         self.output_processor.add(req, text)
-        if future is None:
+        leader = self._live.get(after) if after is not None else None
+        if leader is not None and future is None:
+            self._held.append((req, leader))
+        elif future is None:
             self.scheduler.add_request(req)
         else:
             self._compiling.append((req, future))   # joins the scheduler once compiled
@@ -81,17 +94,21 @@ class Engine:
     def abort(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         self._compiling = [(r, f) for r, f in self._compiling if r.request_id not in ids]
+        self._held = [(r, lead) for r, lead in self._held if r.request_id not in ids]
         self.scheduler.abort(ids)
         for rid in ids:
             self.output_processor.forget(rid)
             self.grammars.pop(rid, None)
+            self._live.pop(rid, None)
 
     def has_unfinished(self) -> bool:
-        return bool(self._compiling) or bool(self._rejected) or self.scheduler.has_unfinished()
+        return (bool(self._compiling) or bool(self._rejected) or bool(self._held)
+                or self.scheduler.has_unfinished())
 
     # -- the step --
     def step(self) -> list[RequestOutput]:
         self._admit_compiled()
+        self._release_held()
         out = self.scheduler.schedule()
         sampled: dict[str, list[int]] = {}
         forced: dict[str, str] = {}
@@ -119,12 +136,23 @@ class Engine:
         done = [o.request_id for o in outputs if o.finished]
         for rid in done:
             self.grammars.pop(rid, None)
+            self._live.pop(rid, None)
         if done and hasattr(self.proposer, "remove"):
             self.proposer.remove(done)           # a draft model forgets their KV state
         if self.proposer is not None and out.scheduled:
             self._propose(batch.sampling)
         rejected, self._rejected = self._rejected, []
         return rejected + outputs
+
+    def _release_held(self) -> None:
+        """Siblings join once their leader's prompt is computed (its full blocks are cached)."""
+        still = []
+        for req, lead in self._held:
+            if lead.is_finished or lead.num_computed_tokens >= lead.num_prompt_tokens - 1:
+                self.scheduler.add_request(req)
+            else:
+                still.append((req, lead))
+        self._held = still
 
     def _propose(self, requests: list[Request]) -> None:
         from toolkit.samplers.speculative.base import draft_budget
@@ -161,6 +189,7 @@ class Engine:
             except ValueError as e:
                 log.warning("request %s rejected: %s", req.request_id, e)
                 self.output_processor.forget(req.request_id)
+                self._live.pop(req.request_id, None)
                 self._rejected.append(RequestOutput(
                     req.request_id, finished=True, finish_reason="rejected", stop_reason=str(e),
                     prompt_token_ids=req.prompt_token_ids,

@@ -56,9 +56,12 @@ class LLM:
         queued: list[str] = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
+                first = None
                 for j in range(sp.n):
-                    child = _child_params(sp, j)
-                    rid = engine.add_request(p, child, priority=priorities[i] if priorities else 0)
+                    # sample j > 0 waits for sample 0's prompt, then shares its blocks
+                    rid = engine.add_request(p, _child_params(sp, j), after=first,
+                                             priority=priorities[i] if priorities else 0)
+                    first = first or rid
                     children[rid] = (i, j)
                     queued.append(rid)
         except ValueError:
