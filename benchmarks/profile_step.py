@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
-    from benchmarks.throughput import qwen3_0_6b
+    from toolkit.models.shapes import qwen3_0_6b
     from toolkit import LLM, SamplingParams
 
     cfg = qwen3_0_6b()

@@ -20,14 +20,7 @@ import time
 
 import torch
 
-
-def qwen3_0_6b():
-    from transformers import Qwen3Config
-
-    return Qwen3Config(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                       vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
-                       rope_theta=1e6, eos_token_id=151645, bos_token_id=151643)
+from toolkit.models.shapes import qwen3_0_6b
 
 
 def make_llm(cfg, args, proposer=None, k: int = 0):

@@ -28,6 +28,8 @@ import time
 import numpy as np
 import torch
 
+from toolkit.models.shapes import qwen3_0_6b
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "structured"))
 
 from toolkit.samplers.grammar import GrammarCompiler, Structured
@@ -109,15 +111,6 @@ def mask_costs(compiler: GrammarCompiler, walks: int, steps: int, seed: int = 0)
         res["cached_states"] = compiled.num_cached_states
         out[name] = res
     return out
-
-
-def qwen3_0_6b():
-    from transformers import Qwen3Config
-
-    return Qwen3Config(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                       vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
-                       rope_theta=1e6, eos_token_id=151645, bos_token_id=151643)
 
 
 def throughput(tokenizer, batches: list[int], max_tokens: int) -> dict:

@@ -19,25 +19,7 @@ import time
 
 import torch
 
-
-def qwen3_0_6b():
-    from transformers import Qwen3Config
-
-    return Qwen3Config(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, intermediate_size=3072,
-                       vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
-                       rope_theta=1e6, eos_token_id=151645, bos_token_id=151643)
-
-
-def llama31_8b():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
-                       max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=False,
-                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-                       eos_token_id=128009, bos_token_id=128000)
+from toolkit.models.shapes import llama31_8b, qwen3_0_6b
 
 
 def random_workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:

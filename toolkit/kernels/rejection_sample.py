@@ -14,18 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.kernels.gumbel_sample import _fmix32  # the shared hash of the sampling noise
 from toolkit.kernels.reference_spec import ACCEPT_SALT, spec_row_starts
 
 _SALT_MIX = (ACCEPT_SALT * 0x9E3779B9) & 0xFFFFFFFF   # the salt's first hash step, precomputed
-
-
-@triton.jit
-def _fmix32(x):
-    x = x ^ (x >> 16)
-    x = x * 0x85EBCA6B
-    x = x ^ (x >> 13)
-    x = x * 0xC2B2AE35
-    return x ^ (x >> 16)
 
 
 @triton.jit
