@@ -160,7 +160,8 @@ class Runner:
             for j in range(1 + len(d)):
                 params.append(req.sampling_params)
                 prompts.append(req.prompt_token_ids)
-                outputs.append(req.output_token_ids + d[:j])   # drafts before a row count as output
+                # drafts before a row count as output (no copy for a plain row)
+                outputs.append(req.output_token_ids + d[:j] if j else req.output_token_ids)
                 eos.append(req.eos_token_id)
         bitmask = self._bitmask(batch, grammars) if grammars else None
         meta = SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,

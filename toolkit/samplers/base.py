@@ -123,7 +123,7 @@ class SamplingMetadata:
     seed_keys: Tensor                    # int64 [N], seed_key(seed, len(output)); 0 if unseeded
     any_seeded: bool
     max_num_logprobs: int | None         # k of the widest logprobs request; None = none asked
-    # host copies, for the reference sampler and for users' stages
+    # host views (the caller's lists, read-only, this step only), for the reference sampler and users' stages
     params: list[SamplingParams]
     prompt_token_ids: list[list[int]]
     output_token_ids: list[list[int]]
@@ -218,6 +218,8 @@ class SamplingMetadata:
             seed_keys=torch.tensor(keys, dtype=torch.int64).to(device),
             any_seeded=any(seeded_l),
             max_num_logprobs=max(asked) if asked else None,
-            params=list(params), prompt_token_ids=[list(x) for x in prompt_token_ids],
-            output_token_ids=[list(x) for x in output_token_ids], eos_token_ids=list(eos_token_ids),
+            # the caller's lists, not copies (copying 256 prompts costs milliseconds a step):
+            # read-only for stages, and valid for this step only
+            params=list(params), prompt_token_ids=list(prompt_token_ids),
+            output_token_ids=list(output_token_ids), eos_token_ids=list(eos_token_ids),
         )
