@@ -142,6 +142,7 @@ class Request:
     num_cached_tokens: int = 0            # prefix-cache hit at the last admission
     num_preemptions: int = 0
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify this step
+    spec_token_probs: Any = None          # float32 [len(spec_token_ids), V] draft distribution, or None (one-hot)
     stop_reason: int | str | None = None
 
     def __post_init__(self) -> None:

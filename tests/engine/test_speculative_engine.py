@@ -59,3 +59,21 @@ def test_full_model_as_draft_accepts_everything(tiny_llama_dir, baseline):
                                        num_speculative_tokens=3)
     assert got == baseline
     assert drafted > 0 and accepted == drafted
+
+
+def test_sampled_draft_probs_reach_the_verifier(tiny_llama_dir):
+    """A draft model that samples (temperature > 0) hands its q to the rejection sampler;
+    with the draft equal to the target (all layers) and the same temperature, p == q, so
+    every draft is accepted whatever was drawn."""
+    from toolkit.models import load_model
+    from toolkit.samplers.speculative.draft import DraftModelProposer
+
+    draft = DraftModelProposer(load_model(tiny_llama_dir), num_blocks=64, block_size=16,
+                               temperature=1.0, seed=1)
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=5)
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=64, proposer=draft,
+             num_speculative_tokens=3) as llm:
+        outs = llm.generate(_prompts()[:3], params, use_tqdm=False)
+        e = llm.engine
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    assert e.spec_drafted > 0 and e.spec_accepted == e.spec_drafted

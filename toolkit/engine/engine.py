@@ -162,7 +162,9 @@ class Engine:
         if not live:
             return
         for r, d in zip(live, self.proposer.propose(live, self.num_spec_tokens)):
-            r.spec_token_ids = list(d.token_ids[: draft_budget(r, self.num_spec_tokens)])
+            n = draft_budget(r, self.num_spec_tokens)
+            r.spec_token_ids = list(d.token_ids[:n])
+            r.spec_token_probs = None if d.probs is None else d.probs[: len(r.spec_token_ids)]
 
     # -- structured output --
     def _compile(self, spec: Any) -> Future:

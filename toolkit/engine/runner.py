@@ -178,7 +178,11 @@ class Runner:
 
         if self._rejection is None:
             self._rejection = RejectionSampler(self.sampler)
-        spec = SpecDecodeMetadata.build(batch.drafts, self.model.vocab_size, self.device)
+        # a sampled draft's distribution q makes acceptance min(1, p/q); without it, one-hot q
+        probs = [r.spec_token_probs[: len(d)] if r.spec_token_probs is not None and d else None
+                 for r, d in zip(batch.sampling, batch.drafts)]
+        spec = SpecDecodeMetadata.build(batch.drafts, self.model.vocab_size, self.device,
+                                        draft_probs=probs if any(p is not None for p in probs) else None)
         return self._rejection(logits, meta, spec, self.generator).tolist(), none
 
     def _bitmask(self, batch: Batch, grammars: Mapping[str, object]) -> torch.Tensor | None:
