@@ -238,8 +238,12 @@ class RequestMetrics:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
-    num_spec_drafted: int = 0
-    num_spec_accepted: int = 0
+    num_spec_drafted: int = 0             # draft tokens verified for this request
+    num_spec_accepted: int = 0            # of which accepted
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        return self.num_spec_accepted / self.num_spec_drafted if self.num_spec_drafted else None
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -24,6 +24,12 @@ def _run(model_dir, **kw):
     with LLM(model_dir, dtype="float32", device="cpu", **kw) as llm:
         outs = llm.generate(_prompts(), params, use_tqdm=False)
         e = llm.engine
+        # per-request metrics add up to the engine's totals
+        assert sum(o.metrics.num_spec_drafted for o in outs) == e.spec_drafted
+        assert sum(o.metrics.num_spec_accepted for o in outs) == e.spec_accepted
+        m = e.spec_metrics
+        assert 0 <= m["acceptance_rate"] <= 1 and 1 <= m["mean_accepted_length"] <= 1 + kw.get(
+            "num_speculative_tokens", 0)
         return [o.outputs[0].token_ids for o in outs], (e.spec_drafted, e.spec_accepted, e.num_preemptions)
 
 

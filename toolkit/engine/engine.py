@@ -43,8 +43,9 @@ class Engine:
         self._ids = itertools.count()
         self.num_steps = 0
         self.num_preemptions = 0
-        self.spec_drafted = 0
-        self.spec_accepted = 0
+        self.spec_drafted = 0            # draft tokens verified, over all requests
+        self.spec_accepted = 0           # of which accepted
+        self.spec_steps = 0              # verification rows (request-steps that had drafts)
 
     # -- requests --
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
@@ -100,6 +101,8 @@ class Engine:
             self.output_processor.forget(rid)
             self.grammars.pop(rid, None)
             self._live.pop(rid, None)
+        if hasattr(self.proposer, "remove"):
+            self.proposer.remove(ids)
 
     def has_unfinished(self) -> bool:
         return (bool(self._compiling) or bool(self._rejected) or bool(self._held)
@@ -122,8 +125,11 @@ class Engine:
                 sampled[req.request_id] = toks
                 if lp is not None:
                     self.output_processor.add_logprobs(req.request_id, lp)
-                self.spec_drafted += len(d)
-                self.spec_accepted += len(toks) - 1
+                if d:
+                    self.spec_drafted += len(d)
+                    self.spec_accepted += len(toks) - 1
+                    self.spec_steps += 1
+                    self.output_processor.add_spec(req.request_id, len(d), len(toks) - 1)
                 g = self.grammars.get(req.request_id)
                 end = self._grammar_end(g, req, toks) if g is not None else None
                 if end is not None:
@@ -143,6 +149,14 @@ class Engine:
             self._propose(batch.sampling)
         rejected, self._rejected = self._rejected, []
         return rejected + outputs
+
+    @property
+    def spec_metrics(self) -> dict[str, float]:
+        """Overall speculative-decoding figures: drafted, accepted, acceptance rate, and mean
+        accepted length (tokens emitted per verification: 1 + accepted / verifications)."""
+        return dict(drafted=self.spec_drafted, accepted=self.spec_accepted,
+                    acceptance_rate=self.spec_accepted / max(self.spec_drafted, 1),
+                    mean_accepted_length=1 + self.spec_accepted / max(self.spec_steps, 1))
 
     def _release_held(self) -> None:
         """Siblings join once their leader's prompt is computed (its full blocks are cached)."""

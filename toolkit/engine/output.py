@@ -55,6 +55,12 @@ class OutputProcessor:
         st.prompt_logprobs.extend([None] * (need - len(st.prompt_logprobs)))
         st.prompt_logprobs[start + 1:need] = lps
 
+    def add_spec(self, request_id: str, drafted: int, accepted: int) -> None:
+        m = self.metrics.get(request_id)
+        if m is not None:
+            m.num_spec_drafted += drafted
+            m.num_spec_accepted += accepted
+
     def add_logprobs(self, request_id: str, lp: dict[int, float]) -> None:
         """Logprobs of the token just sampled for this request (before update() appends it)."""
         st = self.states.get(request_id)
