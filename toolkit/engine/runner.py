@@ -52,6 +52,7 @@ class Runner:
         self._rejection = None
         self.graphs = None               # DecodeGraphs, set by enable_cuda_graphs()
         self._params: dict[str, object] = {}   # request id -> SamplingParams of this step
+        self._mask_host: torch.Tensor | None = None   # int32 [rows, W] grammar bitmask buffer
 
     def enable_cuda_graphs(self, max_tokens: int) -> bool:
         """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
@@ -191,10 +192,16 @@ class Runner:
         per_req = [grammars.get(r.request_id) for r in batch.sampling]
         if not any(g is not None for g in per_req):
             return None
-        mask = allocate_token_bitmask(batch.num_rows, self.model.vocab_size,
-                                      pin_memory=self.device.type == "cuda")
+        # one host buffer reused every step (pinned on CUDA: the copy overlaps, and pinned
+        # allocations are slow); safe because every step ends with a device->host sync
+        rows = batch.num_rows
+        if self._mask_host is None or self._mask_host.shape[0] < rows:
+            self._mask_host = allocate_token_bitmask(max(rows, 64), self.model.vocab_size,
+                                                     pin_memory=self.device.type == "cuda")
+        mask = self._mask_host[:rows]
+        mask.fill_(-1)
         fill_batch_bitmask(mask, per_req, batch.drafts)
-        return mask.to(self.device, non_blocking=True)
+        return mask.to(self.device, non_blocking=True) if self.device.type == "cuda" else mask.clone()
 
 
 def _logprob_dicts(reqs: list[Request], values: list[list[float]], ids: list[list[int]],

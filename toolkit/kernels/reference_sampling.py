@@ -98,8 +98,8 @@ def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> None:
 
     logits float [N, V]; bitmask int32 [N, ceil(V/32)] (bit set = allowed).
     """
-    v = logits.shape[1]
-    ids = torch.arange(v, device=logits.device)
-    words = bitmask.to(torch.int64)[:, ids // 32]                       # [N, V]
-    allowed = ((words >> (ids % 32)) & 1).bool()
+    n, v = logits.shape
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = (bitmask[:, :, None] >> shifts) & 1                          # [N, W, 32]
+    allowed = bits.reshape(n, -1)[:, :v].bool()                          # [N, V]
     logits.masked_fill_(~allowed, float("-inf"))

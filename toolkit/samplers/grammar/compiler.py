@@ -87,9 +87,12 @@ class GrammarCompiler:
     def compile_async(self, spec: Any) -> Future[CompiledGrammar]:
         """Start (or join, or reuse) the compile of `spec`. Cheap errors raise ValueError now;
         errors only the DFA build finds come out of `future.result()` as ValueError."""
-        s = self.validate(spec)
+        s = Structured.coerce(spec)
+        key = (self.vocab.fingerprint, s)
+        if s is None or key not in self.cache:    # a cached spec passed these checks already
+            s = self.validate(spec)
         return self.cache.get_or_submit(
-            (self.vocab.fingerprint, s),
+            key,
             lambda: self._pool.submit(CompiledGrammar.compile, s, self.vocab, self.max_mask_cache_bytes))
 
     def compile(self, spec: Any, timeout: float | None = None) -> CompiledGrammar:
