@@ -82,10 +82,13 @@ class DecodeGraphs:
         self.model, self.attention, self.device = model, attention, device
         self.sizes = buckets(max_tokens)
         self.graphs: dict[int, _Graph] = {}
+        self.failed: set[int] = set()      # buckets whose capture raised: they run eagerly
         self.pool = torch.cuda.graph_pool_handle()
 
     def bucket(self, batch: int) -> int | None:
-        return next((b for b in self.sizes if b >= batch), None)
+        """The smallest bucket that holds `batch` tokens (None: too big, or its capture failed)."""
+        bp = next((b for b in self.sizes if b >= batch), None)
+        return None if bp in self.failed else bp
 
     def captured(self, bp: int) -> bool:
         return bp in self.graphs
@@ -99,10 +102,16 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            proxy = _CaptureProxy(self.attention, g, self.pool)
-            hidden = self.model.forward(g.ids, g.positions, proxy)
-            proxy.finish(hidden)
+        try:
+            with torch.cuda.stream(stream):
+                proxy = _CaptureProxy(self.attention, g, self.pool)
+                hidden = self.model.forward(g.ids, g.positions, proxy)
+                proxy.finish(hidden)
+        except Exception as e:   # a model op that cannot be captured: stay eager, say why
+            log.warning("CUDA-graph capture of a %d-token step failed (%s); it runs eagerly", bp, e)
+            self.failed.add(bp)
+            torch.cuda.synchronize()
+            return
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         self.graphs[bp] = g
