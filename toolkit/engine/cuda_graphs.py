@@ -102,24 +102,25 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        proxy = None
-        try:
-            with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream):
+            proxy = None
+            try:
                 proxy = _CaptureProxy(self.attention, g, self.pool)
                 hidden = self.model.forward(g.ids, g.positions, proxy)
                 proxy.finish(hidden)
-        except Exception as e:   # a model op that cannot be captured: stay eager, say why
-            if proxy is not None and torch.cuda.is_current_stream_capturing():
-                try:
-                    proxy.current.capture_end()
-                except Exception:  # noqa: BLE001 - the capture is invalid either way
-                    pass
-            log.warning("CUDA-graph capture of a %d-token step failed (%s); it runs eagerly", bp, e)
-            self.failed.add(bp)
-            torch.cuda.synchronize()
-            return
+            except Exception as e:   # a model op that cannot be captured: stay eager, say why
+                if proxy is not None and torch.cuda.is_current_stream_capturing():
+                    try:
+                        proxy.current.capture_end()
+                    except Exception:  # noqa: BLE001 - the capture is invalid either way
+                        pass
+                log.warning("CUDA-graph capture of a %d-token step failed (%s); it runs eagerly",
+                            bp, e)
+                self.failed.add(bp)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        if bp in self.failed:
+            return
         self.graphs[bp] = g
         log.info("captured decode graphs for batch %d (%d pieces)", bp, len(g.pieces))
 
