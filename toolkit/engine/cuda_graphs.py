@@ -122,7 +122,7 @@ class DecodeGraphs:
         if bp in self.failed:
             return
         self.graphs[bp] = g
-        log.info("captured decode graphs for batch %d (%d pieces)", bp, len(g.pieces))
+        log.info("captured CUDA graphs for %d-token steps (%d pieces)", bp, len(g.pieces))
 
     @torch.inference_mode()
     def replay(self, bp: int, ids: torch.Tensor, positions: torch.Tensor,
