@@ -77,7 +77,7 @@ class _CaptureProxy:
         self.graph.hidden = hidden
 
 
-class DecodeGraphs:
+class StepGraphs:
     def __init__(self, model, attention, max_tokens: int, device: torch.device) -> None:
         self.model, self.attention, self.device = model, attention, device
         self.sizes = buckets(max_tokens)

@@ -50,18 +50,18 @@ class Runner:
         self.kv_cache, self.device = kv_cache, device
         self.generator = generator
         self._rejection = None
-        self.graphs = None               # DecodeGraphs, set by enable_cuda_graphs()
+        self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
         self._params: dict[str, object] = {}   # request id -> SamplingParams of this step
         self._mask_host: torch.Tensor | None = None   # int32 [rows, W] grammar bitmask buffer
 
     def enable_cuda_graphs(self, max_tokens: int) -> bool:
         """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
         chunks) from piecewise CUDA graphs (CUDA + a backend with run(out=))."""
-        from toolkit.engine.cuda_graphs import DecodeGraphs, supports_graphs
+        from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
 
         if self.device.type != "cuda" or not supports_graphs(self.attention):
             return False
-        self.graphs = DecodeGraphs(self.model, self.attention, max_tokens, self.device)
+        self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device)
         return True
 
     def prepare(self, out: SchedulerOutput) -> Batch:
