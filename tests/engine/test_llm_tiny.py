@@ -159,3 +159,16 @@ def test_n_samples_share_prompt_blocks(tiny_llama_dir):
     with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, enable_prefix_caching=False) as llm:
         again = llm.generate([prompt], params, use_tqdm=False)[0]
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+
+
+def test_every_eos_id_of_the_model_stops(tiny_llama_dir, expected):
+    """A model with several end tokens (Llama 3's) stops at any of them unless ignore_eos."""
+    prompt, first = _prompts()[0], expected[0]
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu") as llm:
+        llm.engine.model.eos_token_ids = [llm.engine.eos_token_id, first[3]]
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == first[:first.index(first[3]) + 1]
+        assert out.outputs[0].finish_reason == "stop"
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True),
+                           use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == first

@@ -20,15 +20,14 @@ CPU_KV_BUDGET = 512 * 2**20   # bytes of KV cache on the CPU when no budget is g
 
 
 def _create(kind: str, spec: Any, **kwargs: Any) -> Any:
-    """registry.create, passing only the keyword arguments the class accepts."""
-    if isinstance(spec, str):
-        spec = registry.lookup(kind, spec)
-    if isinstance(spec, type):
-        sig = inspect.signature(spec.__init__)
+    """registry.create, passing a class only the engine settings its constructor accepts
+    (a static scheduler has no chunked-prefill switch; a user's part may take none)."""
+    cls = registry.lookup(kind, spec) if isinstance(spec, str) else spec
+    if isinstance(cls, type):
+        sig = inspect.signature(cls.__init__)
         if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
-        return spec(**kwargs)
-    return spec
+    return registry.create(kind, cls, **kwargs)
 
 
 def _has_tokenizer(folder) -> bool:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from concurrent.futures import Future
@@ -60,6 +61,12 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        extra_eos = [t for t in getattr(self.model, "eos_token_ids", None) or () if t != self.eos_token_id]
+        if extra_eos and not params.ignore_eos:
+            # models with several end tokens (Llama 3: <|end_of_text|>, <|eot_id|>, ...) stop on
+            # each; the request holds one eos id, the others stop it as stop token ids
+            params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids or []) + [
+                t for t in extra_eos if t not in (params.stop_token_ids or [])])
         text, ids = self._tokenize(prompt)
         if len(ids) == 0:
             raise ValueError("the prompt is empty; give at least one token")
