@@ -153,16 +153,20 @@ class SamplingMetadata:
                 raise ValueError(f"bitmask must be int32 of shape {want} (bit set = allowed), "
                                  f"got {bitmask.dtype} {tuple(bitmask.shape)}")
             bitmask = bitmask.to(device)
+        checked: set[int] = set()      # rows usually share a few params objects: check each once
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
                 raise ValueError(f"row {i}: params must be SamplingParams, got {type(p).__name__}")
+            eos = eos_token_ids[i]
+            if eos is not None and not 0 <= eos < vocab_size:
+                _check_ids([eos], vocab_size, i, "eos_token_id")
+            if id(p) in checked:
+                continue
+            checked.add(id(p))
             _check_ids(p.logit_bias or {}, vocab_size, i, "logit_bias")
             _check_ids(p.allowed_token_ids or [], vocab_size, i, "allowed_token_ids")
             _check_ids([t for w in p.bad_words or [] for t in w], vocab_size, i, "bad_words")
             _check_ids(p.stop_token_ids or [], vocab_size, i, "stop_token_ids")
-            eos = eos_token_ids[i]
-            if eos is not None:
-                _check_ids([eos], vocab_size, i, "eos_token_id")
 
         def f32(vals: list[float]) -> Tensor:
             return torch.tensor(vals, dtype=torch.float32).to(device)

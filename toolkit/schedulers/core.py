@@ -69,6 +69,7 @@ class SchedulerCore:
         self._ignored: dict[str, Request] = {}      # to report as outputs in update()
         self._hashes: dict[str, list[int]] = {}     # block hash chain of each live request
         self._published: dict[str, int] = {}        # leading blocks already published
+        self._limits: dict[str, int] = {}           # cap_end's fixed part, per live request
 
     # -- limits --
     def blocks_for(self, num_tokens: int) -> int:
@@ -84,9 +85,14 @@ class SchedulerCore:
 
     def cap_end(self, request: Request) -> int:
         """Positions past this are never worth computing (max_len, or beyond max_tokens)."""
-        sp = request.sampling_params
-        return max(request.num_tokens,
-                   min(self.max_len(request), request.num_prompt_tokens + sp.max_tokens - 1))
+        # the limit is fixed for a request's life: computed once (this runs several times per
+        # request per step, on the engine's hot path)
+        limit = self._limits.get(request.request_id)
+        if limit is None:
+            sp = request.sampling_params
+            limit = min(self.max_len(request), request.num_prompt_tokens + sp.max_tokens - 1)
+            self._limits[request.request_id] = limit
+        return max(request.num_tokens, limit)
 
     def never_fits(self, request: Request) -> str | None:
         """Why this request can never run here, or None."""
@@ -207,6 +213,7 @@ class SchedulerCore:
             self.waiting.remove(req)
         self._hashes.pop(rid, None)
         self._published.pop(rid, None)
+        self._limits.pop(rid, None)
         self._finished_ids.append(rid)
 
     def _free(self, req: Request) -> None:
