@@ -21,6 +21,49 @@ def _into(buf: torch.Tensor | None, value: torch.Tensor, name: str) -> torch.Ten
     return buf.copy_(value)
 
 
+def check_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
+    """The argument checks rms_norm and its Triton launcher share."""
+    n = x.shape[-1]
+    if weight.shape != (n,):
+        raise ValueError(
+            f"weight must have shape ({n},) to match x [..., {n}], got {tuple(weight.shape)}"
+        )
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(
+            f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}"
+        )
+
+
+def check_rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    out: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The argument checks rotary and its Triton launcher share; returns (q_out, k_out)."""
+    t, d = positions.shape[0], cos_sin_cache.shape[-1]
+    if d % 2 or cos_sin_cache.dim() != 2:
+        raise ValueError(
+            f"cos_sin_cache must be [P, D] with D even, got {tuple(cos_sin_cache.shape)}"
+        )
+    for name, x in (("q", q), ("k", k)):
+        if x.dim() != 3 or x.shape[0] != t or x.shape[2] != d:
+            raise ValueError(f"{name} must be [T={t}, heads, D={d}], got {tuple(x.shape)}")
+    q_out, k_out = (q, k) if out is None else out
+    if (
+        q_out.shape != q.shape
+        or k_out.shape != k.shape
+        or q_out.dtype != q.dtype
+        or k_out.dtype != k.dtype
+    ):
+        raise ValueError(
+            f"out must match q {tuple(q.shape)} and k {tuple(k.shape)} in shape and dtype, "
+            f"got {tuple(q_out.shape)}, {tuple(k_out.shape)}"
+        )
+    return q_out, k_out
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -31,16 +74,8 @@ def rms_norm(
     residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., N] (+ residual [..., N]), weight [N] -> (normed [..., N], new_residual [..., N])."""
-    n = x.shape[-1]
-    if weight.shape != (n,):
-        raise ValueError(
-            f"weight must have shape ({n},) to match x [..., {n}], got {tuple(weight.shape)}"
-        )
+    check_rms_norm(x, weight, residual)
     if residual is not None:
-        if residual.shape != x.shape:
-            raise ValueError(
-                f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}"
-            )
         x = _into(residual_out, x + residual, "residual_out")  # rounded to the activation dtype
     xf = x.float()
     var = xf.pow(2).mean(-1, keepdim=True)  # [..., 1]
@@ -60,14 +95,7 @@ def rotary(
 
     In place (the returned tensors are q and k) unless `out` = (q_out, k_out) is given.
     """
-    t, d = positions.shape[0], cos_sin_cache.shape[1]
-    if d % 2 or cos_sin_cache.dim() != 2:
-        raise ValueError(
-            f"cos_sin_cache must be [P, D] with D even, got {tuple(cos_sin_cache.shape)}"
-        )
-    for name, x in (("q", q), ("k", k)):
-        if x.dim() != 3 or x.shape[0] != t or x.shape[2] != d:
-            raise ValueError(f"{name} must be [T={t}, heads, D={d}], got {tuple(x.shape)}")
+    q_out, k_out = check_rotary(positions, q, k, cos_sin_cache, out)
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
     cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
 
@@ -75,17 +103,6 @@ def rotary(
         x1, x2 = x.float().chunk(2, dim=-1)  # [T, heads, D/2]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
-    q_out, k_out = (q, k) if out is None else out
-    if (
-        q_out.shape != q.shape
-        or k_out.shape != k.shape
-        or q_out.dtype != q.dtype
-        or k_out.dtype != k.dtype
-    ):
-        raise ValueError(
-            f"out must match q {tuple(q.shape)} and k {tuple(k.shape)} in shape and dtype, "
-            f"got {tuple(q_out.shape)}, {tuple(k_out.shape)}"
-        )
     q_rot, k_rot = rot(q), rot(k)
     return q_out.copy_(q_rot), k_out.copy_(k_rot)
 

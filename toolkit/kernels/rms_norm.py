@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.kernels.reference_model import check_rms_norm
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -72,15 +74,8 @@ def rms_norm(
     Without a residual, new_residual is x itself. Results go to `out` / `residual_out`
     (contiguous, x's shape and dtype) when given, else to new tensors.
     """
+    check_rms_norm(x, weight, residual)
     n = x.shape[-1]
-    if weight.shape != (n,):
-        raise ValueError(
-            f"weight must have shape ({n},) to match x [..., {n}], got {tuple(weight.shape)}"
-        )
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(
-            f"residual shape {tuple(residual.shape)} must equal x shape {tuple(x.shape)}"
-        )
     x2 = x.reshape(-1, n)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.kernels.reference_model import check_rotary
+
 
 @triton.jit
 def _rotary_kernel(
@@ -85,27 +87,12 @@ def rotary(
 
     In place (the returned tensors are q and k) unless `out` = (q_out, k_out) is given.
     """
-    t = positions.shape[0]
-    d = cos_sin_cache.shape[1]
-    if d % 2 or cos_sin_cache.dim() != 2:
-        raise ValueError(
-            f"cos_sin_cache must be [P, D] with D even, got {tuple(cos_sin_cache.shape)}"
-        )
-    _check("q", q, t, d)
+    q_out, k_out = check_rotary(positions, q, k, cos_sin_cache, out)
+    t, d = positions.shape[0], cos_sin_cache.shape[1]
+    _check("q", q, t, d)       # the kernel also needs a contiguous last dimension
     _check("k", k, t, d)
     if cos_sin_cache.stride(1) != 1:
         cos_sin_cache = cos_sin_cache.contiguous()
-    q_out, k_out = (q, k) if out is None else out
-    if (
-        q_out.shape != q.shape
-        or k_out.shape != k.shape
-        or q_out.dtype != q.dtype
-        or k_out.dtype != k.dtype
-    ):
-        raise ValueError(
-            f"out must match q {tuple(q.shape)} and k {tuple(k.shape)} in shape and dtype, "
-            f"got {tuple(q_out.shape)}, {tuple(k_out.shape)}"
-        )
     _check("q_out", q_out, t, d)
     _check("k_out", k_out, t, d)
     _launch(q, q_out, positions, cos_sin_cache)
