@@ -65,3 +65,13 @@ def test_block_table() -> None:
     with pytest.raises(ValueError, match="start <= stop"):
         t.slots(5, 13)
     assert t.clear() == [7, 2, 5] and t.num_tokens == 0
+
+
+@pytest.mark.gpu
+def test_cuda_layout_keeps_its_host_copy():
+    """plan() reads the CPU copy build() kept, so it must equal the device tensors."""
+    layout = PagedKVLayout.build([[3, 1], [5]], [6, 3], [2, 3], 4, "cuda", num_pad_seqs=2)
+    host = layout.host
+    assert host.kv_indptr.device.type == "cpu"
+    for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "slot_mapping"):
+        assert torch.equal(getattr(host, name), getattr(layout, name).cpu()), name

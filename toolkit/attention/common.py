@@ -20,7 +20,7 @@ def check_layout(layout: PagedKVLayout, kv_cache: KVCache) -> None:
     if layout.block_size != kv_cache.block_size:
         raise ValueError(f"layout.block_size {layout.block_size} differs from the cache's "
                          f"block_size {kv_cache.block_size}")
-    idx = layout.kv_indices
+    idx = layout.host.kv_indices      # the CPU copy: no device->host sync
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= kv_cache.num_blocks):
         raise ValueError(f"block table points outside the cache: ids must be in [0, "
                          f"{kv_cache.num_blocks}), got [{int(idx.min())}, {int(idx.max())}]")

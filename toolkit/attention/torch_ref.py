@@ -28,10 +28,11 @@ class TorchAttention:
     def plan(self, layout: PagedKVLayout) -> None:
         check_layout(layout, self.kv_cache)
         self.layout = layout
-        qo = layout.qo_indptr.tolist()
-        kvp = layout.kv_indptr.tolist()
-        idx = layout.kv_indices.tolist()
-        self._host = (qo, layout.kv_lens.tolist(), [idx[kvp[b]:kvp[b + 1]] for b in range(layout.num_seqs)])
+        host = layout.host
+        qo = host.qo_indptr.tolist()
+        kvp = host.kv_indptr.tolist()
+        idx = host.kv_indices.tolist()
+        self._host = (qo, host.kv_lens.tolist(), [idx[kvp[b]:kvp[b + 1]] for b in range(layout.num_seqs)])
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         assert self.layout is not None, "plan() first"

@@ -66,8 +66,9 @@ class TritonPagedAttention:
     def plan(self, layout: PagedKVLayout) -> None:
         check_layout(layout, self.kv_cache)
         cfg, dev = self.config, self.kv_cache.device
-        qo, kvp = layout.qo_indptr.tolist(), layout.kv_indptr.tolist()
-        kv_lens = layout.kv_lens.tolist()
+        host = layout.host                 # the CPU copy build() kept: no device->host sync
+        qo, kvp = host.qo_indptr.tolist(), host.kv_indptr.tolist()
+        kv_lens = host.kv_lens.tolist()
         prefill_kv = [kv_lens[b] for b in range(len(kv_lens)) if qo[b + 1] - qo[b] > cfg.decode.block_q]
         self._prefill_tile = cfg.prefill_tile(max(prefill_kv, default=0))
         sched = build_schedule(qo, kv_lens, kvp, num_kv_heads=self.num_kv_heads, decode=cfg.decode,

@@ -28,6 +28,18 @@ class PagedKVLayout:
     max_kv_len: int
     num_seqs: int
     num_tokens: int
+    # the same index tensors on the CPU (build() keeps them), so plan() reads them without a
+    # device->host sync; None = this layout is on the CPU already
+    host_copy: "PagedKVLayout | None" = None
+
+    @property
+    def host(self) -> "PagedKVLayout":
+        """This layout's tensors on the CPU (free when build() made it)."""
+        if self.host_copy is not None:
+            return self.host_copy
+        if self.kv_indptr.device.type == "cpu":
+            return self
+        return self.to("cpu")
 
     @property
     def kv_lens(self) -> torch.Tensor:
@@ -41,9 +53,11 @@ class PagedKVLayout:
 
     def to(self, device: torch.device | str) -> PagedKVLayout:
         t = lambda x: x.to(device, non_blocking=True)
+        on_cpu = torch.device(device).type == "cpu"
         return PagedKVLayout(t(self.qo_indptr), t(self.kv_indptr), t(self.kv_indices),
                              t(self.kv_last_page_len), t(self.slot_mapping), self.block_size,
-                             self.max_q_len, self.max_kv_len, self.num_seqs, self.num_tokens)
+                             self.max_q_len, self.max_kv_len, self.num_seqs, self.num_tokens,
+                             None if on_cpu else self.host)
 
     @staticmethod
     def build(
@@ -98,10 +112,12 @@ class PagedKVLayout:
             torch.from_numpy(slots.astype(np.int64)), block_size,
             int(q.max(initial=0)), int(kv.max(initial=0)), len(q), num_tokens,
         )
+        if torch.device(device).type == "cpu":
+            return host
         if pin:
             host = PagedKVLayout(*(x.pin_memory() if isinstance(x, torch.Tensor) else x
                                    for x in host.__dict__.values()))
-        return host.to(device)
+        return host.to(device)       # keeps `host` as host_copy
 
 
 def slot_mapping(block_table: Sequence[int], start: int, stop: int, block_size: int) -> list[int]:
