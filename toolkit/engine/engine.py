@@ -67,7 +67,7 @@ class Engine:
             # each; the request holds one eos id, the others stop it as stop token ids
             params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids or []) + [
                 t for t in extra_eos if t not in (params.stop_token_ids or [])])
-        text, ids = self._tokenize(prompt)
+        text, ids = self.tokenize(prompt)
         if len(ids) == 0:
             raise ValueError("the prompt is empty; give at least one token")
         if len(ids) >= self.max_model_len:
@@ -125,7 +125,7 @@ class Engine:
         if out.scheduled:
             batch = self.runner.prepare(out)
             logits = self.runner.forward(batch)
-            for rid, start, n in batch.prompt_owner or ():
+            for rid, start, _, _ in batch.prompt_owner or ():
                 self.output_processor.add_prompt_logprobs(rid, start, batch.prompt_logprobs[rid])
             emitted, logprobs = self.runner.sample(batch, logits, self.grammars)
             for req, d, toks, lp in zip(batch.sampling, batch.drafts, emitted, logprobs):
@@ -231,7 +231,8 @@ class Engine:
         allow_eos = not (sp.ignore_eos or req.num_output_tokens + len(tokens) < sp.min_tokens)
         return None if grammar.can_continue(allow_eos=allow_eos) else "grammar"
 
-    def _tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of a prompt given as text or as token ids."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer; pass token ids instead of text")

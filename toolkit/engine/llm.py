@@ -82,7 +82,7 @@ class LLM:
         through the allocator. Returns per prompt the beam_width best sequences, best first."""
         from toolkit.engine.beam import beam_search
 
-        ids = [self.engine._tokenize(p)[1] for p in _as_prompt_list(prompts)]
+        ids = [self.engine.tokenize(p)[1] for p in _as_prompt_list(prompts)]
         return beam_search(self.engine, ids, beam_width, max_tokens,
                            length_penalty=length_penalty, ignore_eos=ignore_eos)
 

@@ -35,7 +35,7 @@ class Batch:
     # prompt logprobs: rows of hidden whose next token is a prompt token, that token, and who asked
     prompt_rows: list[int] | None = None
     prompt_next: list[int] | None = None
-    prompt_owner: list[tuple[str, int, int]] | None = None   # (request id, first position, count)
+    prompt_owner: list[tuple[str, int, int, int]] | None = None   # (request id, first position, count, top-N)
     prompt_logprobs: dict[str, list[dict[int, float]]] | None = None   # filled by forward()
 
     @property
@@ -51,7 +51,6 @@ class Runner:
         self.generator = generator
         self._rejection = None
         self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
-        self._params: dict[str, object] = {}   # request id -> SamplingParams of this step
         self._mask_host: torch.Tensor | None = None   # int32 [rows, W] grammar bitmask buffer
 
     def enable_cuda_graphs(self, max_tokens: int) -> bool:
@@ -69,21 +68,20 @@ class Runner:
         pos: list[np.ndarray] = []
         tables, kv_lens, q_lens = [], [], []
         logits_idx: list[int] = []
-        self._params = {}
         sampling: list[Request] = []
         drafts: list[list[int]] = []
         p_rows: list[int] = []
         p_next: list[int] = []
-        p_owner: list[tuple[str, int, int]] = []
+        p_owner: list[tuple[str, int, int, int]] = []
         offset = 0
         for s in out.scheduled:
             req = s.request
-            self._params[req.request_id] = req.sampling_params
             if req.sampling_params.prompt_logprobs is not None:
                 # positions [start, min(end, P - 1)) predict prompt tokens start+1 ...
                 last = min(s.end, req.num_prompt_tokens - 1)
                 if last > s.start:
-                    p_owner.append((req.request_id, s.start, last - s.start))
+                    p_owner.append((req.request_id, s.start, last - s.start,
+                                    req.sampling_params.prompt_logprobs))
                     p_rows.extend(range(offset, offset + last - s.start))
                     p_next.extend(req.prompt_token_ids[s.start + 1:last + 1])
             ids.append(np.asarray(req.token_ids_slice(s.start, s.end), dtype=np.int64))
@@ -136,12 +134,11 @@ class Runner:
 
         rows = torch.tensor(batch.prompt_rows, device=hidden.device)
         nxt = torch.tensor(batch.prompt_next, device=hidden.device)
-        k = max(self._params[rid].prompt_logprobs for rid, _, _ in batch.prompt_owner)
+        k = max(want for _, _, _, want in batch.prompt_owner)
         values, ids, _ = gather_logprobs(self.model.compute_logits(hidden[rows]), nxt, k)
         values, ids = values.tolist(), ids.tolist()
         out, i = {}, 0
-        for rid, _, n in batch.prompt_owner:
-            want = self._params[rid].prompt_logprobs
+        for rid, _, n, want in batch.prompt_owner:
             out[rid] = [dict(zip(ids[j][: want + 1], values[j][: want + 1])) for j in range(i, i + n)]
             i += n
         return out
