@@ -70,8 +70,21 @@ def timer(fn: Callable[[], object], device: torch.device, warmup: int, iters: in
     return statistics.median(times)
 
 
+def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata,
+                    device: torch.device, iters: int) -> dict[str, float]:
+    """Median milliseconds of each piece of the fast sampler, timed one at a time."""
+    out: dict[str, float] = {}
+    x0 = logits.float().clone()
+    out["clone"] = timer(lambda: logits.to(torch.float32).clone(), device, 2, iters)
+    for stage in sampler.stages:
+        out[stage.name] = timer(lambda: stage(x0.clone(), meta), device, 2, iters) - out["clone"]
+        x0 = stage(x0, meta)
+    out["sample"] = timer(lambda: sampler(logits, meta), device, 2, iters) - sum(out.values())
+    return {k: round(v, 4) for k, v in out.items()}
+
+
 def run(batches: list[int], vocab: int, device: torch.device, warmup: int, iters: int,
-        reference_iters: int) -> list[dict]:
+        reference_iters: int, breakdown: bool = False) -> list[dict]:
     rows = []
     gen = torch.Generator(device=device).manual_seed(0)
     fast = Sampler(generator=gen)
@@ -93,6 +106,9 @@ def run(batches: list[int], vocab: int, device: torch.device, warmup: int, iters
             "naive_ms": timer(lambda: naive_sample(logits, t, k, p_), device, warmup, iters),
             "reference_ms": timer(lambda: ref(logits, meta), device, 0, reference_iters),
         }
+        if breakdown:
+            row["breakdown_ms"] = stage_breakdown(fast, logits, meta, device, iters)
+            print(f"batch {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in row["breakdown_ms"].items()))
         row["speedup_vs_naive"] = row["naive_ms"] / row["fast_ms"]
         row["speedup_vs_reference"] = row["reference_ms"] / row["fast_ms"]
         rows.append(row)
@@ -107,12 +123,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--reference-iters", type=int, default=1, help="the reference is slow: few runs")
+    ap.add_argument("--breakdown", action="store_true", help="also time each stage on its own")
     ap.add_argument("--small", action="store_true", help="CPU smoke sizes: batch 1 4, V 4096, 3 iters")
     ap.add_argument("--out", type=pathlib.Path, default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     if a.small:
         a.batch, a.vocab, a.warmup, a.iters = [1, 4], 4096, 1, 3
-    rows = run(a.batch, a.vocab, torch.device(a.device), a.warmup, a.iters, a.reference_iters)
+    rows = run(a.batch, a.vocab, torch.device(a.device), a.warmup, a.iters, a.reference_iters, a.breakdown)
     cols = ["batch", "vocab", "build_ms", "fast_ms", "naive_ms", "reference_ms",
             "speedup_vs_naive", "speedup_vs_reference"]
     print(" ".join(f"{c:>20}" for c in cols))
