@@ -15,7 +15,7 @@ for step in "$@"; do
     sharegpt)   timeout ${SG_TIMEOUT:-420} python3 benchmarks/throughput.py --workload sharegpt --num 1000 --hf-num ${HF_NUM:-100} --kv-fraction 0.5 --out $OUT/throughput_sharegpt.json 2>&1 | grep -v Warning | tail -20 ;;
     sampling)   timeout 180 python3 benchmarks/sampling.py ${SAMPLING_ARGS:-} --out $OUT/sampling.json 2>&1 | tail -20 ;;
     speculative) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/speculative.py ${SPEC_ARGS:-} --out $OUT/speculative.json 2>&1 | tail -35 ;;
-    structured) timeout 300 python3 benchmarks/structured.py --out $OUT/structured.json 2>&1 | tail -25 ;;
+    structured) timeout 300 python3 benchmarks/structured.py ${STRUCT_ARGS:-} --out $OUT/structured.json 2>&1 | tee $OUT/structured.log | tail -40 ;;
     profile)    timeout 200 python3 -m benchmarks.profile_step --batch ${BATCH:-256} 2>&1 | tail -70 ;;
     attention)  timeout 300 python3 benchmarks/attention.py --out $OUT/attention.json 2>&1 | tail -40 ;;
   esac

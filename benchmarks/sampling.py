@@ -5,7 +5,8 @@
 
 Every row of a batch has its own parameters (greedy, top-k, top-p, min-p, penalties, seeds,
 logprobs mixed). Times are medians over --iters after --warmup (CUDA events on the GPU).
-The naive peer is softmax + full sort + top-k/top-p masks + multinomial on the same logits.
+The naive peer is softmax + full sort + top-k/top-p masks + multinomial on the same logits;
+"staged" is the fast sampler's stages run one by one, materialised (no fused tail).
 SamplingMetadata.build (host side, once per step) is timed separately.
 """
 
@@ -21,6 +22,8 @@ from typing import Callable
 import torch
 
 from toolkit.samplers import ReferenceSampler, Sampler, SamplingMetadata
+from toolkit.samplers.logprobs import gather_logprobs
+from toolkit.samplers.stages import fusable_tail, kernel
 from toolkit.types import SamplingParams
 
 
@@ -70,16 +73,31 @@ def timer(fn: Callable[[], object], device: torch.device, warmup: int, iters: in
     return statistics.median(times)
 
 
+def staged(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """The unfused pipeline: every stage materialised, then the race (the pre-fusion path)."""
+    x = sampler.process(logits, meta)
+    return kernel("gumbel_sample", x, sampler.use_triton)(x, sampler.keys(meta), meta.greedy)
+
+
 def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata,
                     device: torch.device, iters: int) -> dict[str, float]:
-    """Median milliseconds of each piece of the fast sampler, timed one at a time."""
-    out: dict[str, float] = {}
-    x0 = logits.float().clone()
-    out["clone"] = timer(lambda: logits.to(torch.float32).clone(), device, 2, iters)
-    for stage in sampler.stages:
-        out[stage.name] = timer(lambda: stage(x0.clone(), meta), device, 2, iters) - out["clone"]
-        x0 = stage(x0, meta)
-    out["sample"] = timer(lambda: sampler(logits, meta), device, 2, iters) - sum(out.values())
+    """Median milliseconds of each piece of the fast sampler's call, timed one at a time."""
+    copy = timer(lambda: logits.to(torch.float32, copy=True), device, 2, iters)
+    out: dict[str, float] = {"copy": copy}
+    cut = fusable_tail(sampler.stages)
+    x0 = logits.to(torch.float32, copy=True)
+    for stage in sampler.stages[:cut]:
+        if getattr(stage, "active", lambda m: True)(meta):
+            out[stage.name] = timer(lambda: stage(x0.clone(), meta), device, 2, iters) - copy
+            x0 = stage(x0, meta)
+    keys = sampler.keys(meta)
+    tail = kernel("truncated_sample", x0, sampler.use_triton)
+    out["fused tail"] = timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
+                                           meta.top_p, keys), device, 2, iters)
+    if meta.max_num_logprobs is not None:
+        toks = torch.zeros(meta.num_rows, dtype=torch.int64, device=logits.device)
+        out["logprobs"] = timer(lambda: gather_logprobs(logits, toks, meta.max_num_logprobs,
+                                                        meta.logprob_rows), device, 2, iters)
     return {k: round(v, 4) for k, v in out.items()}
 
 
@@ -103,6 +121,7 @@ def run(batches: list[int], vocab: int, device: torch.device, warmup: int, iters
             "batch": n, "vocab": vocab, "device": str(device),
             "build_ms": timer(build, device, 1, max(1, iters // 4)),
             "fast_ms": timer(lambda: fast(logits, meta), device, warmup, iters),
+            "staged_ms": timer(lambda: staged(fast, logits, meta), device, warmup, iters),
             "naive_ms": timer(lambda: naive_sample(logits, t, k, p_), device, warmup, iters),
             "reference_ms": timer(lambda: ref(logits, meta), device, 0, reference_iters),
         }
@@ -130,7 +149,7 @@ def main() -> None:
     if a.small:
         a.batch, a.vocab, a.warmup, a.iters = [1, 4], 4096, 1, 3
     rows = run(a.batch, a.vocab, torch.device(a.device), a.warmup, a.iters, a.reference_iters, a.breakdown)
-    cols = ["batch", "vocab", "build_ms", "fast_ms", "naive_ms", "reference_ms",
+    cols = ["batch", "vocab", "build_ms", "fast_ms", "staged_ms", "naive_ms", "reference_ms",
             "speedup_vs_naive", "speedup_vs_reference"]
     print(" ".join(f"{c:>20}" for c in cols))
     for r in rows:

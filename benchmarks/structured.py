@@ -19,8 +19,10 @@ tokens/s in the same run, and the ratio (target >= 0.95 at batch 64).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import pathlib
+import pstats
 import random
 import sys
 import time
@@ -113,7 +115,7 @@ def mask_costs(compiler: GrammarCompiler, walks: int, steps: int, seed: int = 0)
     return out
 
 
-def throughput(tokenizer, batches: list[int], max_tokens: int) -> dict:
+def throughput(tokenizer, batches: list[int], max_tokens: int, profile: bool = False) -> dict:
     """Constrained vs unconstrained tokens/s through toolkit.LLM (the engine must accept
     SamplingParams(structured=...)). Random weights: EOS is ignored by both sides, so the
     grammar (not the model) decides when a constrained request may stop; the schema allows
@@ -132,11 +134,21 @@ def throughput(tokenizer, batches: list[int], max_tokens: int) -> dict:
                                     structured=structured)
             llm.generate([prompt] * b, params, use_tqdm=False)          # warm-up + compile
             torch.cuda.synchronize()
+            prof = cProfile.Profile() if profile and b == max(batches) else None
+            steps0 = llm.engine.num_steps
             t0 = time.perf_counter()
+            if prof is not None:
+                prof.enable()
             outs = llm.generate([prompt] * b, params, use_tqdm=False)
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
+            if prof is not None:
+                prof.disable()
+                print(f"--- batch {b} {label}: where the host time goes (cProfile, tottime)")
+                pstats.Stats(prof).sort_stats("tottime").print_stats(22)
             row[label] = sum(len(o.token_ids) for o in outs) / dt
+            row[f"{label}_ms_per_step"] = dt * 1e3 / max(1, llm.engine.num_steps - steps0)
+            row[f"{label}_mean_len"] = sum(len(o.token_ids) for o in outs) / b
         row["ratio"] = row["json"] / row["free"]
         res[str(b)] = row
     return res
@@ -149,6 +161,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--profile", action="store_true", help="cProfile the largest batch's runs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -170,10 +183,14 @@ def main() -> None:
     if not args.cpu_only:
         if not torch.cuda.is_available():
             sys.exit("the throughput part needs a CUDA device (use --cpu-only)")
-        result["throughput"] = throughput(tok, [int(b) for b in args.batches.split(",")], args.max_tokens)
-        print(f"{'batch':>6}{'free tok/s':>12}{'json tok/s':>12}{'ratio':>8}")
+        result["throughput"] = throughput(tok, [int(b) for b in args.batches.split(",")], args.max_tokens,
+                                          args.profile)
+        print(f"{'batch':>6}{'free tok/s':>12}{'json tok/s':>12}{'ratio':>8}{'ms/step free/json':>19}"
+              f"{'mean len free/json':>20}")
         for b, r in result["throughput"].items():
-            print(f"{b:>6}{r['free']:>12.0f}{r['json']:>12.0f}{r['ratio']:>8.3f}")
+            print(f"{b:>6}{r['free']:>12.0f}{r['json']:>12.0f}{r['ratio']:>8.3f}"
+                  f"{r['free_ms_per_step']:>10.2f}/{r['json_ms_per_step']:.2f}"
+                  f"{r['free_mean_len']:>12.1f}/{r['json_mean_len']:.1f}")
     compiler.close()
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 One program per row: token = argmax(logits + G) with G = -log(-log u), u from a counter-based
 hash of (row key, token id), so no [N, V] noise tensor is written and a seeded row draws the
-same token whatever the batch. Greedy rows take argmax(logits). Ties go to the lowest id.
+same token whatever the batch. G is exact in float64; float32 bounds skip it where a block
+cannot hold the winner (`_race_block`). Greedy rows take argmax(logits). Ties go to the lowest id.
 The twin is `reference_sampling.gumbel_sample`; both use the same hash bit for bit.
 """
 
@@ -23,26 +24,76 @@ def _fmix32(x):
 
 
 @triton.jit
+def _gumbel(cols, k1, k2):
+    """Gumbel(0, 1) noise float32 of token ids `cols` under the row key (k1, k2): the hash
+    of `reference_sampling.gumbel_noise`, bit for bit (u in float64 keeps its 32 bits)."""
+    h = _fmix32(cols.to(tl.uint32) * 0x9E3779B9 + k1)
+    h = _fmix32(h ^ k2)
+    u = (h.to(tl.float64) + 0.5) * (1.0 / 4294967296.0)          # (0, 1), exact in f64
+    return (-tl.log(-tl.log(u))).to(tl.float32)
+
+
+@triton.jit
+def _gumbel_fast(cols, k1, k2):
+    """The same noise in float32 arithmetic, within about 1e-5 of `_gumbel` (bound: 1e-3).
+
+    u = (h + 0.5) / 2**32. E = -log u keeps its relative precision near u = 1 by taking
+    log1p(-w), w = 1 - u = (~h + 0.5) / 2**32, through Kahan's log(a) * z / (a - 1) form.
+    """
+    h = _fmix32(_fmix32(cols.to(tl.uint32) * 0x9E3779B9 + k1) ^ k2)
+    u = (h.to(tl.float32) + 0.5) * 2.3283064365386963e-10
+    w = ((~h).to(tl.float32) + 0.5) * 2.3283064365386963e-10
+    a = 1.0 - w
+    log1p_neg_w = tl.where(a == 1.0, -w, tl.log(a) * (-w) / (a - 1.0))
+    e = tl.where(h >= 0x80000000, -log1p_neg_w, -tl.log(u))                # Exp(1), > 0
+    return -tl.log(e)
+
+
+@triton.jit
+def _race_block(y, cols, k1, k2, live, best, best_idx, bound):
+    """One block of the race argmax(y + G) (lowest id on ties) over the lanes in `live`.
+
+    The exact float64 noise is costly, so a block first scores with `_gumbel_fast`; only a
+    block whose fast score comes within a margin of the best exact score so far (`bound`)
+    can hold the winner, and only such blocks pay for the exact noise. Rows usually pass
+    a few blocks (each new record), so the race costs about one float32 pass.
+    """
+    fast = tl.where(live, y + _gumbel_fast(cols, k1, k2), float("-inf"))
+    top = tl.max(fast, axis=0)
+    if top >= bound - (1e-3 + 1e-6 * tl.abs(bound)):    # noise error + two float32 roundings
+        s = tl.where(live, y + _gumbel(cols, k1, k2), float("-inf"))
+        upd = s > best                                                  # strict: earlier id wins
+        best = tl.where(upd, s, best)
+        best_idx = tl.where(upd, cols, best_idx)
+        bound = tl.maximum(bound, tl.max(s, axis=0))
+    return best, best_idx, bound
+
+
+@triton.jit
+def _row_key(keys_ptr, row):
+    key = tl.load(keys_ptr + row)                                      # int64
+    return (key & 0xFFFFFFFF).to(tl.uint32), ((key >> 32) & 0xFFFFFFFF).to(tl.uint32)
+
+
+@triton.jit
 def _gumbel_sample_kernel(logits_ptr, keys_ptr, greedy_ptr, out_ptr, n_cols, stride,
                           BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    key = tl.load(keys_ptr + row)                                      # int64
-    k1 = (key & 0xFFFFFFFF).to(tl.uint32)
-    k2 = ((key >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    k1, k2 = _row_key(keys_ptr, row)
     noisy = tl.load(greedy_ptr + row) == 0
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_idx = tl.full([BLOCK], 2147483647, tl.int32)
+    bound = tl.full([], float("-inf"), tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(logits_ptr + row * stride + cols, mask=cols < n_cols, other=float("-inf"))
-        h = _fmix32(cols.to(tl.uint32) * 0x9E3779B9 + k1)
-        h = _fmix32(h ^ k2)
-        u = (h.to(tl.float64) + 0.5) * (1.0 / 4294967296.0)          # (0, 1), exact in f64
-        g = (-tl.log(-tl.log(u))).to(tl.float32)
-        score = tl.where(noisy, x + g, x)
-        upd = score > best                                             # strict: earlier id wins
-        best = tl.where(upd, score, best)
-        best_idx = tl.where(upd, cols, best_idx)
+        if noisy:
+            best, best_idx, bound = _race_block(x, cols, k1, k2, x > float("-inf"), best,
+                                                best_idx, bound)
+        else:
+            upd = x > best                                             # strict: earlier id wins
+            best = tl.where(upd, x, best)
+            best_idx = tl.where(upd, cols, best_idx)
     top = tl.max(best, axis=0)
     tok = tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
     tok = tl.where(tok >= n_cols, 0, tok)                              # a row of only -inf

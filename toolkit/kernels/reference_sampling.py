@@ -1,7 +1,7 @@
 """Pure-torch twins of the sampling kernels (same names and signatures as the Triton ops).
 
-`top_k_top_p_threshold` (kernels/top_k_top_p.py), `gumbel_sample` (kernels/gumbel_sample.py)
-and `apply_token_bitmask` (kernels/apply_bitmask.py). They are the oracle of the kernels'
+`top_k_top_p_threshold` (kernels/top_k_top_p.py), `gumbel_sample` (kernels/gumbel_sample.py),
+`truncated_sample` (kernels/truncated_sample.py) and `apply_token_bitmask` (kernels/apply_bitmask.py). They are the oracle of the kernels'
 tests and the CPU path of the sampler. The noise hash is written out here exactly as in
 the Triton kernel, so a seeded row draws the same token on either path.
 """
@@ -91,6 +91,26 @@ def top_k_top_p_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tenso
     t_p = torch.maximum(srt.gather(1, idx), t_k)
     off = (top_p.float() >= 1.0)[:, None]
     return torch.where(off, t_k, t_p).squeeze(1)
+
+
+def truncated_sample(logits: Tensor, temperature: Tensor, greedy: Tensor, min_p: Tensor | None,
+                     top_k: Tensor | None, top_p: Tensor | None, keys: Tensor) -> Tensor:
+    """The sampler's tail materialised: y = logits / T (greedy rows: T = 1), min-p cut
+    (y < max y + log min_p -> -inf), the top-k then top-p threshold, then `gumbel_sample`.
+
+    Same signature as the fused kernel `truncated_sample` (None: no row uses that cut).
+    """
+    n = logits.shape[0]
+    t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    y = logits.float() / t[:, None]                                      # [N, V]
+    if min_p is not None:
+        cut = y.amax(dim=-1) + torch.log(min_p.float())
+        y = y.masked_fill(y < cut[:, None], float("-inf"))
+    if top_k is not None or top_p is not None:
+        k = top_k if top_k is not None else torch.zeros(n, dtype=torch.int64, device=y.device)
+        p = top_p if top_p is not None else torch.ones(n, device=y.device)
+        y = y.masked_fill(y < top_k_top_p_threshold(y, k, p)[:, None], float("-inf"))
+    return gumbel_sample(y, keys, greedy)
 
 
 def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> None:

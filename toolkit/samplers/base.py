@@ -12,9 +12,11 @@ temperature: vLLM V1's default "raw_logprobs"). Column 0 is the sampled token, c
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -52,12 +54,16 @@ class SamplerOutput:
 
 
 def _pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> Tensor:
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), max(width, 1)), pad, dtype=torch.int64)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, :len(r)] = torch.as_tensor(list(r), dtype=torch.int64)
-    return out.to(device)
+    """int64 [N, max len] (at least one column), rows left-aligned, padded with `pad`."""
+    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    width = max(int(lens.max(initial=0)), 1)
+    out = np.full((len(rows), width), pad, dtype=np.int64)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lens.sum()))
+    # row i's tokens go to out[i, :lens[i]]: one scatter instead of a copy per row
+    row_of = np.repeat(np.arange(len(rows)), lens)
+    col_of = np.arange(flat.size) - np.repeat(np.cumsum(lens) - lens, lens)
+    out[row_of, col_of] = flat
+    return torch.from_numpy(out).to(device)
 
 
 def _coo(pairs: list[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor] | None:
@@ -123,6 +129,7 @@ class SamplingMetadata:
     seed_keys: Tensor                    # int64 [N], seed_key(seed, len(output)); 0 if unseeded
     any_seeded: bool
     max_num_logprobs: int | None         # k of the widest logprobs request; None = none asked
+    logprob_rows: Tensor | None          # int64 [R]: the rows that ask, when not all of them do
     # host views (the caller's lists, read-only, this step only), for the reference sampler and users' stages
     params: list[SamplingParams]
     prompt_token_ids: list[list[int]]
@@ -211,6 +218,10 @@ class SamplingMetadata:
         keys = [seed_key(p.seed, len(out)) if p.seed is not None else 0
                 for p, out in zip(params, output_token_ids)]
         asked = [p.logprobs for p in params if p.logprobs is not None]
+        logprob_rows = None
+        if asked and len(asked) < n:
+            logprob_rows = torch.tensor([i for i, p in enumerate(params) if p.logprobs is not None],
+                                        dtype=torch.int64).to(device)
         return cls(
             num_rows=n, vocab_size=vocab_size, device=device,
             temperature=temperature, greedy=greedy, all_greedy=len(sampled) == 0,
@@ -221,7 +232,7 @@ class SamplingMetadata:
             seeded=torch.tensor(seeded_l, dtype=torch.bool).to(device),
             seed_keys=torch.tensor(keys, dtype=torch.int64).to(device),
             any_seeded=any(seeded_l),
-            max_num_logprobs=max(asked) if asked else None,
+            max_num_logprobs=max(asked) if asked else None, logprob_rows=logprob_rows,
             # the caller's lists, not copies (copying 256 prompts costs milliseconds a step):
             # read-only for stages, and valid for this step only
             params=list(params), prompt_token_ids=list(prompt_token_ids),

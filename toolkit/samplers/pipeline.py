@@ -19,7 +19,7 @@ from torch import Tensor
 
 from toolkit.samplers.base import SamplerOutput, SamplingMetadata
 from toolkit.samplers.logprobs import gather_logprobs
-from toolkit.samplers.stages import Stage, default_stages, kernel
+from toolkit.samplers.stages import Stage, default_stages, fusable_tail, kernel
 
 
 class Sampler:
@@ -99,14 +99,38 @@ class Sampler:
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata,
                  generator: torch.Generator | None = None) -> SamplerOutput:
-        """logits float [N, V] -> SamplerOutput; logprobs (raw log_softmax) when a row asks."""
-        x = self.process(logits, meta)
+        """logits float [N, V] -> SamplerOutput; logprobs (raw log_softmax) when a row asks.
+
+        Runs the stages that are active for this batch (the raw logits are copied once, and
+        only if one is), then the fused tail `truncated_sample` when the pipeline ends with
+        temperature / min_p / top_k / top_p stages, else the stages and `gumbel_sample`.
+        """
+        if tuple(logits.shape) != (meta.num_rows, meta.vocab_size):
+            raise ValueError(f"logits must be [num_rows, vocab_size] = "
+                             f"[{meta.num_rows}, {meta.vocab_size}], got {list(logits.shape)}")
+        cut = fusable_tail(self.stages)
+        x = logits
+        for stage in self.stages[:cut]:
+            if not getattr(stage, "active", lambda m: True)(meta):
+                continue
+            if x is logits:
+                x = logits.to(torch.float32, copy=True)                      # stages work in place
+            x = stage(x, meta)
+        if x.dtype != torch.float32 or x.stride(-1) != 1:
+            x = x.to(torch.float32).contiguous()
         if meta.all_greedy:
             tokens = torch.argmax(x, dim=-1)                                 # first max = lowest id
+        elif cut < len(self.stages):
+            tail = {type(s).__name__: s for s in self.stages[cut:]}
+            tokens = kernel("truncated_sample", x, self.use_triton)(
+                x, meta.temperature if "Temperature" in tail else torch.ones_like(meta.temperature),
+                meta.greedy, meta.min_p if "MinP" in tail else None,
+                meta.top_k if "TopK" in tail else None, meta.top_p if "TopP" in tail else None,
+                self.keys(meta, generator))
         else:
             sample = kernel("gumbel_sample", x, self.use_triton)
-            tokens = sample(x.contiguous(), self.keys(meta, generator), meta.greedy)
+            tokens = sample(x, self.keys(meta, generator), meta.greedy)
         if meta.max_num_logprobs is None:
             return SamplerOutput(tokens)
-        values, ids, ranks = gather_logprobs(logits, tokens, meta.max_num_logprobs)  # raw logits
+        values, ids, ranks = gather_logprobs(logits, tokens, meta.max_num_logprobs, meta.logprob_rows)
         return SamplerOutput(tokens, values, ids, ranks)

@@ -1,8 +1,12 @@
 """The fast sampler's stages: batched logits transforms, one small class each.
 
 A stage is any object with a `name` and `__call__(logits float32 [N, V], meta) -> [N, V]`;
-it may work in place and returns the result. It branches only on host metadata (a field
-is None when no row uses the stage), never on tensor values, so no stage syncs the host.
+it may work in place and returns the result. It may also say, by `active(meta) -> bool`,
+that it leaves this batch as it is (the sampler then skips it; a stage without `active` is
+always run). The tail temperature -> min_p -> top_k -> top_p is fused with the race into one
+kernel by the sampler (`truncated_sample`) when the pipeline ends with these stages.
+A stage branches only on host metadata (a field is None when no row uses the stage), never on
+tensor values, so no stage syncs the host.
 Rows that do not use a stage carry its neutral value (top_k 0, top_p 1, penalty 1 / 0, ...).
 """
 
@@ -21,6 +25,7 @@ _KERNEL_MODULE = {
     "top_k_top_p_threshold": "toolkit.kernels.top_k_top_p",
     "gumbel_sample": "toolkit.kernels.gumbel_sample",
     "apply_token_bitmask": "toolkit.kernels.apply_bitmask",
+    "truncated_sample": "toolkit.kernels.truncated_sample",
 }
 
 
@@ -39,8 +44,13 @@ class Stage(Protocol):
 
 
 class _KernelStage:
+    field: str = ""          # the metadata field that is None when no row uses the stage
+
     def __init__(self, use_triton: bool | None = None) -> None:
         self.use_triton = use_triton
+
+    def active(self, meta: SamplingMetadata) -> bool:
+        return getattr(meta, self.field) is not None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -51,25 +61,33 @@ class Penalties(_KernelStage):
     then frequency (x count in the output) and presence (once if in the output)."""
 
     name = "penalties"
+    field = "repetition_penalty"
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        """Sparse: only the row's prompt and output tokens change, so only they are touched."""
         if meta.repetition_penalty is None:
             return logits
-        n, v = logits.shape
-        counts = torch.zeros(n, v + 1, device=logits.device, dtype=torch.float32)
-        counts.scatter_add_(1, meta.output_tokens, torch.ones_like(meta.output_tokens, dtype=torch.float32))
-        counts = counts[:, :v]                                             # [N, V], pad column dropped
-        seen = torch.zeros(n, v + 1, device=logits.device, dtype=torch.bool)
-        seen.scatter_(1, meta.prompt_tokens, True)
-        seen = seen[:, :v] | (counts > 0)                                  # [N, V]
+        v = logits.shape[1]
+        out_t = meta.output_tokens                                         # [N, Lo], pad = V
+        toks = torch.cat([meta.prompt_tokens, out_t], dim=1)               # [N, L], pad = V
+        first = toks.amin(dim=1, keepdim=True)                             # a real token, if any
+        seen = first < v                                                   # [N, 1]
+        # pads repeat one of the row's tokens, so a duplicate index writes the same value
+        toks = torch.where(seen, torch.where(toks < v, toks, first), torch.zeros_like(toks))
+        srt = out_t.sort(dim=1).values
+        counts = (torch.searchsorted(srt, toks, right=True)
+                  - torch.searchsorted(srt, toks)).float()                 # [N, L] in the output
+        x = logits.gather(1, toks)
         rep = meta.repetition_penalty[:, None]
-        logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
-        logits = logits - meta.frequency_penalty[:, None] * counts
-        return logits - meta.presence_penalty[:, None] * (counts > 0).float()
+        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+        x = x - meta.frequency_penalty[:, None] * counts
+        x = x - meta.presence_penalty[:, None] * (counts > 0).float()
+        return logits.scatter_(1, toks, x)
 
 
 class LogitBias(_KernelStage):
     name = "logit_bias"
+    field = "bias"
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
         if meta.bias is None:
@@ -80,6 +98,7 @@ class LogitBias(_KernelStage):
 
 class AllowedTokens(_KernelStage):
     name = "allowed_token_ids"
+    field = "allowed_bitmask"
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
         if meta.allowed_bitmask is not None:
@@ -115,6 +134,7 @@ class GrammarBitmask(_KernelStage):
     """The grammar's packed bitmask (meta.bitmask): -inf where the bit is 0."""
 
     name = "bitmask"
+    field = "bitmask"
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
         if meta.bitmask is not None:
@@ -127,6 +147,9 @@ class Temperature(_KernelStage):
 
     name = "temperature"
 
+    def active(self, meta: SamplingMetadata) -> bool:
+        return not meta.all_greedy
+
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
         if meta.all_greedy:
             return logits
@@ -138,6 +161,7 @@ class MinP(_KernelStage):
     """Drop tokens with p < min_p * p_max, i.e. logit < max logit + log(min_p)."""
 
     name = "min_p"
+    field = "min_p"
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
         if meta.min_p is None:
@@ -156,6 +180,7 @@ class TopK(_ThresholdStage):
     """Keep the k largest logits; ties at the k-th value are all kept."""
 
     name = "top_k"
+    field = "top_k"
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
         if meta.top_k is None:
@@ -167,12 +192,27 @@ class TopP(_ThresholdStage):
     """Keep the smallest set of most likely tokens with mass >= top_p; ties at the cut kept."""
 
     name = "top_p"
+    field = "top_p"
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
         if meta.top_p is None:
             return logits
         zeros = torch.zeros(meta.num_rows, dtype=torch.int64, device=logits.device)
         return self._cut(logits, zeros, meta.top_p)
+
+
+# the stages the sampler may fuse with the race, in the only order it fuses them
+FUSED_TAIL = (Temperature, MinP, TopK, TopP)
+
+
+def fusable_tail(stages: list[Stage]) -> int:
+    """Index where the pipeline's fusable tail starts (len(stages): none). The tail is a
+    suffix of stages of exactly the FUSED_TAIL classes, in FUSED_TAIL's order."""
+    i, rank = len(stages), len(FUSED_TAIL)
+    while i > 0 and type(stages[i - 1]) in FUSED_TAIL and FUSED_TAIL.index(type(stages[i - 1])) < rank:
+        rank = FUSED_TAIL.index(type(stages[i - 1]))
+        i -= 1
+    return i
 
 
 def default_stages(use_triton: bool | None = None) -> list[Stage]:
