@@ -23,6 +23,7 @@ import torch
 
 from toolkit.samplers import ReferenceSampler, Sampler, SamplingMetadata
 from toolkit.samplers.logprobs import gather_logprobs
+from toolkit.samplers.pipeline import kth_largest
 from toolkit.samplers.stages import fusable_tail, kernel
 from toolkit.types import SamplingParams
 
@@ -91,9 +92,14 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
             out[stage.name] = timer(lambda: stage(x0.clone(), meta), device, 2, iters) - copy
             x0 = stage(x0, meta)
     keys = sampler.keys(meta)
+    kth = None
+    if meta.top_k_top_p_rows is not None:
+        kth = kth_largest(x0, meta.top_k, meta.top_k_top_p_rows, meta.max_top_k)
+        out["kth (topk)"] = timer(lambda: kth_largest(x0, meta.top_k, meta.top_k_top_p_rows,
+                                                      meta.max_top_k), device, 2, iters)
     tail = kernel("truncated_sample", x0, sampler.use_triton)
     out["fused tail"] = timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
-                                           meta.top_p, keys), device, 2, iters)
+                                           meta.top_p, keys, kth), device, 2, iters)
     if meta.max_num_logprobs is not None:
         toks = torch.zeros(meta.num_rows, dtype=torch.int64, device=logits.device)
         out["logprobs"] = timer(lambda: gather_logprobs(logits, toks, meta.max_num_logprobs,

@@ -44,8 +44,10 @@ def timed_generate(llm, prompts: list[list[int]], output_len: int) -> tuple[floa
     from toolkit import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-                 use_tqdm=False)                                               # warm up
+    # warm up on the same prompts: with drafts, every step's token count depends on how many
+    # were accepted, and each new count can compile kernel variants (seconds each) the first time
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max(4, output_len // 4),
+                                         ignore_eos=True), use_tqdm=False)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp, use_tqdm=False)

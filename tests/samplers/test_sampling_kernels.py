@@ -11,9 +11,11 @@ import triton.language as tl
 from toolkit.kernels import reference_sampling as twin
 from toolkit.kernels.apply_bitmask import apply_token_bitmask
 from toolkit.kernels.gumbel_sample import _gumbel_fast, _row_key, gumbel_sample
+from toolkit.kernels.penalties import apply_penalties
 from toolkit.kernels.top_k_top_p import top_k_top_p_threshold
 from toolkit.kernels.truncated_sample import truncated_sample
 from toolkit.samplers import Sampler, SamplingMetadata
+from toolkit.samplers.pipeline import kth_largest
 from toolkit.samplers.bitmask import pack_token_bitmask, unpack_token_bitmask
 from toolkit.types import SamplingParams
 
@@ -149,6 +151,11 @@ def test_truncated_sample_kernel_matches_twin(v: int, seed: int) -> None:
         got = truncated_sample(x, t, greedy, mp, k, p, keys)
         want = twin.truncated_sample(x, t, greedy, mp, k, p, keys)
         assert torch.equal(got, want), (mp is None, k is None, p is None, got, want)
+        if k is not None and p is not None:                  # the cut given, as the sampler does
+            rows = torch.nonzero((k > 0) & (k < v) & (p < 1)).flatten()
+            if rows.numel():
+                kth = kth_largest(x, k, rows, int(k[rows].max()))
+                assert torch.equal(truncated_sample(x, t, greedy, mp, k, p, keys, kth), want)
 
 
 def test_truncated_sample_rejects_until_inside_the_cut() -> None:
@@ -190,3 +197,28 @@ def test_fast_noise_is_within_the_race_margin(device: str) -> None:
     assert torch.isfinite(fast).all()
     err = (fast - exact).abs().max().item()
     assert err < 1e-4, err
+
+
+@pytest.mark.parametrize("v", [3, 100, 1000])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_penalties_kernel_matches_twin(v: int, seed: int) -> None:
+    """Duplicates inside and across the prompt and output lists, pads, rows that penalise
+    nothing, negative and -inf logits: the same values, written once per token."""
+    n = 7
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, v, generator=g) * 4
+    x[0, :: 3] = float("-inf")
+    lp, lo = 70, 90                                          # > one BL / BO block each
+    prompt = torch.randint(0, min(v, 12), (n, lp), generator=g)       # many repeats
+    output = torch.randint(0, v, (n, lo), generator=g)
+    output[:, lo // 2:] = prompt[:, : lo - lo // 2]                   # shared tokens
+    prompt[1, 40:] = v                                                # pads
+    output[2, 10:] = v
+    output[3] = v                                                     # no output yet
+    rep = torch.tensor([2.0, 0.5, 1.0, 1.5, 1.0, 1.0, 1.25])
+    freq = torch.tensor([0.25, 0.0, -0.5, 0.0, 0.0, 1.0, 0.5])
+    pres = torch.tensor([0.5, 0.0, 0.0, 1.0, 0.0, 0.0, -1.0])         # row 4: off
+    got = apply_penalties(x.clone(), prompt, output, rep, freq, pres)
+    want = twin.apply_penalties(x.clone(), prompt, output, rep, freq, pres)
+    assert torch.equal(got, want)
+    assert torch.equal(got[4], x[4])

@@ -1,7 +1,8 @@
 """Pure-torch twins of the sampling kernels (same names and signatures as the Triton ops).
 
 `top_k_top_p_threshold` (kernels/top_k_top_p.py), `gumbel_sample` (kernels/gumbel_sample.py),
-`truncated_sample` (kernels/truncated_sample.py) and `apply_token_bitmask` (kernels/apply_bitmask.py). They are the oracle of the kernels'
+`truncated_sample` (kernels/truncated_sample.py), `apply_penalties` (kernels/penalties.py) and
+`apply_token_bitmask` (kernels/apply_bitmask.py). They are the oracle of the kernels'
 tests and the CPU path of the sampler. The noise hash is written out here exactly as in
 the Triton kernel, so a seeded row draws the same token on either path.
 """
@@ -94,11 +95,13 @@ def top_k_top_p_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tenso
 
 
 def truncated_sample(logits: Tensor, temperature: Tensor, greedy: Tensor, min_p: Tensor | None,
-                     top_k: Tensor | None, top_p: Tensor | None, keys: Tensor) -> Tensor:
+                     top_k: Tensor | None, top_p: Tensor | None, keys: Tensor,
+                     kth_largest: Tensor | None = None) -> Tensor:
     """The sampler's tail materialised: y = logits / T (greedy rows: T = 1), min-p cut
     (y < max y + log min_p -> -inf), the top-k then top-p threshold, then `gumbel_sample`.
 
-    Same signature as the fused kernel `truncated_sample` (None: no row uses that cut).
+    Same signature as the fused kernel `truncated_sample` (None: no row uses that cut;
+    kth_largest is a hint for the kernel: the twin finds the cut itself).
     """
     n = logits.shape[0]
     t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
@@ -111,6 +114,29 @@ def truncated_sample(logits: Tensor, temperature: Tensor, greedy: Tensor, min_p:
         p = top_p if top_p is not None else torch.ones(n, device=y.device)
         y = y.masked_fill(y < top_k_top_p_threshold(y, k, p)[:, None], float("-inf"))
     return gumbel_sample(y, keys, greedy)
+
+
+def apply_penalties(logits: Tensor, prompt_tokens: Tensor, output_tokens: Tensor,
+                    repetition: Tensor, frequency: Tensor, presence: Tensor) -> Tensor:
+    """In place on logits float32 [N, V] (returned): repetition (prompt + output tokens; divide
+    positive logits, multiply negative ones), then frequency (x count in the output) and
+    presence (once if in the output). Token lists int64 padded with V. Sparse: only listed
+    tokens are read and written (a sort and two searchsorted count them in the output)."""
+    v = logits.shape[1]
+    toks = torch.cat([prompt_tokens, output_tokens], dim=1)              # [N, L], pad = V
+    first = toks.amin(dim=1, keepdim=True)                               # a real token, if any
+    seen = first < v                                                     # [N, 1]
+    # pads repeat one of the row's tokens, so a duplicate index writes the same value
+    toks = torch.where(seen, torch.where(toks < v, toks, first), torch.zeros_like(toks))
+    srt = output_tokens.sort(dim=1).values
+    counts = (torch.searchsorted(srt, toks, right=True)
+              - torch.searchsorted(srt, toks)).float()                   # [N, L] in the output
+    x = logits.gather(1, toks)
+    rep = repetition.float()[:, None]
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - frequency.float()[:, None] * counts
+    x = x - presence.float()[:, None] * (counts > 0).float()
+    return logits.scatter_(1, toks, x)
 
 
 def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> None:

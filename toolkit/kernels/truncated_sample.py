@@ -15,7 +15,8 @@ pass, and the pivot only rises. With real models' peaked distributions s is near
 K, so a row costs 1 pass (greedy, or temperature alone) or 2 (with a cut).
 
 A row with both top-k and top-p needs mass(top-k set) for the top-p target: its k-th largest
-value comes first from the threshold kernel's probe search (about 8 extra passes).
+value is given by the caller (the sampler runs torch.topk over those rows only), or else
+found by the threshold kernel's probe search (about 8 extra passes on one SM).
 The twin is `reference_sampling.truncated_sample` (the stages materialised, then the race).
 """
 
@@ -40,8 +41,8 @@ def _argmax_lowest(best, best_idx):
 
 @triton.jit
 def _truncated_sample_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr,
-                             top_k_ptr, top_p_ptr, keys_ptr, out_ptr,
-                             BLOCK: tl.constexpr, NUM_PROBES: tl.constexpr):
+                             top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, out_ptr,
+                             HAS_KTH: tl.constexpr, BLOCK: tl.constexpr, NUM_PROBES: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = x_ptr + row * stride
     greedy = tl.load(greedy_ptr + row) != 0
@@ -73,10 +74,13 @@ def _truncated_sample_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_mi
         lo = my + tl.load(log_min_p_ptr + row)                             # min-p cut on y
         my = tl.where(m == float("-inf"), 0.0, my)                         # exp(y - my) stays finite
         if k_on & p_on:          # the top-p target needs the top-k set's mass: find its cut
-            t_key = _search(row_ptr, n_cols, tl.full([], _KEY_NEG_INF, tl.int64), _key(m).to(tl.int64), m,
-                            k.to(tl.float32), False, BLOCK, NUM_PROBES)
-            t_key = t_key.to(tl.int32)
-            t_x = tl.where(t_key >= 0, t_key, t_key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+            if HAS_KTH:
+                t_x = tl.load(kth_ptr + row)                               # given by the caller
+            else:
+                t_key = _search(row_ptr, n_cols, tl.full([], _KEY_NEG_INF, tl.int64),
+                                _key(m).to(tl.int64), m, k.to(tl.float32), False, BLOCK, NUM_PROBES)
+                t_key = t_key.to(tl.int32)
+                t_x = tl.where(t_key >= 0, t_key, t_key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
             lo = tl.maximum(lo, tl.div_rn(t_x, temp))
             k_on = k < 0                                                   # folded into lo
         _, tok = _argmax_lowest(best_s, best_si)
@@ -120,13 +124,16 @@ def _truncated_sample_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_mi
 def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
                      min_p: torch.Tensor | None, top_k: torch.Tensor | None,
                      top_p: torch.Tensor | None, keys: torch.Tensor,
+                     kth_largest: torch.Tensor | None = None,
                      *, block: int = 2048, num_probes: int = 16) -> torch.Tensor:
     """The token of each row: temperature, min-p, top-k, top-p, then the exponential race.
 
     logits float32 [N, V] (rows contiguous); temperature float32 [N] (read only where not
     greedy); greedy bool [N] (argmax, lowest id on ties); min_p float32 [N] (0 = off) / top_k
     int [N] (<= 0 or >= V = off) / top_p float32 [N] (1 = off), or None when no row uses it;
-    keys int64 [N] -> int64 [N]. Equals the stages Temperature, MinP, TopK, TopP and
+    keys int64 [N]; kth_largest float32 [N] (optional): the k-th largest logit of each row
+    with both top-k and top-p on (others: anything), when the caller has it (torch.topk over
+    those rows beats the kernel's one-SM probe search) -> int64 [N]. Equals the stages Temperature, MinP, TopK, TopP and
     `gumbel_sample` run one after another (see the twin).
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
@@ -143,6 +150,7 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     _truncated_sample_kernel[(n,)](
         logits, logits.stride(0), v, temperature.float().contiguous(),
         greedy.to(torch.int8).contiguous(), log_min_p.contiguous(), top_k.contiguous(),
-        top_p.contiguous(), keys.contiguous(), out,
+        top_p.contiguous(), kth_largest.float().contiguous() if kth_largest is not None else top_p,
+        keys.contiguous(), out, HAS_KTH=kth_largest is not None,
         BLOCK=min(block, triton.next_power_of_2(v)), NUM_PROBES=num_probes, num_warps=8)
     return out

@@ -26,6 +26,7 @@ _KERNEL_MODULE = {
     "gumbel_sample": "toolkit.kernels.gumbel_sample",
     "apply_token_bitmask": "toolkit.kernels.apply_bitmask",
     "truncated_sample": "toolkit.kernels.truncated_sample",
+    "apply_penalties": "toolkit.kernels.penalties",
 }
 
 
@@ -64,25 +65,11 @@ class Penalties(_KernelStage):
     field = "repetition_penalty"
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
-        """Sparse: only the row's prompt and output tokens change, so only they are touched."""
         if meta.repetition_penalty is None:
             return logits
-        v = logits.shape[1]
-        out_t = meta.output_tokens                                         # [N, Lo], pad = V
-        toks = torch.cat([meta.prompt_tokens, out_t], dim=1)               # [N, L], pad = V
-        first = toks.amin(dim=1, keepdim=True)                             # a real token, if any
-        seen = first < v                                                   # [N, 1]
-        # pads repeat one of the row's tokens, so a duplicate index writes the same value
-        toks = torch.where(seen, torch.where(toks < v, toks, first), torch.zeros_like(toks))
-        srt = out_t.sort(dim=1).values
-        counts = (torch.searchsorted(srt, toks, right=True)
-                  - torch.searchsorted(srt, toks)).float()                 # [N, L] in the output
-        x = logits.gather(1, toks)
-        rep = meta.repetition_penalty[:, None]
-        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
-        x = x - meta.frequency_penalty[:, None] * counts
-        x = x - meta.presence_penalty[:, None] * (counts > 0).float()
-        return logits.scatter_(1, toks, x)
+        return kernel("apply_penalties", logits, self.use_triton)(
+            logits, meta.prompt_tokens, meta.output_tokens, meta.repetition_penalty,
+            meta.frequency_penalty, meta.presence_penalty)
 
 
 class LogitBias(_KernelStage):
