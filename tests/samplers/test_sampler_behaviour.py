@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from sampler_cases import logits_rows, robust, sampling_cases
 
+from toolkit.kernels import reference_sampling
 from toolkit.samplers import ReferenceSampler, Sampler, SamplingMetadata
 from toolkit.samplers.reference import argmax_lowest
 from toolkit.types import SamplingParams
@@ -168,3 +169,27 @@ def test_custom_stage_insert_reorder_replace_remove() -> None:
         s.insert_after("top_p", lambda x, m: x)
     reordered = Sampler(stages=[st_ for st_ in Sampler().stages if st_.name != "temperature"])
     assert "temperature" not in reordered.names
+
+
+def test_fused_tail_only_where_the_order_allows_and_same_tokens() -> None:
+    from toolkit.samplers.stages import Temperature, fusable_tail
+
+    s = Sampler()
+    assert s.names[fusable_tail(s.stages):] == ["temperature", "min_p", "top_k", "top_p"]
+    s.insert_after("top_p", ForbidToken(0))                  # a user stage last: nothing fuses
+    assert fusable_tail(s.stages) == len(s.stages)
+    s = Sampler().remove("min_p")
+    assert s.names[fusable_tail(s.stages):] == ["temperature", "top_k", "top_p"]
+    s = Sampler().remove("temperature")
+    s.insert_after("top_p", Temperature())                   # out of order: only the last fuses
+    assert s.names[fusable_tail(s.stages):] == ["temperature"]
+    # whatever fuses, the tokens are those of the stages run one by one (all rows seeded)
+    v, n = 300, 12
+    x = torch.randn(n, v, generator=torch.Generator().manual_seed(3)) * 3
+    params = [SamplingParams(temperature=0.5 + i % 3, top_k=(0, 5, 40)[i % 3], top_p=(1.0, 0.7)[i % 2],
+                             min_p=(0.0, 0.1)[i % 2], seed=i) for i in range(n)]
+    meta = SamplingMetadata.build(params, [[1]] * n, [[2]] * n, v, "cpu")
+    for sampler in (Sampler(), s):
+        staged = sampler.process(x, meta)
+        want = reference_sampling.gumbel_sample(staged, sampler.keys(meta), meta.greedy)
+        assert torch.equal(sampler(x, meta).token_ids, want)
