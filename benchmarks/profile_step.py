@@ -9,6 +9,7 @@ unsynchronised steps and prints the top functions. GPU only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import cProfile
 import pstats
 import random
@@ -22,6 +23,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--mixed", action="store_true",
+                    help="mixed sampling parameters per request (benchmarks/sampling.py's mix), not greedy")
     args = ap.parse_args()
     from toolkit.models.shapes import qwen3_0_6b
     from toolkit import LLM, SamplingParams
@@ -31,9 +34,13 @@ def main() -> None:
               gpu_memory_utilization=0.5, enable_prefix_caching=False, max_model_len=4096)
     eng = llm.engine
     rng = random.Random(0)
-    for _ in range(args.batch):
-        eng.add_request([rng.randrange(cfg.vocab_size) for _ in range(args.prompt)],
-                        SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True))
+    if args.mixed:
+        from benchmarks.sampling import mixed_params
+        params = [dataclasses.replace(p, max_tokens=1000, ignore_eos=True) for p in mixed_params(args.batch)]
+    else:
+        params = [SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)] * args.batch
+    for p in params:
+        eng.add_request([rng.randrange(cfg.vocab_size) for _ in range(args.prompt)], p)
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()):
         eng.step()
     for _ in range(3):

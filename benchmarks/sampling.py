@@ -100,6 +100,11 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
     tail = kernel("truncated_sample", x0, sampler.use_triton)
     out["fused tail"] = timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
                                            meta.top_p, keys, kth), device, 2, iters)
+    if device.type == "cuda":                   # the kernel's block / warps, swept
+        for block, warps in [(2048, 8), (4096, 8), (4096, 16), (4096, 32), (8192, 32)]:
+            out[f"tail b{block} w{warps}"] = timer(
+                lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k, meta.top_p,
+                             keys, kth, block=block, num_warps=warps), device, 2, iters)
     if meta.max_num_logprobs is not None:
         toks = torch.zeros(meta.num_rows, dtype=torch.int64, device=logits.device)
         out["logprobs"] = timer(lambda: gather_logprobs(logits, toks, meta.max_num_logprobs,

@@ -20,6 +20,7 @@ import torch
 
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
+from toolkit.transfer import to_device
 from toolkit.types import Request, SchedulerOutput
 
 
@@ -196,7 +197,6 @@ class Runner:
             self._mask_host = allocate_token_bitmask(max(rows, 64), self.model.vocab_size,
                                                      pin_memory=self.device.type == "cuda")
         mask = self._mask_host[:rows]
-        mask.fill_(-1)
         fill_batch_bitmask(mask, per_req, batch.drafts)
         return mask.to(self.device, non_blocking=True) if self.device.type == "cuda" else mask.clone()
 
@@ -212,7 +212,4 @@ def _logprob_dicts(reqs: list[Request], values: list[list[float]], ids: list[lis
 
 
 def _to(x: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(x)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t
+    return to_device(torch.from_numpy(x), device)

@@ -125,7 +125,7 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
                      min_p: torch.Tensor | None, top_k: torch.Tensor | None,
                      top_p: torch.Tensor | None, keys: torch.Tensor,
                      kth_largest: torch.Tensor | None = None,
-                     *, block: int = 2048, num_probes: int = 16) -> torch.Tensor:
+                     *, block: int = 4096, num_warps: int = 16, num_probes: int = 16) -> torch.Tensor:
     """The token of each row: temperature, min-p, top-k, top-p, then the exponential race.
 
     logits float32 [N, V] (rows contiguous); temperature float32 [N] (read only where not
@@ -133,7 +133,9 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     int [N] (<= 0 or >= V = off) / top_p float32 [N] (1 = off), or None when no row uses it;
     keys int64 [N]; kth_largest float32 [N] (optional): the k-th largest logit of each row
     with both top-k and top-p on (others: anything), when the caller has it (torch.topk over
-    those rows beats the kernel's one-SM probe search) -> int64 [N]. Equals the stages Temperature, MinP, TopK, TopP and
+    those rows beats the kernel's one-SM probe search) -> int64 [N]. One program of num_warps
+    warps per row, so a row's latency is the kernel's: many warps keep an SM's memory
+    pipeline full (benchmarks/sampling.py --breakdown sweeps block and warps). Equals the stages Temperature, MinP, TopK, TopP and
     `gumbel_sample` run one after another (see the twin).
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
@@ -152,5 +154,5 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
         greedy.to(torch.int8).contiguous(), log_min_p.contiguous(), top_k.contiguous(),
         top_p.contiguous(), kth_largest.float().contiguous() if kth_largest is not None else top_p,
         keys.contiguous(), out, HAS_KTH=kth_largest is not None,
-        BLOCK=min(block, triton.next_power_of_2(v)), NUM_PROBES=num_probes, num_warps=8)
+        BLOCK=min(block, triton.next_power_of_2(v)), NUM_PROBES=num_probes, num_warps=num_warps)
     return out

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from toolkit.samplers.bitmask import pack_token_bitmask
+from toolkit.transfer import to_device
 from toolkit.types import SamplingParams
 
 _M64 = (1 << 64) - 1
@@ -63,13 +64,13 @@ def _pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> Tenso
     row_of = np.repeat(np.arange(len(rows)), lens)
     col_of = np.arange(flat.size) - np.repeat(np.cumsum(lens) - lens, lens)
     out[row_of, col_of] = flat
-    return torch.from_numpy(out).to(device)
+    return to_device(torch.from_numpy(out), device)
 
 
 def _coo(pairs: list[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor] | None:
     if not pairs:
         return None
-    t = torch.tensor(pairs, dtype=torch.int64).to(device)              # [B, 2]
+    t = to_device(torch.tensor(pairs, dtype=torch.int64), device)      # [B, 2]
     return t[:, 0].contiguous(), t[:, 1].contiguous()
 
 
@@ -161,7 +162,7 @@ class SamplingMetadata:
             if bitmask.dtype != torch.int32 or tuple(bitmask.shape) != want:
                 raise ValueError(f"bitmask must be int32 of shape {want} (bit set = allowed), "
                                  f"got {bitmask.dtype} {tuple(bitmask.shape)}")
-            bitmask = bitmask.to(device)
+            bitmask = to_device(bitmask, device)     # pinned by the engine: no host wait
         checked: set[int] = set()      # rows usually share a few params objects: check each once
         for i, p in enumerate(params):
             if not isinstance(p, SamplingParams):
@@ -178,19 +179,19 @@ class SamplingMetadata:
             _check_ids(p.stop_token_ids or [], vocab_size, i, "stop_token_ids")
 
         def f32(vals: list[float]) -> Tensor:
-            return torch.tensor(vals, dtype=torch.float32).to(device)
+            return to_device(torch.tensor(vals, dtype=torch.float32), device)
 
         temperature = f32([p.temperature for p in params])
-        greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool).to(device)
+        greedy = to_device(torch.tensor([p.greedy for p in params], dtype=torch.bool), device)
         sampled = [p for p in params if not p.greedy]   # top-k/p, min_p only matter when sampling
-        top_k = (torch.tensor([p.top_k if p.top_k < vocab_size else 0 for p in params],
-                              dtype=torch.int64).to(device)
+        top_k = (to_device(torch.tensor([p.top_k if p.top_k < vocab_size else 0 for p in params],
+                                        dtype=torch.int64), device)
                  if any(0 < p.top_k < vocab_size for p in sampled) else None)
         top_p = f32([p.top_p for p in params]) if any(p.top_p < 1.0 for p in sampled) else None
         min_p = f32([p.min_p for p in params]) if any(p.min_p > 0.0 for p in sampled) else None
         both = [i for i, p in enumerate(params)
                 if not p.greedy and 0 < p.top_k < vocab_size and p.top_p < 1.0]
-        both_rows = torch.tensor(both, dtype=torch.int64).to(device) if both else None
+        both_rows = to_device(torch.tensor(both, dtype=torch.int64), device) if both else None
 
         penalised = any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
                         or p.frequency_penalty != 0.0 for p in params)
@@ -212,7 +213,7 @@ class SamplingMetadata:
 
         allowed = None
         if any(p.allowed_token_ids is not None for p in params):
-            allowed = pack_token_bitmask([p.allowed_token_ids for p in params], vocab_size).to(device)
+            allowed = to_device(pack_token_bitmask([p.allowed_token_ids for p in params], vocab_size), device)
 
         bad = _coo([(i, t) for i, (p, out) in enumerate(zip(params, output_token_ids))
                     if p.bad_words for t in banned_bad_words(p.bad_words, out)], device)
@@ -225,8 +226,8 @@ class SamplingMetadata:
         asked = [p.logprobs for p in params if p.logprobs is not None]
         logprob_rows = None
         if asked and len(asked) < n:
-            logprob_rows = torch.tensor([i for i, p in enumerate(params) if p.logprobs is not None],
-                                        dtype=torch.int64).to(device)
+            logprob_rows = to_device(torch.tensor([i for i, p in enumerate(params)
+                                                   if p.logprobs is not None], dtype=torch.int64), device)
         return cls(
             num_rows=n, vocab_size=vocab_size, device=device,
             temperature=temperature, greedy=greedy, all_greedy=len(sampled) == 0,
@@ -235,8 +236,8 @@ class SamplingMetadata:
             repetition_penalty=rep, presence_penalty=pres, frequency_penalty=freq,
             prompt_tokens=prompt_t, output_tokens=output_t,
             bias=bias, allowed_bitmask=allowed, bad_words=bad, min_tokens=min_tok, bitmask=bitmask,
-            seeded=torch.tensor(seeded_l, dtype=torch.bool).to(device),
-            seed_keys=torch.tensor(keys, dtype=torch.int64).to(device),
+            seeded=to_device(torch.tensor(seeded_l, dtype=torch.bool), device),
+            seed_keys=to_device(torch.tensor(keys, dtype=torch.int64), device),
             any_seeded=any(seeded_l),
             max_num_logprobs=max(asked) if asked else None, logprob_rows=logprob_rows,
             # the caller's lists, not copies (copying 256 prompts costs milliseconds a step):

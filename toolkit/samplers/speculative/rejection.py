@@ -21,6 +21,7 @@ from torch import Tensor
 
 from toolkit.kernels import reference_spec
 from toolkit.samplers.base import SamplingMetadata
+from toolkit.transfer import to_device
 
 
 @dataclass
@@ -68,9 +69,9 @@ class SpecDecodeMetadata:
             probs = torch.cat(rows).contiguous()
         k_t = torch.tensor(ks, dtype=torch.int32)
         return cls(
-            num_draft_tokens=ks, num_draft_tokens_t=k_t.to(device),
-            draft_token_ids=torch.tensor(flat, dtype=torch.int64).to(device),
-            draft_probs=probs, row_starts=reference_spec.spec_row_starts(k_t).to(device),
+            num_draft_tokens=ks, num_draft_tokens_t=to_device(k_t, device),
+            draft_token_ids=to_device(torch.tensor(flat, dtype=torch.int64), device),
+            draft_probs=probs, row_starts=to_device(reference_spec.spec_row_starts(k_t), device),
             max_num_draft_tokens=max(ks, default=0))
 
 
