@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--mixed", action="store_true",
                     help="mixed sampling parameters per request (benchmarks/sampling.py's mix), not greedy")
     args = ap.parse_args()
@@ -43,7 +44,7 @@ def main() -> None:
         eng.add_request([rng.randrange(cfg.vocab_size) for _ in range(args.prompt)], p)
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()):
         eng.step()
-    for _ in range(3):
+    for _ in range(args.warmup):          # past first-use compiles (growing lengths, new variants)
         eng.step()
     torch.cuda.synchronize()
     sync = torch.cuda.synchronize

@@ -46,7 +46,9 @@ def _write_values(x_row, tok_row, n_tok, v, val_row, BL: tl.constexpr):
         tl.store(x_row + t, tl.load(val_row + i, mask=i < n_tok), mask=t < v)
 
 
-@triton.jit
+# the list widths change every step: specialising on them (divisibility by 16) would compile
+# new variants mid-run
+@triton.jit(do_not_specialize=["prompt_stride", "n_prompt", "out_stride", "n_out"])
 def _penalties_kernel(x_ptr, x_stride, prompt_ptr, prompt_stride, n_prompt, out_ptr, out_stride,
                       n_out, rep_ptr, freq_ptr, pres_ptr, val_ptr, v,
                       BL: tl.constexpr, BO: tl.constexpr):
