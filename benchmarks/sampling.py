@@ -93,9 +93,9 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
             x0 = stage(x0, meta)
     keys = sampler.keys(meta)
     kth = None
-    if meta.top_k_top_p_rows is not None:
-        kth = kth_largest(x0, meta.top_k, meta.top_k_top_p_rows, meta.max_top_k)
-        out["kth (topk)"] = timer(lambda: kth_largest(x0, meta.top_k, meta.top_k_top_p_rows,
+    if meta.top_k_rows is not None:
+        kth = kth_largest(x0, meta.top_k, meta.top_k_rows, meta.max_top_k)
+        out["kth (topk)"] = timer(lambda: kth_largest(x0, meta.top_k, meta.top_k_rows,
                                                       meta.max_top_k), device, 2, iters)
     tail = kernel("truncated_sample", x0, sampler.use_triton)
     out["fused tail"] = timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,

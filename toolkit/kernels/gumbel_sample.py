@@ -56,16 +56,20 @@ def _race_block(y, cols, k1, k2, live, best, best_idx, bound):
     The exact float64 noise is costly, so a block first scores with `_gumbel_fast`; only a
     block whose fast score comes within a margin of the best exact score so far (`bound`)
     can hold the winner, and only such blocks pay for the exact noise. Rows usually pass
-    a few blocks (each new record), so the race costs about one float32 pass.
+    a few blocks (each new record), so the race costs about one float32 pass; a block whose
+    largest logit is more than the largest possible noise below the record skips even that
+    (most of a peaked row).
     """
-    fast = tl.where(live, y + _gumbel_fast(cols, k1, k2), float("-inf"))
-    top = tl.max(fast, axis=0)
-    if top >= bound - (1e-3 + 1e-6 * tl.abs(bound)):    # noise error + two float32 roundings
-        s = tl.where(live, y + _gumbel(cols, k1, k2), float("-inf"))
-        upd = s > best                                                  # strict: earlier id wins
-        best = tl.where(upd, s, best)
-        best_idx = tl.where(upd, cols, best_idx)
-        bound = tl.maximum(bound, tl.max(s, axis=0))
+    margin = 1e-3 + 1e-6 * tl.abs(bound)                 # noise error + two float32 roundings
+    # no noise at all where even the largest the hash can give (u = 1 - 2**-33: G < 23) loses
+    if tl.max(tl.where(live, y, float("-inf")), axis=0) + 23.0 >= bound - margin:
+        fast = tl.where(live, y + _gumbel_fast(cols, k1, k2), float("-inf"))
+        if tl.max(fast, axis=0) >= bound - margin:
+            s = tl.where(live, y + _gumbel(cols, k1, k2), float("-inf"))
+            upd = s > best                                              # strict: earlier id wins
+            best = tl.where(upd, s, best)
+            best_idx = tl.where(upd, cols, best_idx)
+            bound = tl.maximum(bound, tl.max(s, axis=0))
     return best, best_idx, bound
 
 

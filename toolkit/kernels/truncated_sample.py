@@ -14,9 +14,11 @@ pass computes the next candidate, argmax of y + g over {y > y_s}, so a rejected 
 pass, and the pivot only rises. With real models' peaked distributions s is nearly always in
 K, so a row costs 1 pass (greedy, or temperature alone) or 2 (with a cut).
 
-A row with both top-k and top-p needs mass(top-k set) for the top-p target: its k-th largest
-value is given by the caller (the sampler runs torch.topk over those rows only), or else
-found by the threshold kernel's probe search (about 8 extra passes on one SM).
+The caller may give each top-k row's k-th largest value (the sampler runs torch.topk over
+those rows): the top-k cut is then folded into the min-p cut, so a flat row (where a race
+over all tokens rarely lands in the top k: about log2(V / k) rounds) costs two passes. Without
+it, a row with both top-k and top-p needs mass(top-k set) for the top-p target, and finds its
+k-th largest value by the threshold kernel's probe search (about 8 extra passes on one SM).
 The twin is `reference_sampling.truncated_sample` (the stages materialised, then the race).
 """
 
@@ -73,14 +75,15 @@ def _truncated_sample_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_mi
         my = tl.div_rn(m, temp)
         lo = my + tl.load(log_min_p_ptr + row)                             # min-p cut on y
         my = tl.where(m == float("-inf"), 0.0, my)                         # exp(y - my) stays finite
-        if k_on & p_on:          # the top-p target needs the top-k set's mass: find its cut
-            if HAS_KTH:
-                t_x = tl.load(kth_ptr + row)                               # given by the caller
-            else:
-                t_key = _search(row_ptr, n_cols, tl.full([], _KEY_NEG_INF, tl.int64),
-                                _key(m).to(tl.int64), m, k.to(tl.float32), False, BLOCK, NUM_PROBES)
-                t_key = t_key.to(tl.int32)
-                t_x = tl.where(t_key >= 0, t_key, t_key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        if HAS_KTH:              # the top-k cut given by the caller: no counting, no rounds for it
+            if k_on:
+                lo = tl.maximum(lo, tl.div_rn(tl.load(kth_ptr + row), temp))
+                k_on = k < 0                                               # folded into lo
+        elif k_on & p_on:        # the top-p target needs the top-k set's mass: find its cut
+            t_key = _search(row_ptr, n_cols, tl.full([], _KEY_NEG_INF, tl.int64),
+                            _key(m).to(tl.int64), m, k.to(tl.float32), False, BLOCK, NUM_PROBES)
+            t_key = t_key.to(tl.int32)
+            t_x = tl.where(t_key >= 0, t_key, t_key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
             lo = tl.maximum(lo, tl.div_rn(t_x, temp))
             k_on = k < 0                                                   # folded into lo
         _, tok = _argmax_lowest(best_s, best_si)
@@ -132,8 +135,9 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     greedy); greedy bool [N] (argmax, lowest id on ties); min_p float32 [N] (0 = off) / top_k
     int [N] (<= 0 or >= V = off) / top_p float32 [N] (1 = off), or None when no row uses it;
     keys int64 [N]; kth_largest float32 [N] (optional): the k-th largest logit of each row
-    with both top-k and top-p on (others: anything), when the caller has it (torch.topk over
-    those rows beats the kernel's one-SM probe search) -> int64 [N]. One program of num_warps
+    with top-k on (others: anything), when the caller has it (torch.topk over those rows beats
+    the kernel's one-SM probe search, and a flat row then needs no rounds for its top-k)
+    -> int64 [N]. One program of num_warps
     warps per row, so a row's latency is the kernel's: many warps keep an SM's memory
     pipeline full (benchmarks/sampling.py --breakdown sweeps block and warps). Equals the stages Temperature, MinP, TopK, TopP and
     `gumbel_sample` run one after another (see the twin).

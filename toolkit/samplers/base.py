@@ -115,7 +115,7 @@ class SamplingMetadata:
     all_greedy: bool
     top_k: Tensor | None                 # int64 [N], 0 = off
     top_p: Tensor | None                 # float32 [N], 1 = off
-    top_k_top_p_rows: Tensor | None      # int64 [R]: sampled rows with both top-k and top-p on
+    top_k_rows: Tensor | None            # int64 [R]: sampled rows with top-k on (0 < k < V)
     max_top_k: int                       # the largest k among those rows (0: none)
     min_p: Tensor | None                 # float32 [N], 0 = off
     repetition_penalty: Tensor | None    # float32 [N] } all three set when any row penalises
@@ -189,9 +189,8 @@ class SamplingMetadata:
                  if any(0 < p.top_k < vocab_size for p in sampled) else None)
         top_p = f32([p.top_p for p in params]) if any(p.top_p < 1.0 for p in sampled) else None
         min_p = f32([p.min_p for p in params]) if any(p.min_p > 0.0 for p in sampled) else None
-        both = [i for i, p in enumerate(params)
-                if not p.greedy and 0 < p.top_k < vocab_size and p.top_p < 1.0]
-        both_rows = to_device(torch.tensor(both, dtype=torch.int64), device) if both else None
+        k_rows = [i for i, p in enumerate(params) if not p.greedy and 0 < p.top_k < vocab_size]
+        k_rows_t = to_device(torch.tensor(k_rows, dtype=torch.int64), device) if k_rows else None
 
         penalised = any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
                         or p.frequency_penalty != 0.0 for p in params)
@@ -231,8 +230,8 @@ class SamplingMetadata:
         return cls(
             num_rows=n, vocab_size=vocab_size, device=device,
             temperature=temperature, greedy=greedy, all_greedy=len(sampled) == 0,
-            top_k=top_k, top_p=top_p, min_p=min_p, top_k_top_p_rows=both_rows,
-            max_top_k=max((params[i].top_k for i in both), default=0),
+            top_k=top_k, top_p=top_p, min_p=min_p, top_k_rows=k_rows_t,
+            max_top_k=max((params[i].top_k for i in k_rows), default=0),
             repetition_penalty=rep, presence_penalty=pres, frequency_penalty=freq,
             prompt_tokens=prompt_t, output_tokens=output_t,
             bias=bias, allowed_bitmask=allowed, bad_words=bad, min_tokens=min_tok, bitmask=bitmask,

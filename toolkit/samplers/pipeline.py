@@ -133,8 +133,8 @@ class Sampler:
             top_k = meta.top_k if "TopK" in tail else None
             top_p = meta.top_p if "TopP" in tail else None
             kth = None
-            if top_k is not None and top_p is not None and meta.top_k_top_p_rows is not None:
-                kth = kth_largest(x, top_k, meta.top_k_top_p_rows, meta.max_top_k)
+            if top_k is not None and meta.top_k_rows is not None:
+                kth = kth_largest(x, top_k, meta.top_k_rows, meta.max_top_k)
             tokens = kernel("truncated_sample", x, self.use_triton)(
                 x, meta.temperature if "Temperature" in tail else torch.ones_like(meta.temperature),
                 meta.greedy, meta.min_p if "MinP" in tail else None, top_k, top_p,
