@@ -10,6 +10,8 @@ until the copy has run.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 
@@ -21,3 +23,31 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if not t.is_pinned():
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
+
+
+def upload(tensors: Mapping[str, torch.Tensor], device: torch.device | str, *,
+           pack: bool | None = None) -> dict[str, torch.Tensor]:
+    """The CPU tensors of one step on `device` in a single host -> device copy.
+
+    They are packed into one pinned byte buffer (each at a 16-byte aligned offset), copied
+    with non_blocking=True, and returned as views of the device buffer with their dtypes and
+    shapes: one pinned allocation and one copy instead of one of each per tensor (a pinned
+    allocation costs tens of microseconds). pack: default only for CUDA (on the CPU the
+    tensors are returned as they are); tests pass pack=True to run the packing anywhere.
+    """
+    device = torch.device(device)
+    if not (device.type == "cuda" if pack is None else pack):
+        return {k: t.to(device) for k, t in tensors.items()}
+    offsets, total = [], 0
+    for t in tensors.values():
+        total = -(-total // 16) * 16
+        offsets.append(total)
+        total += t.numel() * t.element_size()
+    buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for off, t in zip(offsets, tensors.values()):
+        nbytes = t.numel() * t.element_size()
+        if nbytes:      # copied through a typed view of the slot: any strides, any dtype
+            buf[off:off + nbytes].view(t.dtype).copy_(t.reshape(-1))
+    dev = buf.to(device, non_blocking=True)
+    return {k: dev[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            for (k, t), off in zip(tensors.items(), offsets)}

@@ -61,3 +61,32 @@ def test_beam_step_rejects_bad_input() -> None:
         beam_search_step(torch.zeros(2), torch.zeros(2, 5), 0)
     with pytest.raises(ValueError, match="cum_logprobs"):
         beam_search_step(torch.zeros(3), torch.zeros(2, 5), 2)
+
+
+def test_metadata_sent_in_one_packed_copy_is_the_same(monkeypatch) -> None:
+    """On CUDA the metadata tensors travel packed in one pinned buffer (toolkit.transfer.upload);
+    the packing runs here on the CPU and must give every field back bit for bit."""
+    import dataclasses
+    import functools
+
+    import toolkit.samplers.base as base
+    from toolkit.transfer import upload
+
+    v = 50
+    params = [SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, seed=3, logprobs=2,
+                             repetition_penalty=1.2, presence_penalty=0.5, logit_bias={4: 1.0},
+                             allowed_token_ids=[1, 2, 4], bad_words=[[7], [3, 8]], min_tokens=3,
+                             stop_token_ids=[9]),
+              SamplingParams(temperature=0.0), SamplingParams(frequency_penalty=0.25)]
+    args = (params, [[1, 2, 3], [4], [5, 6]], [[3], [], [6, 6, 7]], v, "cpu")
+    plain = SamplingMetadata.build(*args, eos_token_ids=[0, 1, None])
+    monkeypatch.setattr(base, "upload", functools.partial(upload, pack=True))
+    packed = SamplingMetadata.build(*args, eos_token_ids=[0, 1, None])
+    for f in dataclasses.fields(SamplingMetadata):
+        a, b = getattr(plain, f.name), getattr(packed, f.name)
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            if isinstance(x, torch.Tensor):
+                assert x.dtype == y.dtype and torch.equal(x, y), f.name
+            else:
+                assert x == y, f.name
+    assert plain.bad_words is not None and plain.min_tokens is not None and plain.bias is not None

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from toolkit.samplers.bitmask import pack_token_bitmask
-from toolkit.transfer import to_device
+from toolkit.transfer import to_device, upload
 from toolkit.types import SamplingParams
 
 _M64 = (1 << 64) - 1
@@ -54,7 +54,7 @@ class SamplerOutput:
     ranks: Tensor | None = None          # int64 [N]: 1-based rank of the sampled token
 
 
-def _pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> Tensor:
+def _pad(rows: Sequence[Sequence[int]], pad: int) -> Tensor:
     """int64 [N, max len] (at least one column), rows left-aligned, padded with `pad`."""
     lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     width = max(int(lens.max(initial=0)), 1)
@@ -64,13 +64,11 @@ def _pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device) -> Tenso
     row_of = np.repeat(np.arange(len(rows)), lens)
     col_of = np.arange(flat.size) - np.repeat(np.cumsum(lens) - lens, lens)
     out[row_of, col_of] = flat
-    return to_device(torch.from_numpy(out), device)
+    return torch.from_numpy(out)
 
 
-def _coo(pairs: list[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor] | None:
-    if not pairs:
-        return None
-    t = to_device(torch.tensor(pairs, dtype=torch.int64), device)      # [B, 2]
+def _coo(pairs: list[tuple[int, int]]) -> tuple[Tensor, Tensor]:
+    t = torch.tensor(pairs, dtype=torch.int64)                         # [B, 2]
     return t[:, 0].contiguous(), t[:, 1].contiguous()
 
 
@@ -178,67 +176,74 @@ class SamplingMetadata:
             _check_ids([t for w in p.bad_words or [] for t in w], vocab_size, i, "bad_words")
             _check_ids(p.stop_token_ids or [], vocab_size, i, "stop_token_ids")
 
+        # every per-row tensor is made on the CPU, then all go to the device in one copy
+        cpu: dict[str, Tensor] = {}
+
         def f32(vals: list[float]) -> Tensor:
-            return to_device(torch.tensor(vals, dtype=torch.float32), device)
+            return torch.tensor(vals, dtype=torch.float32)
 
-        temperature = f32([p.temperature for p in params])
-        greedy = to_device(torch.tensor([p.greedy for p in params], dtype=torch.bool), device)
+        cpu["temperature"] = f32([p.temperature for p in params])
+        cpu["greedy"] = torch.tensor([p.greedy for p in params], dtype=torch.bool)
         sampled = [p for p in params if not p.greedy]   # top-k/p, min_p only matter when sampling
-        top_k = (to_device(torch.tensor([p.top_k if p.top_k < vocab_size else 0 for p in params],
-                                        dtype=torch.int64), device)
-                 if any(0 < p.top_k < vocab_size for p in sampled) else None)
-        top_p = f32([p.top_p for p in params]) if any(p.top_p < 1.0 for p in sampled) else None
-        min_p = f32([p.min_p for p in params]) if any(p.min_p > 0.0 for p in sampled) else None
+        if any(0 < p.top_k < vocab_size for p in sampled):
+            cpu["top_k"] = torch.tensor([p.top_k if p.top_k < vocab_size else 0 for p in params],
+                                        dtype=torch.int64)
+        if any(p.top_p < 1.0 for p in sampled):
+            cpu["top_p"] = f32([p.top_p for p in params])
+        if any(p.min_p > 0.0 for p in sampled):
+            cpu["min_p"] = f32([p.min_p for p in params])
         k_rows = [i for i, p in enumerate(params) if not p.greedy and 0 < p.top_k < vocab_size]
-        k_rows_t = to_device(torch.tensor(k_rows, dtype=torch.int64), device) if k_rows else None
+        if k_rows:
+            cpu["top_k_rows"] = torch.tensor(k_rows, dtype=torch.int64)
 
-        penalised = any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                        or p.frequency_penalty != 0.0 for p in params)
-        rep = pres = freq = prompt_t = output_t = None
-        if penalised:
-            rep = f32([p.repetition_penalty for p in params])
-            pres = f32([p.presence_penalty for p in params])
-            freq = f32([p.frequency_penalty for p in params])
+        if any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+               or p.frequency_penalty != 0.0 for p in params):
+            cpu["repetition_penalty"] = f32([p.repetition_penalty for p in params])
+            cpu["presence_penalty"] = f32([p.presence_penalty for p in params])
+            cpu["frequency_penalty"] = f32([p.frequency_penalty for p in params])
             # repetition looks at prompt + output; rows without it need no prompt tokens
-            prompt_t = _pad([pr if p.repetition_penalty != 1.0 else []
-                             for p, pr in zip(params, prompt_token_ids)], vocab_size, device)
-            output_t = _pad(output_token_ids, vocab_size, device)
+            cpu["prompt_tokens"] = _pad([pr if p.repetition_penalty != 1.0 else []
+                                         for p, pr in zip(params, prompt_token_ids)], vocab_size)
+            cpu["output_tokens"] = _pad(output_token_ids, vocab_size)
 
         bias_pairs = [(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
-        bias = None
         if bias_pairs:
-            rows, toks = _coo([(i, t) for i, t, _ in bias_pairs], device)  # type: ignore[misc]
-            bias = (rows, toks, f32([b for _, _, b in bias_pairs]))
-
-        allowed = None
+            cpu["bias_rows"], cpu["bias_tokens"] = _coo([(i, t) for i, t, _ in bias_pairs])
+            cpu["bias_values"] = f32([b for _, _, b in bias_pairs])
         if any(p.allowed_token_ids is not None for p in params):
-            allowed = to_device(pack_token_bitmask([p.allowed_token_ids for p in params], vocab_size), device)
-
-        bad = _coo([(i, t) for i, (p, out) in enumerate(zip(params, output_token_ids))
-                    if p.bad_words for t in banned_bad_words(p.bad_words, out)], device)
-        min_tok = _coo([(i, t) for i, (p, out, e) in enumerate(zip(params, output_token_ids, eos_token_ids))
-                        for t in min_tokens_banned(p, len(out), e)], device)
+            cpu["allowed_bitmask"] = pack_token_bitmask([p.allowed_token_ids for p in params], vocab_size)
+        bad = [(i, t) for i, (p, out) in enumerate(zip(params, output_token_ids))
+               if p.bad_words for t in banned_bad_words(p.bad_words, out)]
+        if bad:
+            cpu["bad_rows"], cpu["bad_tokens"] = _coo(bad)
+        min_tok = [(i, t) for i, (p, out, e) in enumerate(zip(params, output_token_ids, eos_token_ids))
+                   for t in min_tokens_banned(p, len(out), e)]
+        if min_tok:
+            cpu["min_rows"], cpu["min_tokens"] = _coo(min_tok)
 
         seeded_l = [p.seed is not None for p in params]
-        keys = [seed_key(p.seed, len(out)) if p.seed is not None else 0
-                for p, out in zip(params, output_token_ids)]
+        cpu["seeded"] = torch.tensor(seeded_l, dtype=torch.bool)
+        cpu["seed_keys"] = torch.tensor([seed_key(p.seed, len(out)) if p.seed is not None else 0
+                                         for p, out in zip(params, output_token_ids)], dtype=torch.int64)
         asked = [p.logprobs for p in params if p.logprobs is not None]
-        logprob_rows = None
         if asked and len(asked) < n:
-            logprob_rows = to_device(torch.tensor([i for i, p in enumerate(params)
-                                                   if p.logprobs is not None], dtype=torch.int64), device)
+            cpu["logprob_rows"] = torch.tensor([i for i, p in enumerate(params) if p.logprobs is not None],
+                                               dtype=torch.int64)
+        dev = upload(cpu, device)
+        pair = lambda a, b: (dev[a], dev[b]) if a in dev else None  # noqa: E731
         return cls(
             num_rows=n, vocab_size=vocab_size, device=device,
-            temperature=temperature, greedy=greedy, all_greedy=len(sampled) == 0,
-            top_k=top_k, top_p=top_p, min_p=min_p, top_k_rows=k_rows_t,
-            max_top_k=max((params[i].top_k for i in k_rows), default=0),
-            repetition_penalty=rep, presence_penalty=pres, frequency_penalty=freq,
-            prompt_tokens=prompt_t, output_tokens=output_t,
-            bias=bias, allowed_bitmask=allowed, bad_words=bad, min_tokens=min_tok, bitmask=bitmask,
-            seeded=to_device(torch.tensor(seeded_l, dtype=torch.bool), device),
-            seed_keys=to_device(torch.tensor(keys, dtype=torch.int64), device),
-            any_seeded=any(seeded_l),
-            max_num_logprobs=max(asked) if asked else None, logprob_rows=logprob_rows,
+            temperature=dev["temperature"], greedy=dev["greedy"], all_greedy=len(sampled) == 0,
+            top_k=dev.get("top_k"), top_p=dev.get("top_p"), min_p=dev.get("min_p"),
+            top_k_rows=dev.get("top_k_rows"), max_top_k=max((params[i].top_k for i in k_rows), default=0),
+            repetition_penalty=dev.get("repetition_penalty"), presence_penalty=dev.get("presence_penalty"),
+            frequency_penalty=dev.get("frequency_penalty"),
+            prompt_tokens=dev.get("prompt_tokens"), output_tokens=dev.get("output_tokens"),
+            bias=(dev["bias_rows"], dev["bias_tokens"], dev["bias_values"]) if bias_pairs else None,
+            allowed_bitmask=dev.get("allowed_bitmask"), bad_words=pair("bad_rows", "bad_tokens"),
+            min_tokens=pair("min_rows", "min_tokens"), bitmask=bitmask,
+            seeded=dev["seeded"], seed_keys=dev["seed_keys"], any_seeded=any(seeded_l),
+            max_num_logprobs=max(asked) if asked else None, logprob_rows=dev.get("logprob_rows"),
             # the caller's lists, not copies (copying 256 prompts costs milliseconds a step):
             # read-only for stages, and valid for this step only
             params=list(params), prompt_token_ids=list(prompt_token_ids),
