@@ -35,6 +35,8 @@ def fill_grammar_rows(bitmask: Tensor, row: int, grammar: Grammar | None,
         bitmask[row:row + k + 1] = -1
         return k
     grammar.fill_bitmask(bitmask, row)
+    if not k:
+        return 0                                  # the common row: nothing to try or undo
     n = 0
     for t in draft_tokens:
         if grammar.is_terminated() or not grammar.accept([t]):

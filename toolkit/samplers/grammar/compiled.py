@@ -35,6 +35,7 @@ class CompiledGrammar:
         self.width = vocab.bitmask_width                                   # W words per row
         self.max_cached_states = max(max_cache_bytes // (4 * self.width), 1)
         self._masks: dict[int, Tensor] = {}                                # state -> int32 [W]
+        self._words: dict[int, np.ndarray] = {}                  # state -> numpy view of its mask
         self._alive: dict[tuple[int, bool], bool] = {}    # (state, allow_eos) -> some bit set
         self._eos0 = vocab.eos_token_ids[0]
         self._extra_eos = np.asarray(vocab.eos_token_ids[1:], dtype=np.int64)
@@ -75,6 +76,15 @@ class CompiledGrammar:
         if len(self._masks) < self.max_cached_states:
             self._masks[state] = mask
         return mask
+
+    def state_words(self, state: int, guide: outlines_core.Guide) -> np.ndarray:
+        """`state_mask` as a numpy view (cached with it): row copies through numpy are cheapest."""
+        words = self._words.get(state)
+        if words is None:
+            words = self.state_mask(state, guide).numpy()
+            if state in self._masks:
+                self._words[state] = words
+        return words
 
     def state_alive(self, state: int, guide: outlines_core.Guide, allow_eos: bool = True) -> bool:
         """Some token is allowed at `state`; with allow_eos=False, some token other than EOS

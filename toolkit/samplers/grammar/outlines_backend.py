@@ -73,9 +73,10 @@ class OutlinesGrammar:
     def fill_bitmask(self, bitmask: Tensor, row: int) -> None:
         # bitmask: int32 [N, W] on the CPU (pinned is best: the engine copies it to the GPU)
         if self._terminated:
-            bitmask[row].zero_()
+            bitmask.numpy()[row] = 0
             return
-        bitmask[row].copy_(self.compiled.state_mask(self._guide.get_state(), self._guide))
+        # through numpy: a row assignment costs a third of torch's indexing + copy_
+        bitmask.numpy()[row] = self.compiled.state_words(self._guide.get_state(), self._guide)
 
     def is_terminated(self) -> bool:
         return self._terminated
