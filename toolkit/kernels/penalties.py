@@ -81,8 +81,8 @@ def apply_penalties(logits: torch.Tensor, prompt_tokens: torch.Tensor, output_to
     p, o = prompt_tokens.contiguous(), output_tokens.contiguous()
     if n:
         scratch = torch.empty(n, p.shape[1] + o.shape[1], device=logits.device)
-        _penalties_kernel[(n,)](logits, logits.stride(0), p, p.stride(0), p.shape[1], o, o.stride(0),
-                                o.shape[1], repetition.float().contiguous(),
+        _penalties_kernel[(n,)](logits, logits.stride(0), p, p.stride(0), p.shape[1], o,
+                                o.stride(0), o.shape[1], repetition.float().contiguous(),
                                 frequency.float().contiguous(), presence.float().contiguous(),
                                 scratch, v, BL=32, BO=64, num_warps=4)
     return logits

@@ -64,8 +64,8 @@ def _truncated_sample_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_mi
         best_x = tl.where(upd, x, best_x)
         best_xi = tl.where(upd, cols, best_xi)
         if not greedy:
-            best_s, best_si, bound = _race_block(tl.div_rn(x, temp), cols, k1, k2, x > float("-inf"),
-                                                 best_s, best_si, bound)
+            best_s, best_si, bound = _race_block(tl.div_rn(x, temp), cols, k1, k2,
+                                                 x > float("-inf"), best_s, best_si, bound)
     m, tok = _argmax_lowest(best_x, best_xi)
     if not greedy:
         k = tl.load(top_k_ptr + row).to(tl.int64)
@@ -74,7 +74,7 @@ def _truncated_sample_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_mi
         p_on = p < 1.0
         my = tl.div_rn(m, temp)
         lo = my + tl.load(log_min_p_ptr + row)                             # min-p cut on y
-        my = tl.where(m == float("-inf"), 0.0, my)                         # exp(y - my) stays finite
+        my = tl.where(m == float("-inf"), 0.0, my)                         # exp(y - my) finite
         if HAS_KTH:              # the top-k cut given by the caller: no counting, no rounds for it
             if k_on:
                 lo = tl.maximum(lo, tl.div_rn(tl.load(kth_ptr + row), temp))
@@ -101,7 +101,8 @@ def _truncated_sample_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_mi
             bound = tl.full([], float("-inf"), tl.float32)
             for start in range(0, n_cols, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
-                y = tl.div_rn(tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf")), temp)
+                x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf"))
+                y = tl.div_rn(x, temp)
                 keep = y >= lo
                 e = tl.where(keep, tl.exp(y - my), 0.0)
                 z += e
@@ -128,7 +129,8 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
                      min_p: torch.Tensor | None, top_k: torch.Tensor | None,
                      top_p: torch.Tensor | None, keys: torch.Tensor,
                      kth_largest: torch.Tensor | None = None,
-                     *, block: int = 4096, num_warps: int = 16, num_probes: int = 16) -> torch.Tensor:
+                     *, block: int = 4096, num_warps: int = 16,
+                     num_probes: int = 16) -> torch.Tensor:
     """The token of each row: temperature, min-p, top-k, top-p, then the exponential race.
 
     logits float32 [N, V] (rows contiguous); temperature float32 [N] (read only where not
@@ -137,10 +139,10 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     keys int64 [N]; kth_largest float32 [N] (optional): the k-th largest logit of each row
     with top-k on (others: anything), when the caller has it (torch.topk over those rows beats
     the kernel's one-SM probe search, and a flat row then needs no rounds for its top-k)
-    -> int64 [N]. One program of num_warps
-    warps per row, so a row's latency is the kernel's: many warps keep an SM's memory
-    pipeline full (benchmarks/sampling.py --breakdown sweeps block and warps). Equals the stages Temperature, MinP, TopK, TopP and
-    `gumbel_sample` run one after another (see the twin).
+    -> int64 [N]. Equals the stages Temperature, MinP, TopK, TopP and `gumbel_sample` run one
+    after another (see the twin). One program of num_warps warps per row, so the slowest row
+    sets the kernel's time: many warps keep an SM busy (benchmarks/sampling.py --breakdown
+    sweeps block and warps).
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
     n, v = logits.shape

@@ -206,17 +206,20 @@ class SamplingMetadata:
                                          for p, pr in zip(params, prompt_token_ids)], vocab_size)
             cpu["output_tokens"] = _pad(output_token_ids, vocab_size)
 
-        bias_pairs = [(i, t, b) for i, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
+        bias_pairs = [(i, t, b) for i, p in enumerate(params)
+                      for t, b in (p.logit_bias or {}).items()]
         if bias_pairs:
             cpu["bias_rows"], cpu["bias_tokens"] = _coo([(i, t) for i, t, _ in bias_pairs])
             cpu["bias_values"] = f32([b for _, _, b in bias_pairs])
         if any(p.allowed_token_ids is not None for p in params):
-            cpu["allowed_bitmask"] = pack_token_bitmask([p.allowed_token_ids for p in params], vocab_size)
+            cpu["allowed_bitmask"] = pack_token_bitmask([p.allowed_token_ids for p in params],
+                                                        vocab_size)
         bad = [(i, t) for i, (p, out) in enumerate(zip(params, output_token_ids))
                if p.bad_words for t in banned_bad_words(p.bad_words, out)]
         if bad:
             cpu["bad_rows"], cpu["bad_tokens"] = _coo(bad)
-        min_tok = [(i, t) for i, (p, out, e) in enumerate(zip(params, output_token_ids, eos_token_ids))
+        min_tok = [(i, t) for i, (p, out, e)
+                   in enumerate(zip(params, output_token_ids, eos_token_ids))
                    for t in min_tokens_banned(p, len(out), e)]
         if min_tok:
             cpu["min_rows"], cpu["min_tokens"] = _coo(min_tok)
@@ -224,19 +227,22 @@ class SamplingMetadata:
         seeded_l = [p.seed is not None for p in params]
         cpu["seeded"] = torch.tensor(seeded_l, dtype=torch.bool)
         cpu["seed_keys"] = torch.tensor([seed_key(p.seed, len(out)) if p.seed is not None else 0
-                                         for p, out in zip(params, output_token_ids)], dtype=torch.int64)
+                                         for p, out in zip(params, output_token_ids)],
+                                        dtype=torch.int64)
         asked = [p.logprobs for p in params if p.logprobs is not None]
         if asked and len(asked) < n:
-            cpu["logprob_rows"] = torch.tensor([i for i, p in enumerate(params) if p.logprobs is not None],
-                                               dtype=torch.int64)
+            cpu["logprob_rows"] = torch.tensor(
+                [i for i, p in enumerate(params) if p.logprobs is not None], dtype=torch.int64)
         dev = upload(cpu, device)
         pair = lambda a, b: (dev[a], dev[b]) if a in dev else None  # noqa: E731
         return cls(
             num_rows=n, vocab_size=vocab_size, device=device,
             temperature=dev["temperature"], greedy=dev["greedy"], all_greedy=len(sampled) == 0,
             top_k=dev.get("top_k"), top_p=dev.get("top_p"), min_p=dev.get("min_p"),
-            top_k_rows=dev.get("top_k_rows"), max_top_k=max((params[i].top_k for i in k_rows), default=0),
-            repetition_penalty=dev.get("repetition_penalty"), presence_penalty=dev.get("presence_penalty"),
+            top_k_rows=dev.get("top_k_rows"),
+            max_top_k=max((params[i].top_k for i in k_rows), default=0),
+            repetition_penalty=dev.get("repetition_penalty"),
+            presence_penalty=dev.get("presence_penalty"),
             frequency_penalty=dev.get("frequency_penalty"),
             prompt_tokens=dev.get("prompt_tokens"), output_tokens=dev.get("output_tokens"),
             bias=(dev["bias_rows"], dev["bias_tokens"], dev["bias_values"]) if bias_pairs else None,

@@ -144,5 +144,6 @@ class Sampler:
             tokens = sample(x, self.keys(meta, generator), meta.greedy)
         if meta.max_num_logprobs is None:
             return SamplerOutput(tokens)
-        values, ids, ranks = gather_logprobs(logits, tokens, meta.max_num_logprobs, meta.logprob_rows)
+        values, ids, ranks = gather_logprobs(logits, tokens, meta.max_num_logprobs,
+                                             meta.logprob_rows)       # raw logits, asking rows
         return SamplerOutput(tokens, values, ids, ranks)

@@ -196,9 +196,11 @@ def fusable_tail(stages: list[Stage]) -> int:
     """Index where the pipeline's fusable tail starts (len(stages): none). The tail is a
     suffix of stages of exactly the FUSED_TAIL classes, in FUSED_TAIL's order."""
     i, rank = len(stages), len(FUSED_TAIL)
-    while i > 0 and type(stages[i - 1]) in FUSED_TAIL and FUSED_TAIL.index(type(stages[i - 1])) < rank:
-        rank = FUSED_TAIL.index(type(stages[i - 1]))
-        i -= 1
+    while i > 0 and type(stages[i - 1]) in FUSED_TAIL:
+        r = FUSED_TAIL.index(type(stages[i - 1]))
+        if r >= rank:
+            break
+        i, rank = i - 1, r
     return i
 
 
