@@ -42,10 +42,12 @@ def _gumbel_fast(cols, k1, k2):
     """
     h = _fmix32(_fmix32(cols.to(tl.uint32) * 0x9E3779B9 + k1) ^ k2)
     u = (h.to(tl.float32) + 0.5) * 2.3283064365386963e-10
-    w = ((~h).to(tl.float32) + 0.5) * 2.3283064365386963e-10
+    hi = h >= 0x80000000                                     # u >= 1/2: the log1p branch
+    w = tl.where(hi, ((~h).to(tl.float32) + 0.5) * 2.3283064365386963e-10, 0.5)   # no log(0)
     a = 1.0 - w
-    log1p_neg_w = tl.where(a == 1.0, -w, tl.log(a) * (-w) / (a - 1.0))
-    e = tl.where(h >= 0x80000000, -log1p_neg_w, -tl.log(u))                # Exp(1), > 0
+    exact = a == 1.0                                         # w below half an ulp of 1
+    log1p_neg_w = tl.where(exact, -w, tl.log(a) * (-w) / tl.where(exact, 1.0, a - 1.0))
+    e = tl.where(hi, -log1p_neg_w, -tl.log(u))                              # Exp(1), > 0
     return -tl.log(e)
 
 
