@@ -76,6 +76,12 @@ def test_bad_input_is_rejected_and_engine_goes_on(tiny_llama_dir):
             SamplingParams(max_tokens=0)
         with pytest.raises(ValueError, match=r"\[0, 517\)"):
             llm.generate([[5, 999]], use_tqdm=False)
+        for bad in (dict(logit_bias={999: 1.0}), dict(allowed_token_ids=[1000]),
+                    dict(bad_words=[[5, 999]]), dict(stop_token_ids=[600])):
+            field = next(iter(bad))
+            with pytest.raises(ValueError, match=rf"{field} has token ids .* \[0, 517\)"):
+                llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, **bad), use_tqdm=False)
+            assert not llm.engine.has_unfinished()
         free = llm.engine.scheduler.allocator.num_free_blocks()
         out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 3

@@ -20,6 +20,7 @@ import torch
 
 from toolkit.engine.output import OutputProcessor
 from toolkit.engine.runner import Runner
+from toolkit.samplers.base import check_token_ids
 from toolkit.types import CompletionOutput, Request, RequestOutput, RequestStatus, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Engine:
         vocab = self.model.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got [{min(ids)}, {max(ids)}]")
+        check_token_ids(params, vocab)         # not later, where it would fail a whole step
         if -(-(len(ids) + 1) // self.block_size) > self.num_blocks:
             raise ValueError(f"the prompt needs {-(-(len(ids) + 1) // self.block_size)} KV blocks; the cache "
                              f"has {self.num_blocks} of {self.block_size} tokens")

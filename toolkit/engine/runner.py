@@ -164,7 +164,8 @@ class Runner:
                 eos.append(req.eos_token_id)
         bitmask = self._bitmask(batch, grammars) if grammars else None
         meta = SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
-                                      eos_token_ids=eos, bitmask=bitmask)
+                                      eos_token_ids=eos, bitmask=bitmask,
+                                      check_ids=False)        # checked at add_request
         none: list[dict[int, float] | None] = [None] * len(batch.sampling)
         if not any(batch.drafts):
             out = self.sampler(logits, meta)

@@ -72,11 +72,21 @@ def _coo(pairs: list[tuple[int, int]]) -> tuple[Tensor, Tensor]:
     return t[:, 0].contiguous(), t[:, 1].contiguous()
 
 
-def _check_ids(ids: Sequence[int], vocab_size: int, row: int, field: str) -> None:
+def _check_ids(ids: Sequence[int], vocab_size: int, where: str, field: str) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"row {row}: {field} has token ids {bad[:5]} outside the vocabulary "
+        raise ValueError(f"{where}{field} has token ids {bad[:5]} outside the vocabulary "
                          f"[0, {vocab_size})")
+
+
+def check_token_ids(p: SamplingParams, vocab_size: int, where: str = "") -> None:
+    """ValueError if a token id of `p` (logit_bias, allowed_token_ids, bad_words,
+    stop_token_ids) lies outside [0, vocab_size). The engine calls it at add_request, so a bad
+    request is refused before it is queued rather than failing a step."""
+    _check_ids(p.logit_bias or {}, vocab_size, where, "logit_bias")
+    _check_ids(p.allowed_token_ids or [], vocab_size, where, "allowed_token_ids")
+    _check_ids([t for w in p.bad_words or [] for t in w], vocab_size, where, "bad_words")
+    _check_ids(p.stop_token_ids or [], vocab_size, where, "stop_token_ids")
 
 
 def banned_bad_words(bad_words: Sequence[Sequence[int]], output: Sequence[int]) -> list[int]:
@@ -141,8 +151,10 @@ class SamplingMetadata:
     def build(cls, params: list[SamplingParams], prompt_token_ids: list[list[int]],
               output_token_ids: list[list[int]], vocab_size: int, device: Any,
               eos_token_ids: list[int | None] | None = None,
-              bitmask: Tensor | None = None) -> "SamplingMetadata":
-        """One row per logits row. Token ids outside [0, vocab_size) raise ValueError."""
+              bitmask: Tensor | None = None, check_ids: bool = True) -> "SamplingMetadata":
+        """One row per logits row. Token ids outside [0, vocab_size) raise ValueError
+        (check_ids=False: the params' ids were checked already, as the engine does at
+        add_request; this is per-step host time at large batches)."""
         n = len(params)
         device = torch.device(device)
         if len(prompt_token_ids) != n or len(output_token_ids) != n:
@@ -167,14 +179,11 @@ class SamplingMetadata:
                 raise ValueError(f"row {i}: params must be SamplingParams, got {type(p).__name__}")
             eos = eos_token_ids[i]
             if eos is not None and not 0 <= eos < vocab_size:
-                _check_ids([eos], vocab_size, i, "eos_token_id")
-            if id(p) in checked:
+                _check_ids([eos], vocab_size, f"row {i}: ", "eos_token_id")
+            if not check_ids or id(p) in checked:
                 continue
             checked.add(id(p))
-            _check_ids(p.logit_bias or {}, vocab_size, i, "logit_bias")
-            _check_ids(p.allowed_token_ids or [], vocab_size, i, "allowed_token_ids")
-            _check_ids([t for w in p.bad_words or [] for t in w], vocab_size, i, "bad_words")
-            _check_ids(p.stop_token_ids or [], vocab_size, i, "stop_token_ids")
+            check_token_ids(p, vocab_size, f"row {i}: ")
 
         # every per-row tensor is made on the CPU, then all go to the device in one copy
         cpu: dict[str, Tensor] = {}
