@@ -129,8 +129,8 @@ class SamplingMetadata:
     repetition_penalty: Tensor | None    # float32 [N] } all three set when any row penalises
     presence_penalty: Tensor | None      # float32 [N] }
     frequency_penalty: Tensor | None     # float32 [N] }
-    prompt_tokens: Tensor | None         # int64 [N, Lp], padded with vocab_size
-    output_tokens: Tensor | None         # int64 [N, Lo], padded with vocab_size
+    prompt_tokens: Tensor | None         # int64 [N, Lp], padded with vocab_size (repetition rows)
+    output_tokens: Tensor | None         # int64 [N, Lo], padded with vocab_size (penalising rows)
     bias: tuple[Tensor, Tensor, Tensor] | None        # rows int64 [B], tokens int64 [B], values f32 [B]
     allowed_bitmask: Tensor | None       # int32 [N, ceil(V/32)], rows without a list: all ones
     bad_words: tuple[Tensor, Tensor] | None           # (rows, tokens) int64 [B] banned now
@@ -205,15 +205,19 @@ class SamplingMetadata:
         if k_rows:
             cpu["top_k_rows"] = torch.tensor(k_rows, dtype=torch.int64)
 
-        if any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-               or p.frequency_penalty != 0.0 for p in params):
+        penalised = [p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                     or p.frequency_penalty != 0.0 for p in params]
+        if any(penalised):
             cpu["repetition_penalty"] = f32([p.repetition_penalty for p in params])
             cpu["presence_penalty"] = f32([p.presence_penalty for p in params])
             cpu["frequency_penalty"] = f32([p.frequency_penalty for p in params])
-            # repetition looks at prompt + output; rows without it need no prompt tokens
+            # only penalising rows need their tokens (repetition: prompt + output; the others:
+            # output), so the lists copied each step are those rows' alone
             cpu["prompt_tokens"] = _pad([pr if p.repetition_penalty != 1.0 else []
                                          for p, pr in zip(params, prompt_token_ids)], vocab_size)
-            cpu["output_tokens"] = _pad(output_token_ids, vocab_size)
+            cpu["output_tokens"] = _pad([out if pen else []
+                                         for pen, out in zip(penalised, output_token_ids)],
+                                        vocab_size)
 
         bias_pairs = [(i, t, b) for i, p in enumerate(params)
                       for t, b in (p.logit_bias or {}).items()]
