@@ -43,7 +43,8 @@ def upload(tensors: Mapping[str, torch.Tensor], device: torch.device | str, *,
         total = -(-total // 16) * 16
         offsets.append(total)
         total += t.numel() * t.element_size()
-    buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    # rounded up, so an empty tensor's slot (even the last) is an aligned in-bounds slice
+    buf = torch.empty(-(-total // 16) * 16 + 16, dtype=torch.uint8, pin_memory=device.type == "cuda")
     for off, t in zip(offsets, tensors.values()):
         nbytes = t.numel() * t.element_size()
         if nbytes:      # copied through a typed view of the slot: any strides, any dtype
