@@ -19,7 +19,8 @@ from torch import Tensor
 
 from toolkit.samplers.base import SamplerOutput, SamplingMetadata
 from toolkit.samplers.logprobs import gather_logprobs
-from toolkit.samplers.stages import Stage, default_stages, fusable_tail, kernel
+from toolkit.samplers.stages import (MinP, Stage, Temperature, TopK, TopP, default_stages,
+                                     fusable_tail, kernel)
 
 
 def kth_largest(x: Tensor, top_k: Tensor, rows: Tensor, max_k: int) -> Tensor:
@@ -129,15 +130,15 @@ class Sampler:
         if meta.all_greedy:
             tokens = torch.argmax(x, dim=-1)                                 # first max = lowest id
         elif cut < len(self.stages):
-            tail = {type(s).__name__ for s in self.stages[cut:]}
-            top_k = meta.top_k if "TopK" in tail else None
-            top_p = meta.top_p if "TopP" in tail else None
+            tail = {type(s) for s in self.stages[cut:]}
+            top_k = meta.top_k if TopK in tail else None
+            top_p = meta.top_p if TopP in tail else None
             kth = None
             if top_k is not None and meta.top_k_rows is not None:
                 kth = kth_largest(x, top_k, meta.top_k_rows, meta.max_top_k)
             tokens = kernel("truncated_sample", x, self.use_triton)(
-                x, meta.temperature if "Temperature" in tail else torch.ones_like(meta.temperature),
-                meta.greedy, meta.min_p if "MinP" in tail else None, top_k, top_p,
+                x, meta.temperature if Temperature in tail else torch.ones_like(meta.temperature),
+                meta.greedy, meta.min_p if MinP in tail else None, top_k, top_p,
                 self.keys(meta, generator), kth)
         else:
             sample = kernel("gumbel_sample", x, self.use_triton)

@@ -83,14 +83,21 @@ class LogitBias(_KernelStage):
         return logits.index_put_((rows, toks), vals, accumulate=True)
 
 
-class AllowedTokens(_KernelStage):
-    name = "allowed_token_ids"
-    field = "allowed_bitmask"
+class _MaskStage(_KernelStage):
+    """-inf where the bit of the packed int32 bitmask `meta.<field>` is 0."""
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
-        if meta.allowed_bitmask is not None:
-            kernel("apply_token_bitmask", logits, self.use_triton)(logits, meta.allowed_bitmask)
+        mask = getattr(meta, self.field)
+        if mask is not None:
+            kernel("apply_token_bitmask", logits, self.use_triton)(logits, mask)
         return logits
+
+
+class AllowedTokens(_MaskStage):
+    """allowed_token_ids, packed on the host (rows without a list: all ones)."""
+
+    name = "allowed_token_ids"
+    field = "allowed_bitmask"
 
 
 class _BanStage(_KernelStage):
@@ -117,16 +124,11 @@ class MinTokens(_BanStage):
     field = "min_tokens"
 
 
-class GrammarBitmask(_KernelStage):
+class GrammarBitmask(_MaskStage):
     """The grammar's packed bitmask (meta.bitmask): -inf where the bit is 0."""
 
     name = "bitmask"
     field = "bitmask"
-
-    def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
-        if meta.bitmask is not None:
-            kernel("apply_token_bitmask", logits, self.use_triton)(logits, meta.bitmask)
-        return logits
 
 
 class Temperature(_KernelStage):
