@@ -4,6 +4,11 @@ Times prepare / forward / sample / update with syncs in between, then cProfiles 
 unsynchronised steps and prints the top functions. GPU only.
 
     python benchmarks/profile_step.py --batch 256 --prompt 512
+    python -m benchmarks.profile_step --batch 256 --compare   # + whole steps: greedy vs mixed
+
+--compare also times whole unsynchronised engine steps (median wall time) of the same batch
+with greedy parameters and with the mixed ones, so the difference is what the mixed sampling
+step adds to a decode step as the engine runs it (host work overlapping the GPU included).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--compare", action="store_true",
+                    help="also time whole engine steps, greedy vs mixed, in the same run")
     ap.add_argument("--mixed", action="store_true",
                     help="mixed sampling parameters per request (benchmarks/sampling.py's mix), not greedy")
     args = ap.parse_args()
@@ -35,6 +42,8 @@ def main() -> None:
               gpu_memory_utilization=0.5, enable_prefix_caching=False, max_model_len=4096)
     eng = llm.engine
     rng = random.Random(0)
+    if args.compare:
+        compare(eng, cfg.vocab_size, args)
     if args.mixed:
         from benchmarks.sampling import mixed_params
         params = [dataclasses.replace(p, max_tokens=1000, ignore_eos=True) for p in mixed_params(args.batch)]
@@ -77,6 +86,45 @@ def main() -> None:
     sync()
     pr.disable()
     pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+
+
+def step_times(eng, params: list, vocab: int, args) -> list[float]:
+    """Wall seconds of args.steps * 3 decode steps of len(params) requests, after prefill and
+    args.warmup steps; the requests are aborted afterwards."""
+    rng = random.Random(1)
+    ids = [eng.add_request([rng.randrange(vocab) for _ in range(args.prompt)], p) for p in params]
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()):
+        eng.step()
+    for _ in range(args.warmup):
+        eng.step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(args.steps * 3):
+        t = time.perf_counter()
+        eng.step()                        # ends with the step's device->host copy of tokens
+        times.append(time.perf_counter() - t)
+    eng.abort(ids)
+    while eng.has_unfinished():
+        eng.step()
+    return times
+
+
+def compare(eng, vocab: int, args) -> None:
+    """Median whole-step time, greedy vs the mixed sampling parameters, same batch and lengths."""
+    from toolkit import SamplingParams
+    from benchmarks.sampling import mixed_params
+
+    greedy = [SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)] * args.batch
+    mixed = [dataclasses.replace(p, max_tokens=1000, ignore_eos=True) for p in mixed_params(args.batch)]
+    med = {}
+    for label, params in (("greedy", greedy), ("mixed", mixed), ("greedy again", greedy)):
+        ts = sorted(step_times(eng, params, vocab, args))
+        med[label] = ts[len(ts) // 2] * 1e3
+        print(f"whole step, {label}: median {med[label]:.2f} ms (p10 {ts[len(ts) // 10] * 1e3:.2f}, "
+              f"p90 {ts[len(ts) * 9 // 10] * 1e3:.2f})")
+    base = (med["greedy"] + med["greedy again"]) / 2
+    print(f"mixed sampling adds {med['mixed'] - base:.2f} ms to a {base:.2f} ms greedy step "
+          f"({(med['mixed'] - base) / med['mixed'] * 100:.1f}% of the mixed step)")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ for step in "$@"; do
     sampling)   timeout 180 python3 benchmarks/sampling.py ${SAMPLING_ARGS:-} --out $OUT/sampling.json 2>&1 | tail -20 ;;
     speculative) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/speculative.py ${SPEC_ARGS:-} --out $OUT/speculative.json 2>&1 | tail -35 ;;
     structured) timeout 300 python3 benchmarks/structured.py ${STRUCT_ARGS:-} --out $OUT/structured.json 2>&1 | tee $OUT/structured.log | tail -40 ;;
-    profile)    timeout 200 python3 -m benchmarks.profile_step --batch ${BATCH:-256} ${PROFILE_ARGS:-} 2>&1 | tail -70 ;;
+    profile)    timeout ${PROFILE_TIMEOUT:-200} python3 -m benchmarks.profile_step --batch ${BATCH:-256} ${PROFILE_ARGS:-} 2>&1 | tail -70 ;;
     attention)  timeout 300 python3 benchmarks/attention.py --out $OUT/attention.json 2>&1 | tail -40 ;;
   esac
   echo "== $step done (rc ${PIPESTATUS[0]})"

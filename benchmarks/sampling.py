@@ -74,6 +74,25 @@ def timer(fn: Callable[[], object], device: torch.device, warmup: int, iters: in
     return statistics.median(times)
 
 
+def graph_timer(fn: Callable[[], object], iters: int) -> float | None:
+    """Median milliseconds of fn() replayed from a CUDA graph: its GPU time alone, without
+    the host's launch overhead (None if fn cannot be captured)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            fn(), fn()                                  # compiles and allocations first
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError as e:                           # e.g. an RNG call the graph cannot hold
+        print(f"  (not capturable: {str(e).splitlines()[0][:100]})")
+        torch.cuda.synchronize()
+        return None
+    return timer(graph.replay, torch.device("cuda"), 2, iters)
+
+
 def staged(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """The unfused pipeline: every stage materialised, then the race (the pre-fusion path)."""
     x = sampler.process(logits, meta)
@@ -100,15 +119,32 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
     tail = kernel("truncated_sample", x0, sampler.use_triton)
     out["fused tail"] = timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
                                            meta.top_p, keys, kth), device, 2, iters)
-    if device.type == "cuda":                   # the kernel's block / warps, swept
-        for block, warps in [(2048, 8), (4096, 8), (4096, 16), (4096, 32), (8192, 32)]:
-            out[f"tail b{block} w{warps}"] = timer(
-                lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k, meta.top_p,
-                             keys, kth, block=block, num_warps=warps), device, 2, iters)
+    if device.type == "cuda":                   # GPU time alone, then the kernel's knobs swept
+        gpu = graph_timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
+                                       meta.top_p, keys, kth), iters)
+        if gpu is not None:
+            out["fused tail, GPU only (graph)"] = gpu
+        if kth is not None:
+            gpu = graph_timer(lambda: kth_largest(x0, meta.top_k, meta.top_k_rows, meta.max_top_k), iters)
+            if gpu is not None:
+                out["kth (topk), GPU only (graph)"] = gpu
+
+        for chunk, block, warps, rounds in [(4096, 512, 4, 3), (16384, 512, 4, 3),
+                                            (8192, 1024, 4, 3), (8192, 512, 8, 3),
+                                            (8192, 256, 2, 3), (8192, 512, 4, 2),
+                                            (8192, 512, 4, 5), (8192, 512, 4, 0)]:
+            gpu = graph_timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
+                                           meta.top_p, keys, kth, chunk=chunk, block=block,
+                                           num_warps=warps, rounds=rounds), iters)
+            if gpu is not None:
+                out[f"tail c{chunk} b{block} w{warps} r{rounds} (graph)"] = gpu
     if meta.max_num_logprobs is not None:
         toks = torch.zeros(meta.num_rows, dtype=torch.int64, device=logits.device)
         out["logprobs"] = timer(lambda: gather_logprobs(logits, toks, meta.max_num_logprobs,
                                                         meta.logprob_rows), device, 2, iters)
+        rows = meta.logprob_rows if meta.logprob_rows is not None else torch.arange(meta.num_rows)
+        out["logprobs: its topk"] = timer(
+            lambda: logits.index_select(0, rows).topk(meta.max_num_logprobs, dim=-1), device, 2, iters)
     return {k: round(v, 4) for k, v in out.items()}
 
 
@@ -136,6 +172,8 @@ def run(batches: list[int], vocab: int, device: torch.device, warmup: int, iters
             "naive_ms": timer(lambda: naive_sample(logits, t, k, p_), device, warmup, iters),
             "reference_ms": timer(lambda: ref(logits, meta), device, 0, reference_iters),
         }
+        if device.type == "cuda":    # the sampler's GPU time alone (no host launch overhead)
+            row["fast_gpu_ms"] = graph_timer(lambda: fast(logits, meta), iters)
         if breakdown:
             row["breakdown_ms"] = stage_breakdown(fast, logits, meta, device, iters)
             print(f"batch {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in row["breakdown_ms"].items()))
@@ -160,11 +198,12 @@ def main() -> None:
     if a.small:
         a.batch, a.vocab, a.warmup, a.iters = [1, 4], 4096, 1, 3
     rows = run(a.batch, a.vocab, torch.device(a.device), a.warmup, a.iters, a.reference_iters, a.breakdown)
-    cols = ["batch", "vocab", "build_ms", "fast_ms", "staged_ms", "naive_ms", "reference_ms",
-            "speedup_vs_naive", "speedup_vs_reference"]
+    cols = ["batch", "vocab", "build_ms", "fast_ms", "fast_gpu_ms", "staged_ms", "naive_ms",
+            "reference_ms", "speedup_vs_naive", "speedup_vs_reference"]
     print(" ".join(f"{c:>20}" for c in cols))
     for r in rows:
-        print(" ".join(f"{r[c]:>20.3f}" if isinstance(r[c], float) else f"{r[c]:>20}" for c in cols))
+        print(" ".join(f"{r.get(c):>20.3f}" if isinstance(r.get(c), float) else f"{r.get(c)!s:>20}"
+                       for c in cols))
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps({"benchmark": "sampling", "rows": rows}, indent=2))

@@ -17,6 +17,8 @@ decode tokens/s in the same run over the steps where all requests decode (from t
 prefill to the first finish: greedy random weights end JSON outputs after about 16 tokens,
 free ones run max_tokens, so whole-run tokens/s would compare different workloads; the free
 run is timed over as many steps as the JSON one), and the ratio (target >= 0.95 at batch 64).
+Each side runs `--repeats` windows, alternating; tokens/s come from the median step time,
+so a stray compile or collection inside a 15-step window does not decide the ratio.
 """
 
 from __future__ import annotations
@@ -124,11 +126,11 @@ def _sync() -> None:
 
 
 def decode_window(llm, prompt: list[int], params, b: int, max_steps: int,
-                  profile: bool) -> tuple[float, int, float]:
-    """Decode tokens/s of b requests over the steps after every prompt is computed and
-    before any request finishes (at most max_steps): the per-step cost, with the same batch
-    size on both sides, whatever lengths the grammar lets the outputs reach.
-    Returns (tokens/s, steps timed, ms per step)."""
+                  profile: bool) -> list[float]:
+    """Wall seconds of each decode step of b requests, over the steps after every prompt is
+    computed and before any request finishes (at most max_steps): the per-step cost, with the
+    same batch size on both sides, whatever lengths the grammar lets the outputs reach. Each
+    step ends with the engine's device->host copy of its tokens, so host time is GPU time."""
     eng = llm.engine
     ids = [eng.add_request(prompt, params) for _ in range(b)]
     live = lambda: [eng.scheduler.requests.get(i) for i in ids]  # noqa: E731
@@ -136,27 +138,28 @@ def decode_window(llm, prompt: list[int], params, b: int, max_steps: int,
         eng.step()                                                 # compile, admit, prefill
     prof = cProfile.Profile() if profile else None
     _sync()
-    t0, steps = time.perf_counter(), 0
+    times: list[float] = []
     if prof is not None:
         prof.enable()
-    while steps < max_steps and all(r is not None for r in live()):
+    while len(times) < max_steps and all(r is not None for r in live()):
+        t = time.perf_counter()
         eng.step()
-        steps += 1
-    _sync()
-    dt = time.perf_counter() - t0
+        times.append(time.perf_counter() - t)
     if prof is not None:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     eng.abort(ids)
     while eng.has_unfinished():
         eng.step()
-    return b * steps / dt if steps else float("nan"), steps, dt * 1e3 / max(1, steps)
+    return times
 
 
-def throughput(tokenizer, batches: list[int], max_tokens: int, profile: bool = False) -> dict:
+def throughput(tokenizer, batches: list[int], max_tokens: int, profile: bool = False,
+               repeats: int = 8) -> dict:
     """Constrained vs unconstrained decode tokens/s through toolkit.LLM at equal batch size
-    (`decode_window`). Random weights, greedy; EOS is ignored by the free side, and the
-    grammar (not the model) decides when a constrained request may stop."""
+    (`decode_window`), `repeats` windows each, alternating: tokens/s from the median step.
+    Random weights, greedy; EOS is ignored by the free side, and the grammar (not the
+    model) decides when a constrained request may stop."""
     from toolkit import LLM, SamplingParams
 
     llm = LLM(qwen3_0_6b(), tokenizer=tokenizer, dtype="bfloat16", enable_prefix_caching=False,
@@ -165,20 +168,29 @@ def throughput(tokenizer, batches: list[int], max_tokens: int, profile: bool = F
     prompt = tokenizer.encode("Extract the entities from: Ada Lovelace met Charles Babbage in London.")
     res = {}
     for b in batches:
-        row: dict = {}
-        window = max_tokens
-        # JSON first: its requests end first, and the free run is timed over as many steps
-        # from the end of prefill (per-step host costs grow with the outputs' length)
-        for label, structured in (("json", spec), ("free", None)):
-            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=structured is None,
-                                    structured=structured)
-            llm.generate([prompt] * b, params, use_tqdm=False)          # warm-up + compile
-            prof = profile and b == max(batches)
-            if prof:
-                print(f"--- batch {b} {label}: where the host time goes (cProfile, tottime)")
-            tps, steps, ms = decode_window(llm, prompt, params, b, window, prof)
-            window = steps
-            row.update({label: tps, f"{label}_steps": steps, f"{label}_ms_per_step": ms})
+        steps: dict[str, list[float]] = {"json": [], "free": []}
+        for rep in range(repeats):
+            window = max_tokens
+            # JSON first: its requests end first, and the free run is timed over as many
+            # steps from the end of prefill (per-step host costs grow with the outputs' length)
+            for label, structured in (("json", spec), ("free", None)):
+                params = SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                        ignore_eos=structured is None, structured=structured)
+                if rep == 0:
+                    llm.generate([prompt] * b, params, use_tqdm=False)  # warm-up + compile
+                prof = profile and b == max(batches) and rep == 0
+                if prof:
+                    print(f"--- batch {b} {label}: where the host time goes (cProfile, tottime)")
+                times = decode_window(llm, prompt, params, b, window, prof)
+                window = len(times)
+                if not prof:                              # a profiled window runs slower
+                    steps[label] += times
+        row: dict = {"repeats": repeats}
+        for label, ts in steps.items():
+            ms = float(np.median(ts)) * 1e3
+            row.update({label: b / ms * 1e3, f"{label}_ms_per_step": ms,
+                        f"{label}_mean_ms_per_step": float(np.mean(ts)) * 1e3,
+                        f"{label}_steps": len(ts)})
         row["ratio"] = row["json"] / row["free"]
         res[str(b)] = row
     return res
@@ -191,7 +203,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--profile", action="store_true", help="cProfile the largest batch's runs")
+    ap.add_argument("--profile", action="store_true", help="cProfile the largest batch's first runs")
+    ap.add_argument("--repeats", type=int, default=8, help="decode windows per side and batch")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -214,13 +227,14 @@ def main() -> None:
         if not torch.cuda.is_available():
             sys.exit("the throughput part needs a CUDA device (use --cpu-only)")
         result["throughput"] = throughput(tok, [int(b) for b in args.batches.split(",")], args.max_tokens,
-                                          args.profile)
+                                          args.profile, args.repeats)
         print(f"{'batch':>6}{'free tok/s':>12}{'json tok/s':>12}{'ratio':>8}{'ms/step free/json':>19}"
-              f"{'steps free/json':>17}")
+              f"{'steps free/json':>17}{'mean ms free/json':>19}")
         for b, r in result["throughput"].items():
             print(f"{b:>6}{r['free']:>12.0f}{r['json']:>12.0f}{r['ratio']:>8.3f}"
                   f"{r['free_ms_per_step']:>10.2f}/{r['json_ms_per_step']:.2f}"
-                  f"{r['free_steps']:>10}/{r['json_steps']}")
+                  f"{r['free_steps']:>10}/{r['json_steps']}"
+                  f"{r['free_mean_ms_per_step']:>12.2f}/{r['json_mean_ms_per_step']:.2f}")
     compiler.close()
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)

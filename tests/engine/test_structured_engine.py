@@ -61,3 +61,26 @@ def test_bad_grammar_rejected_at_add_request(llm):
         SamplingParams(structured=Structured.json({"type": "no-such-type"}))
     assert not llm.engine.has_unfinished()
     assert _chat(llm, "Say hi.", SamplingParams(temperature=0, max_tokens=3)).token_ids
+
+
+def test_grammar_ends_finish_with_their_reason(llm):
+    """A grammar that can go no further ends its request with finish reason "grammar" (here:
+    EOS is ignored, or forbidden by min_tokens, once the regex is complete); its output is
+    exactly the grammar's text, with no token sampled after the end. The grammar takes each
+    step's tokens one step later (overlapping the GPU), so this also checks that the extra
+    step adds nothing. A free request in the same batch runs on; no KV block leaks."""
+    free = llm.engine.scheduler.allocator.num_free_blocks()
+    msgs = [[{"role": "user", "content": "Yes or no?"}],
+            [{"role": "user", "content": "Two digits."}],
+            [{"role": "user", "content": "Say hello."}]]
+    params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
+                             structured=Structured.regex("(yes|no)")),
+              SamplingParams(temperature=0.7, seed=3, max_tokens=20, min_tokens=6,
+                             structured=Structured.regex("[0-9]{2}")),
+              SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
+    outs = llm.chat(msgs, params, use_tqdm=False)
+    assert outs[0].text in {"yes", "no"} and outs[0].outputs[0].finish_reason == "grammar"
+    assert re.fullmatch("[0-9]{2}", outs[1].text) and outs[1].outputs[0].finish_reason == "grammar"
+    assert len(outs[2].outputs[0].token_ids) == 12 and outs[2].outputs[0].finish_reason == "length"
+    assert not llm.engine.has_unfinished() and not llm.engine._pending
+    assert llm.engine.scheduler.allocator.num_free_blocks() == free

@@ -193,3 +193,19 @@ def test_fused_tail_only_where_the_order_allows_and_same_tokens() -> None:
         staged = sampler.process(x, meta)
         want = reference_sampling.gumbel_sample(staged, sampler.keys(meta), meta.greedy)
         assert torch.equal(sampler(x, meta).token_ids, want)
+
+
+@settings(max_examples=15, deadline=None)
+@given(batch=mixed_batches(max_v=200, greedy=False))
+def test_consumed_logits_give_the_same_tokens(batch) -> None:
+    """consume_logits (the engine's own logits): processed in place, no copy, same tokens;
+    a batch asking for logprobs keeps its raw logits (they are read after the stages)."""
+    logits, rows = batch
+    meta = _meta(logits, rows)
+    want = Sampler(generator=torch.Generator().manual_seed(0))(logits.clone(), meta)
+    x = logits.clone()
+    got = Sampler(generator=torch.Generator().manual_seed(0))(x, meta, consume_logits=True)
+    assert torch.equal(got.token_ids, want.token_ids)
+    if meta.max_num_logprobs is not None:
+        assert torch.equal(x, logits)
+        torch.testing.assert_close(got.logprobs, want.logprobs, equal_nan=True)

@@ -127,8 +127,16 @@ def test_kernels_at_qwen_vocab_on_gpu(n: int) -> None:
     meta = _mixed(n, v)
     assert torch.equal(Sampler(use_triton=True)(x, meta).token_ids,
                        Sampler(use_triton=False)(x, meta).token_ids)
-    tail = [t.cuda() for t in _tail_params(n, v, 0)]
-    assert torch.equal(truncated_sample(x, *tail), twin.truncated_sample(x, *tail))
+    for seed in range(3):                      # chunks, rounds, the row kernel, the k-th given
+        tail = [t.cuda() for t in _tail_params(n, v, seed)]
+        want = twin.truncated_sample(x, *tail)
+        for rounds in (0, 1, 3):
+            assert torch.equal(truncated_sample(x, *tail, rounds=rounds), want), (seed, rounds)
+        k = tail[3]
+        rows = torch.nonzero((k > 0) & (k < v)).flatten()
+        if rows.numel():
+            kth = kth_largest(x, k, rows, int(k[rows].max()))
+            assert torch.equal(truncated_sample(x, *tail, kth), want), seed
 
 
 def _tail_params(n: int, v: int, seed: int):
@@ -142,12 +150,23 @@ def _tail_params(n: int, v: int, seed: int):
     return temperature, greedy, min_p, top_k, top_p, keys
 
 
+# (chunk, block, rounds): one chunk per row; several chunks with 0 (the row kernel decides
+# every row with a cut), 1 and 3 rounds of pivot checks
+_SPLITS = [dict(), dict(chunk=64, block=32, rounds=0), dict(chunk=64, block=32, rounds=1),
+           dict(chunk=96, block=32, rounds=3)]
+
+
 @pytest.mark.parametrize("v", [2, 7, 300, 2500])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_truncated_sample_kernel_matches_twin(v: int, seed: int) -> None:
+@pytest.mark.parametrize("split", range(len(_SPLITS)))
+def test_truncated_sample_kernel_matches_twin(v: int, seed: int, split: int) -> None:
     """The fused tail equals the stages run one by one, row for row, with every cut on and
-    off; flat rows with a small top-k make the first candidates fall outside (several rounds)."""
+    off; flat rows with a small top-k make the first candidates fall outside (several rounds).
+    Rows cut into chunks (replayed alike by every chunk), and the rows left to the row kernel."""
+    if split and (v > 300 or seed == 2 or (v == 300 and seed == 1)):
+        pytest.skip("the interpreter runs every chunk's program in Python: small cases only")
     n = 24
+    kw = _SPLITS[split]
     x = _rows(n, v, seed)
     x[3:8] = torch.randn(5, v, generator=torch.Generator().manual_seed(seed)) * 0.01   # flat
     x[8:12] *= 40                                                                     # peaked
@@ -155,14 +174,14 @@ def test_truncated_sample_kernel_matches_twin(v: int, seed: int) -> None:
     top_k[3:8] = torch.tensor([1, 2, 3, 1, 2]).clamp(max=v)
     for mp, k, p in [(min_p, top_k, top_p), (None, top_k, None), (None, None, top_p),
                      (min_p, None, None), (None, None, None)]:
-        got = truncated_sample(x, t, greedy, mp, k, p, keys)
+        got = truncated_sample(x, t, greedy, mp, k, p, keys, **kw)
         want = twin.truncated_sample(x, t, greedy, mp, k, p, keys)
         assert torch.equal(got, want), (mp is None, k is None, p is None, got, want)
         if k is not None:                                    # the cut given, as the sampler does
             rows = torch.nonzero((k > 0) & (k < v)).flatten()
             if rows.numel():
                 kth = kth_largest(x, k, rows, int(k[rows].max()))
-                assert torch.equal(truncated_sample(x, t, greedy, mp, k, p, keys, kth), want)
+                assert torch.equal(truncated_sample(x, t, greedy, mp, k, p, keys, kth, **kw), want)
 
 
 def test_truncated_sample_rejects_until_inside_the_cut() -> None:
@@ -251,7 +270,8 @@ def test_truncated_sample_kernel_matches_twin_on_generated_rows(rows, data) -> N
         nudged = twin.truncated_sample(x, t, greedy, (min_p * f).clamp(max=1.0), top_k,
                                        (top_p * f).clamp(max=1.0), keys)
         assume(torch.equal(nudged, want))
-    assert torch.equal(truncated_sample(x, t, greedy, min_p, top_k, top_p, keys), want)
+    split = dict(chunk=64, block=32, rounds=data.draw(st.integers(0, 2)))   # several chunks
+    assert torch.equal(truncated_sample(x, t, greedy, min_p, top_k, top_p, keys, **split), want)
     rows_k = torch.nonzero((top_k > 0) & (top_k < v)).flatten()
     if rows_k.numel():
         kth = kth_largest(x, top_k, rows_k, int(top_k[rows_k].max()))

@@ -37,6 +37,7 @@ class Engine:
         self.output_processor = OutputProcessor(tokenizer)
         self.proposer, self.num_spec_tokens = proposer, num_spec_tokens
         self.grammars: dict[str, Any] = {}               # request id -> its Grammar
+        self._pending: dict[str, list[int]] = {}           # tokens a grammar has not taken yet
         self._compiling: list[tuple[Request, Future]] = []  # waiting for a grammar compile
         self._compiler = None
         self._rejected: list[RequestOutput] = []
@@ -109,6 +110,7 @@ class Engine:
         for rid in ids:
             self.output_processor.forget(rid)
             self.grammars.pop(rid, None)
+            self._pending.pop(rid, None)
             self._live.pop(rid, None)
         if hasattr(self.proposer, "remove"):
             self.proposer.remove(ids)
@@ -127,10 +129,14 @@ class Engine:
         if out.scheduled:
             batch = self.runner.prepare(out)
             logits = self.runner.forward(batch)
+            # the grammars take last step's tokens now, while the GPU runs the forward
+            ended = self._advance_grammars(batch.sampling)
             for rid, start, _, _ in batch.prompt_owner or ():
                 self.output_processor.add_prompt_logprobs(rid, start, batch.prompt_logprobs[rid])
             emitted, logprobs = self.runner.sample(batch, logits, self.grammars)
             for req, d, toks, lp in zip(batch.sampling, batch.drafts, emitted, logprobs):
+                if req.request_id in ended:
+                    continue             # its grammar ended before this step: its tokens are void
                 sampled[req.request_id] = toks
                 if lp is not None:
                     self.output_processor.add_logprobs(req.request_id, lp)
@@ -139,18 +145,22 @@ class Engine:
                     self.spec_accepted += len(toks) - 1
                     self.spec_steps += 1
                     self.output_processor.add_spec(req.request_id, len(d), len(toks) - 1)
-                g = self.grammars.get(req.request_id)
-                end = self._grammar_end(g, req, toks) if g is not None else None
-                if end is not None:
-                    forced[req.request_id] = end
+                if req.request_id in self.grammars:
+                    self._pending.setdefault(req.request_id, []).extend(toks)
+            if ended:                    # finished here, with no new tokens
+                self.scheduler.abort(list(ended))
+                forced.update(ended)
         self.num_steps += 1
         self.num_preemptions += len(out.preempted_ids)
-        outputs, stopped = self.output_processor.process(self.scheduler.update(out, sampled), forced)
+        results = self.scheduler.update(out, sampled)
+        results += [RequestOutput(rid, [], False, None, None) for rid in forced]
+        outputs, stopped = self.output_processor.process(results, forced)
         if stopped:
             self.scheduler.abort(stopped)   # a stop string or the grammar finished these
         done = [o.request_id for o in outputs if o.finished]
         for rid in done:
             self.grammars.pop(rid, None)
+            self._pending.pop(rid, None)
             self._live.pop(rid, None)
         if done and hasattr(self.proposer, "remove"):
             self.proposer.remove(done)           # a draft model forgets their KV state
@@ -221,17 +231,30 @@ class Engine:
                     outputs=[CompletionOutput(0, "", [], "rejected", str(e))]))
         self._compiling = still
 
-    @staticmethod
-    def _grammar_end(grammar: Any, req: Request, tokens: list[int]) -> str | None:
-        """Advance the grammar by the emitted tokens. Returns a finish reason: "stop" when it
-        accepted EOS, "grammar" when it rejects a token or no token can continue it."""
-        if not grammar.accept(tokens):
-            return "grammar"
-        if grammar.is_terminated():
-            return "stop"
-        sp = req.sampling_params
-        allow_eos = not (sp.ignore_eos or req.num_output_tokens + len(tokens) < sp.min_tokens)
-        return None if grammar.can_continue(allow_eos=allow_eos) else "grammar"
+    def _advance_grammars(self, requests: list[Request]) -> dict[str, str]:
+        """Each sampling request's grammar takes the tokens the request emitted since it last
+        sampled. Deferred from the step that sampled them to here, after the next forward is
+        launched, so this host work overlaps the GPU; the masks never need them earlier.
+        Returns {request id: finish reason} for the grammars that ended: "stop" after an
+        accepted EOS, "grammar" after a rejected token or at a dead end (no token allowed;
+        EOS counts only where the request may stop). Those requests end one step after their
+        last token, with that step's tokens dropped: their outputs are what they were."""
+        ended: dict[str, str] = {}
+        for req in requests:
+            toks = self._pending.pop(req.request_id, None)
+            grammar = self.grammars.get(req.request_id)
+            if not toks or grammar is None:
+                continue
+            if not grammar.accept(toks):
+                ended[req.request_id] = "grammar"
+            elif grammar.is_terminated():
+                ended[req.request_id] = "stop"
+            else:
+                sp = req.sampling_params
+                allow_eos = not (sp.ignore_eos or req.num_output_tokens < sp.min_tokens)
+                if not grammar.can_continue(allow_eos=allow_eos):
+                    ended[req.request_id] = "grammar"
+        return ended
 
     def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
         """(text or None, token ids) of a prompt given as text or as token ids."""

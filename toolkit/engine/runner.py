@@ -153,6 +153,7 @@ class Runner:
         sampled token and its top-N alternatives when it asked for logprobs (plain rows only).
         The step's one device->host transfer."""
         from toolkit.samplers.base import SamplingMetadata
+        from toolkit.samplers.pipeline import Sampler
 
         params, prompts, outputs, eos = [], [], [], []
         for req, d in zip(batch.sampling, batch.drafts):
@@ -168,7 +169,9 @@ class Runner:
                                       check_ids=False)        # checked at add_request
         none: list[dict[int, float] | None] = [None] * len(batch.sampling)
         if not any(batch.drafts):
-            out = self.sampler(logits, meta)
+            # the step's own logits: the toolkit's Sampler may process them in place
+            own = {"consume_logits": True} if isinstance(self.sampler, Sampler) else {}
+            out = self.sampler(logits, meta, **own)
             tokens = [[t] for t in out.token_ids.tolist()]
             if out.logprobs is None:
                 return tokens, none

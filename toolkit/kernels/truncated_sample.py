@@ -1,25 +1,31 @@
-"""Temperature, min-p, top-k, top-p and the exponential race fused in one kernel (Triton).
+"""Temperature, min-p, top-k, top-p and the exponential race fused, each row split over
+many programs (Triton).
 
 The sampler's tail (stages temperature -> min_p -> top_k -> top_p, then Gumbel-max) without
-writing a processed [N, V] tensor and without computing a top-k / top-p threshold in most rows.
-One program per row; y = x / T (round-to-nearest, as torch divides), g = the row's Gumbel
-noise (the hash of `gumbel_sample`), and the kept set K = min-p set ∩ top-k set ∩ top-p set.
+writing a processed [N, V] tensor. y = x / T (round-to-nearest, as torch divides), g = the
+row's Gumbel noise (the hash of `gumbel_sample`), K = min-p set ∩ top-k set ∩ top-p set, and
+the token is argmax over K of y + g (lowest id on ties).
 
-The race by pivots. Pass 1 reads the row once for its max m (the greedy answer) and for
-s = argmax_v (y_v + g_v) over every token. K is "upward closed" (y_v >= y_s and s in K imply
-v in K), so if s is in K it is also the argmax over K: the answer. Whether s is in K is one
-more pass over the row: #{y > y_s} < k (top-k) and mass{y > y_s} < top_p * mass(K before
-top-p) (top-p: s is kept iff the more likely tokens alone fall short of the target). The same
-pass computes the next candidate, argmax of y + g over {y > y_s}, so a rejected s costs one
-pass, and the pivot only rises. With real models' peaked distributions s is nearly always in
-K, so a row costs 1 pass (greedy, or temperature alone) or 2 (with a cut).
+K is upward closed (y_v >= y_s and s in K imply v in K), so the race runs by pivots: race,
+check whether the winner s is in K, and if not race again above it (see
+`truncated_sample_row`, where one program runs this loop to the end). One program per row
+leaves most of the GPU idle and waits on its slowest row, so here a row is cut into chunks of
+`chunk` tokens, one program each, and the loop is unrolled into a fixed number of launches:
 
-The caller may give each top-k row's k-th largest value (the sampler runs torch.topk over
-those rows): the top-k cut is then folded into the min-p cut, so a flat row (where a race
-over all tokens rarely lands in the top k: about log2(V / k) rounds) costs two passes. Without
-it, a row with both top-k and top-p needs mass(top-k set) for the top-p target, and finds its
-k-th largest value by the threshold kernel's probe search (about 8 extra passes on one SM).
-The twin is `reference_sampling.truncated_sample` (the stages materialised, then the race).
+  round 0  each chunk: its max (and lowest argmax), and the race over its tokens above the
+           cuts known beforehand (the caller's k-th largest value for top-k rows).
+  round r  each chunk first replays the row's history from the partial results of rounds
+           < r (the same fixed-order reductions in every program, so every program agrees):
+           the max m, hence the min-p cut; the pivot s_r, the race winner of round r-1; and
+           whether the pivot of round r-1 was kept. A decided row returns at once. Otherwise
+           the chunk adds up, above s_r, the count (top-k) and the mass (top-p), the kept
+           mass Z (round 1), and races above s_r for the next pivot.
+  finalize one program per row replays every round and writes the decided rows' tokens.
+
+Rows still undecided (pivots rejected in every round: rare, since a race's winner falls
+outside a top-p set with probability about 1 - top_p; or top-k with top-p and no k-th value
+given) are finished by the one-program-per-row kernel, which skips the decided ones. The
+twin is `reference_sampling.truncated_sample` (the stages materialised, then the race).
 """
 
 from __future__ import annotations
@@ -28,108 +34,169 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.kernels.gumbel_sample import _race_block, _row_key
-from toolkit.kernels.top_k_top_p import _KEY_NEG_INF, _key, _search
+from toolkit.kernels.gumbel_sample import _race_block_top, _row_key
+from toolkit.kernels.truncated_sample_row import _argmax_lowest, _truncated_sample_row_kernel
 
 _NO_TOKEN = tl.constexpr(2147483647)
 
 
 @triton.jit
-def _argmax_lowest(best, best_idx):
-    """(max value, lowest index holding it) of per-lane running maxima."""
-    top = tl.max(best, axis=0)
-    return top, tl.min(tl.where(best == top, best_idx, _NO_TOKEN), axis=0)
+def _row_params(row, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr,
+                HAS_KTH: tl.constexpr):
+    greedy = tl.load(greedy_ptr + row) != 0
+    temp = tl.load(temp_ptr + row)
+    k = tl.load(top_k_ptr + row).to(tl.int64)
+    p = tl.load(top_p_ptr + row)
+    k_on = (k > 0) & (k < n_cols)
+    p_on = p < 1.0
+    lo_pre = tl.full([], float("-inf"), tl.float32)           # cut known before the max
+    if HAS_KTH:                                              # top-k folded into the cut
+        lo_pre = tl.where(k_on, tl.div_rn(tl.load(kth_ptr + row), temp), lo_pre)
+        k_on = k < 0
+    unsupported = k_on & p_on            # the top-p target needs mass(top-k set): row kernel
+    return greedy, temp, tl.load(log_min_p_ptr + row), k, k_on, p, p_on, lo_pre, unsupported
 
 
 @triton.jit
-def _truncated_sample_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr,
-                             top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, out_ptr,
-                             HAS_KTH: tl.constexpr, BLOCK: tl.constexpr, NUM_PROBES: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = x_ptr + row * stride
-    greedy = tl.load(greedy_ptr + row) != 0
-    temp = tl.load(temp_ptr + row)
-    k1, k2 = _row_key(keys_ptr, row)
+def _best(score_ptr, idx_ptr, base, offs, live):
+    """(max score, lowest id holding it) over one row's chunk results."""
+    s = tl.load(score_ptr + base + offs, mask=live, other=float("-inf"))
+    i = tl.load(idx_ptr + base + offs, mask=live, other=_NO_TOKEN)
+    top = tl.max(s, axis=0)
+    return top, tl.min(tl.where(s == top, i, _NO_TOKEN), axis=0)
 
-    # pass 1: the max (and the greedy answer), and the race over every token
-    best_x = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_xi = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-    best_s = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_si = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-    bound = tl.full([], float("-inf"), tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf"))
-        upd = x > best_x                                                   # strict: lowest id
-        best_x = tl.where(upd, x, best_x)
-        best_xi = tl.where(upd, cols, best_xi)
-        if not greedy:
-            best_s, best_si, bound = _race_block(tl.div_rn(x, temp), cols, k1, k2,
-                                                 x > float("-inf"), best_s, best_si, bound)
-    m, tok = _argmax_lowest(best_x, best_xi)
-    if not greedy:
-        k = tl.load(top_k_ptr + row).to(tl.int64)
-        p = tl.load(top_p_ptr + row)
-        k_on = (k > 0) & (k < n_cols)
-        p_on = p < 1.0
-        my = tl.div_rn(m, temp)
-        lo = my + tl.load(log_min_p_ptr + row)                             # min-p cut on y
-        my = tl.where(m == float("-inf"), 0.0, my)                         # exp(y - my) finite
-        if HAS_KTH:              # the top-k cut given by the caller: no counting, no rounds for it
-            if k_on:
-                lo = tl.maximum(lo, tl.div_rn(tl.load(kth_ptr + row), temp))
-                k_on = k < 0                                               # folded into lo
-        elif k_on & p_on:        # the top-p target needs the top-k set's mass: find its cut
-            t_key = _search(row_ptr, n_cols, tl.full([], _KEY_NEG_INF, tl.int64),
-                            _key(m).to(tl.int64), m, k.to(tl.float32), False, BLOCK, NUM_PROBES)
-            t_key = t_key.to(tl.int32)
-            t_x = tl.where(t_key >= 0, t_key, t_key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-            lo = tl.maximum(lo, tl.div_rn(t_x, temp))
-            k_on = k < 0                                                   # folded into lo
-        _, tok = _argmax_lowest(best_s, best_si)
-        y_s = tl.div_rn(tl.load(row_ptr + tl.minimum(tok, n_cols - 1)), temp)
-        valid = (tok < n_cols) & (y_s >= lo)
-        done = valid & ~(k_on | p_on)
-        while not done:
-            # one pass: the kept mass Z, the count and mass above the pivot, the next candidate
-            piv = tl.where(valid, y_s, float("-inf"))
+
+@triton.jit
+def _y_at(row_ptr, tok, n_cols, temp):
+    return tl.div_rn(tl.load(row_ptr + tl.maximum(tl.minimum(tok, n_cols - 1), 0)), temp)
+
+
+@triton.jit
+def _replay(row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
+            temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported,
+            UPTO: tl.constexpr, SPLITS: tl.constexpr):
+    """The row's state after rounds 0 .. UPTO-1, from their chunk results [round, row, chunk]:
+    (decided, token, pivot valid, pivot y, kept cut lo, max y). Rounds after a decision wrote
+    nothing for the row, so their values are read but never used."""
+    offs = tl.arange(0, SPLITS)
+    live = offs < n_split
+    m, m_tok = _best(fa_ptr, ia_ptr, row * SPLITS, offs, live)
+    _, piv = _best(score_ptr, sidx_ptr, row * SPLITS, offs, live)
+    my = tl.div_rn(m, temp)
+    lo = tl.maximum(lo_pre, my + log_min_p)                            # min-p and top-k cuts
+    my = tl.where(m == float("-inf"), 0.0, my)                         # exp(y - my) finite
+    checks = k_on | p_on
+    y_piv = _y_at(row_ptr, piv, n_cols, temp)
+    piv_ok = (piv < n_cols) & (y_piv >= lo)
+    decided = greedy | (~unsupported & piv_ok & ~checks)
+    tok = tl.where(greedy, m_tok, piv)
+    z = tl.full([], 0.0, tl.float32)
+    for r in tl.static_range(1, UPTO):
+        base = (r * n_rows + row) * SPLITS
+        if r == 1:
+            z = tl.sum(tl.load(z_ptr + base + offs, mask=live, other=0.0), axis=0)
+        above_mass = tl.sum(tl.load(fa_ptr + base + offs, mask=live, other=0.0), axis=0)
+        above_n = tl.sum(tl.load(ia_ptr + base + offs, mask=live, other=0), axis=0)
+        _, nxt = _best(score_ptr, sidx_ptr, base, offs, live)
+        running = ~decided & ~unsupported
+        kept = piv_ok & (~k_on | (above_n < k)) & (~p_on | (above_mass < p * z))
+        nxt_ok = nxt < n_cols                    # nothing above a rejected pivot: only -inf
+        take_piv = running & kept
+        take_nxt = running & ~kept & (~nxt_ok | ~checks)
+        tok = tl.where(take_piv, piv, tl.where(take_nxt, nxt, tok))
+        decided = decided | take_piv | take_nxt
+        moved = running & ~kept
+        y_piv = tl.where(moved, _y_at(row_ptr, nxt, n_cols, temp), y_piv)
+        piv = tl.where(moved, nxt, piv)
+        piv_ok = tl.where(moved, nxt_ok, piv_ok)
+    return decided, tok, piv_ok, y_piv, lo, my
+
+
+@triton.jit
+def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greedy_ptr,
+                  log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr,
+                  score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
+                  ROUND: tl.constexpr, HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
+                  SPLITS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    row_ptr = x_ptr + row * stride
+    greedy, temp, log_min_p, k, k_on, p, p_on, lo_pre, unsupported = _row_params(
+        row, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, HAS_KTH)
+    k1, k2 = _row_key(keys_ptr, row)
+    start0 = split * chunk
+    end0 = tl.minimum(start0 + chunk, n_cols)
+    out = (ROUND * n_rows + row) * SPLITS + split
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.full([], _NO_TOKEN, tl.int32)
+    if ROUND == 0:
+        best_x = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_xi = tl.full([BLOCK], _NO_TOKEN, tl.int32)
+        race = ~greedy & ~unsupported
+        for start in range(start0, end0, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
+            upd = x > best_x                                               # strict: lowest id
+            best_x = tl.where(upd, x, best_x)
+            best_xi = tl.where(upd, cols, best_xi)
+            if race:
+                y = tl.div_rn(x, temp)
+                best, best_i = _race_block_top(y, cols, k1, k2, (x > float("-inf")) & (y >= lo_pre),
+                                               best, best_i)
+        m, m_tok = _argmax_lowest(best_x, best_xi)
+        tl.store(fa_ptr + out, m)
+        tl.store(ia_ptr + out, m_tok)
+        tl.store(score_ptr + out, best)
+        tl.store(sidx_ptr + out, best_i)
+    else:
+        decided, _, piv_ok, y_piv, lo, my = _replay(
+            row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
+            temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUND, SPLITS)
+        if ~decided & ~unsupported:
+            piv = tl.where(piv_ok, y_piv, float("-inf"))
             z = tl.zeros([BLOCK], dtype=tl.float32)
             above_mass = tl.zeros([BLOCK], dtype=tl.float32)
             above_n = tl.zeros([BLOCK], dtype=tl.int32)
-            best_s = tl.full([BLOCK], float("-inf"), tl.float32)
-            best_si = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-            bound = tl.full([], float("-inf"), tl.float32)
-            for start in range(0, n_cols, BLOCK):
+            for start in range(start0, end0, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
-                x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf"))
+                x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
                 y = tl.div_rn(x, temp)
                 keep = y >= lo
                 e = tl.where(keep, tl.exp(y - my), 0.0)
-                z += e
+                if ROUND == 1:
+                    z += e
                 above = keep & (y > piv)
                 above_mass += tl.where(above, e, 0.0)
                 above_n += above.to(tl.int32)
-                if tl.max(above.to(tl.int32), axis=0) > 0:                 # noise only where needed
-                    best_s, best_si, bound = _race_block(y, cols, k1, k2, above, best_s, best_si,
-                                                         bound)
-            kept = valid & (~k_on | (tl.sum(above_n, axis=0) < k))
-            kept = kept & (~p_on | (tl.sum(above_mass, axis=0) < p * tl.sum(z, axis=0)))
-            if kept:
-                done = kept
-            else:
-                _, tok = _argmax_lowest(best_s, best_si)                   # exists: the max is kept
-                y_s = tl.div_rn(tl.load(row_ptr + tl.minimum(tok, n_cols - 1)), temp)
-                valid = tok < n_cols
-                done = ~valid | ~(k_on | p_on)                             # ~valid: nothing left
-    tok = tl.where(tok >= n_cols, 0, tok)                                  # a row of only -inf
-    tl.store(out_ptr + row, tok.to(tl.int64))
+                best, best_i = _race_block_top(y, cols, k1, k2, above, best, best_i)
+            tl.store(fa_ptr + out, tl.sum(above_mass, axis=0))
+            tl.store(ia_ptr + out, tl.sum(above_n, axis=0))
+            tl.store(z_ptr + out, tl.sum(z, axis=0))
+            tl.store(score_ptr + out, best)
+            tl.store(sidx_ptr + out, best_i)
+
+
+@triton.jit
+def _finalize_kernel(x_ptr, stride, n_cols, n_rows, n_split, temp_ptr, greedy_ptr, log_min_p_ptr,
+                     top_k_ptr, top_p_ptr, kth_ptr, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
+                     out_ptr, done_ptr, ROUNDS: tl.constexpr, HAS_KTH: tl.constexpr,
+                     SPLITS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    greedy, temp, log_min_p, k, k_on, p, p_on, lo_pre, unsupported = _row_params(
+        row, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, HAS_KTH)
+    decided, tok, _, _, _, _ = _replay(
+        x_ptr + row * stride, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
+        z_ptr, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUNDS + 1, SPLITS)
+    tl.store(out_ptr + row, tl.where(tok >= n_cols, 0, tok).to(tl.int64))   # only -inf: 0
+    tl.store(done_ptr + row, decided.to(tl.int8))
 
 
 def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
                      min_p: torch.Tensor | None, top_k: torch.Tensor | None,
                      top_p: torch.Tensor | None, keys: torch.Tensor,
                      kth_largest: torch.Tensor | None = None,
-                     *, block: int = 4096, num_warps: int = 16,
+                     *, chunk: int = 8192, block: int = 512, num_warps: int = 4,
+                     rounds: int = 3, row_block: int = 4096, row_warps: int = 16,
                      num_probes: int = 16) -> torch.Tensor:
     """The token of each row: temperature, min-p, top-k, top-p, then the exponential race.
 
@@ -137,12 +204,12 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     greedy); greedy bool [N] (argmax, lowest id on ties); min_p float32 [N] (0 = off) / top_k
     int [N] (<= 0 or >= V = off) / top_p float32 [N] (1 = off), or None when no row uses it;
     keys int64 [N]; kth_largest float32 [N] (optional): the k-th largest logit of each row
-    with top-k on (others: anything), when the caller has it (torch.topk over those rows beats
-    the kernel's one-SM probe search, and a flat row then needs no rounds for its top-k)
-    -> int64 [N]. Equals the stages Temperature, MinP, TopK, TopP and `gumbel_sample` run one
-    after another (see the twin). One program of num_warps warps per row, so the slowest row
-    sets the kernel's time: many warps keep an SM busy (benchmarks/sampling.py --breakdown
-    sweeps block and warps).
+    with top-k on (others: anything), when the caller has it (torch.topk over those rows):
+    the top-k cut then costs no rounds -> int64 [N]. Equals the stages Temperature, MinP,
+    TopK, TopP and `gumbel_sample` run one after another (see the twin).
+
+    Tuning: chunk tokens per program (block at a time, num_warps warps), `rounds` pivot
+    checks before the row kernel (row_block, row_warps, num_probes) takes the rows left.
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
     n, v = logits.shape
@@ -152,13 +219,32 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
         return out
     # log(min_p) by torch, as the MinP stage computes it (the same float32 bits)
     log_min_p = (torch.log(min_p.float()) if min_p is not None
-                 else torch.full((n,), float("-inf"), device=dev))
-    top_k = top_k if top_k is not None else torch.zeros(n, dtype=torch.int64, device=dev)
-    top_p = top_p.float() if top_p is not None else torch.ones(n, device=dev)
-    _truncated_sample_kernel[(n,)](
-        logits, logits.stride(0), v, temperature.float().contiguous(),
-        greedy.to(torch.int8).contiguous(), log_min_p.contiguous(), top_k.contiguous(),
-        top_p.contiguous(), kth_largest.float().contiguous() if kth_largest is not None else top_p,
-        keys.contiguous(), out, HAS_KTH=kth_largest is not None,
-        BLOCK=min(block, triton.next_power_of_2(v)), NUM_PROBES=num_probes, num_warps=num_warps)
+                 else torch.full((n,), float("-inf"), device=dev)).contiguous()
+    top_k = (top_k if top_k is not None else torch.zeros(n, dtype=torch.int64, device=dev)).contiguous()
+    top_p = (top_p.float() if top_p is not None else torch.ones(n, device=dev)).contiguous()
+    kth = kth_largest.float().contiguous() if kth_largest is not None else top_p
+    temperature = temperature.float().contiguous()
+    greedy = greedy.to(torch.int8).contiguous()
+    keys = keys.contiguous()
+    block = min(block, triton.next_power_of_2(v))
+    chunk = triton.cdiv(max(chunk, block), block) * block
+    n_split = triton.cdiv(v, chunk)
+    splits = triton.next_power_of_2(n_split)
+    # chunk results [round, row, chunk]: race score / id, max or mass above / its id or count, Z
+    f32 = torch.empty(3, rounds + 1, n, splits, dtype=torch.float32, device=dev)
+    i32 = torch.empty(2, rounds + 1, n, splits, dtype=torch.int32, device=dev)
+    parts = (f32[0], i32[0], f32[1], i32[1], f32[2])
+    rows = (temperature, greedy, log_min_p, top_k, top_p, kth)
+    has_kth = kth_largest is not None
+    for r in range(rounds + 1):
+        _round_kernel[(n, n_split)](logits, logits.stride(0), v, n, n_split, chunk, *rows, keys,
+                                    *parts, ROUND=r, HAS_KTH=has_kth, BLOCK=block, SPLITS=splits,
+                                    num_warps=num_warps)
+    done = torch.empty(n, dtype=torch.int8, device=dev)
+    _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, *parts, out, done,
+                           ROUNDS=rounds, HAS_KTH=has_kth, SPLITS=splits)
+    _truncated_sample_row_kernel[(n,)](
+        logits, logits.stride(0), v, *rows, keys, done, out, HAS_KTH=has_kth,
+        BLOCK=min(row_block, triton.next_power_of_2(v)), NUM_PROBES=num_probes,
+        num_warps=row_warps)
     return out

@@ -107,23 +107,28 @@ class Sampler:
         return torch.where(meta.seeded, meta.seed_keys, fresh)
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata,
-                 generator: torch.Generator | None = None) -> SamplerOutput:
+                 generator: torch.Generator | None = None, *,
+                 consume_logits: bool = False) -> SamplerOutput:
         """logits float [N, V] -> SamplerOutput; logprobs (raw log_softmax) when a row asks.
 
         Runs the stages that are active for this batch (the raw logits are copied once, and
         only if one is), then the fused tail `truncated_sample` when the pipeline ends with
         temperature / min_p / top_k / top_p stages, else the stages and `gumbel_sample`.
+        consume_logits: the caller no longer needs `logits` (an engine step's own output), so
+        float32 logits may be processed in place when no row asks for logprobs: no copy.
         """
         if tuple(logits.shape) != (meta.num_rows, meta.vocab_size):
             raise ValueError(f"logits must be [num_rows, vocab_size] = "
                              f"[{meta.num_rows}, {meta.vocab_size}], got {list(logits.shape)}")
         cut = fusable_tail(self.stages)
         x = logits
+        writable = (consume_logits and logits.dtype == torch.float32      # stages work in place
+                    and meta.max_num_logprobs is None)                    # logprobs read the raw
         for stage in self.stages[:cut]:
             if not getattr(stage, "active", lambda m: True)(meta):
                 continue
-            if x is logits:
-                x = logits.to(torch.float32, copy=True)                      # stages work in place
+            if not writable:
+                x, writable = logits.to(torch.float32, copy=True), True
             x = stage(x, meta)
         if x.dtype != torch.float32 or x.stride(-1) != 1:
             x = x.to(torch.float32).contiguous()
