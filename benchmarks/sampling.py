@@ -142,6 +142,11 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
         toks = torch.zeros(meta.num_rows, dtype=torch.int64, device=logits.device)
         out["logprobs"] = timer(lambda: gather_logprobs(logits, toks, meta.max_num_logprobs,
                                                         meta.logprob_rows), device, 2, iters)
+        if device.type == "cuda":
+            gpu = graph_timer(lambda: gather_logprobs(logits, toks, meta.max_num_logprobs,
+                                                      meta.logprob_rows), iters)
+            if gpu is not None:
+                out["logprobs, GPU only (graph)"] = gpu
         rows = meta.logprob_rows if meta.logprob_rows is not None else torch.arange(meta.num_rows)
         out["logprobs: its topk"] = timer(
             lambda: logits.index_select(0, rows).topk(meta.max_num_logprobs, dim=-1), device, 2, iters)
@@ -172,8 +177,9 @@ def run(batches: list[int], vocab: int, device: torch.device, warmup: int, iters
             "naive_ms": timer(lambda: naive_sample(logits, t, k, p_), device, warmup, iters),
             "reference_ms": timer(lambda: ref(logits, meta), device, 0, reference_iters),
         }
-        if device.type == "cuda":    # the sampler's GPU time alone (no host launch overhead)
-            row["fast_gpu_ms"] = graph_timer(lambda: fast(logits, meta), iters)
+        if device.type == "cuda":    # the sampler's GPU time alone (no host launch overhead);
+            graphed = Sampler()      # unseeded rows' keys from the default generator: capturable
+            row["fast_gpu_ms"] = graph_timer(lambda: graphed(logits, meta), iters)
         if breakdown:
             row["breakdown_ms"] = stage_breakdown(fast, logits, meta, device, iters)
             print(f"batch {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in row["breakdown_ms"].items()))
