@@ -23,7 +23,7 @@ import torch
 
 from toolkit.samplers import ReferenceSampler, Sampler, SamplingMetadata
 from toolkit.samplers.logprobs import gather_logprobs
-from toolkit.samplers.pipeline import kth_largest
+from toolkit.kernels.reference_sampling import kth_largest as kth_topk
 from toolkit.samplers.stages import fusable_tail, kernel
 from toolkit.types import SamplingParams
 
@@ -113,9 +113,10 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
     keys = sampler.keys(meta)
     kth = None
     if meta.top_k_rows is not None:
-        kth = kth_largest(x0, meta.top_k, meta.top_k_rows, meta.max_top_k)
-        out["kth (topk)"] = timer(lambda: kth_largest(x0, meta.top_k, meta.top_k_rows,
-                                                      meta.max_top_k), device, 2, iters)
+        kth_fn = kernel("kth_largest", x0, sampler.use_triton)
+        kth = kth_fn(x0, meta.top_k, meta.top_k_rows, meta.max_top_k)
+        out["kth"] = timer(lambda: kth_fn(x0, meta.top_k, meta.top_k_rows, meta.max_top_k),
+                           device, 2, iters)
     tail = kernel("truncated_sample", x0, sampler.use_triton)
     out["fused tail"] = timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
                                            meta.top_p, keys, kth), device, 2, iters)
@@ -125,9 +126,10 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
         if gpu is not None:
             out["fused tail, GPU only (graph)"] = gpu
         if kth is not None:
-            gpu = graph_timer(lambda: kth_largest(x0, meta.top_k, meta.top_k_rows, meta.max_top_k), iters)
-            if gpu is not None:
-                out["kth (topk), GPU only (graph)"] = gpu
+            for label, fn in (("kth (radix select)", kth_fn), ("kth (torch.topk)", kth_topk)):
+                gpu = graph_timer(lambda: fn(x0, meta.top_k, meta.top_k_rows, meta.max_top_k), iters)
+                if gpu is not None:
+                    out[f"{label}, GPU only (graph)"] = gpu
 
         for chunk, block, warps, rounds in [(4096, 512, 4, 3), (16384, 512, 4, 3),
                                             (8192, 1024, 4, 3), (8192, 512, 8, 3),

@@ -19,7 +19,8 @@ from toolkit.kernels.penalties import apply_penalties
 from toolkit.kernels.top_k_top_p import top_k_top_p_threshold
 from toolkit.kernels.truncated_sample import truncated_sample
 from toolkit.samplers import Sampler, SamplingMetadata
-from toolkit.samplers.pipeline import kth_largest
+from toolkit.kernels.kth_largest import kth_largest as kth_radix
+from toolkit.kernels.reference_sampling import kth_largest
 from toolkit.samplers.bitmask import pack_token_bitmask, unpack_token_bitmask
 from toolkit.types import SamplingParams
 
@@ -276,3 +277,33 @@ def test_truncated_sample_kernel_matches_twin_on_generated_rows(rows, data) -> N
     if rows_k.numel():
         kth = kth_largest(x, top_k, rows_k, int(top_k[rows_k].max()))
         assert torch.equal(truncated_sample(x, t, greedy, min_p, top_k, top_p, keys, kth), want)
+
+
+@settings(max_examples=12, deadline=None)
+@given(rows=st.lists(logits_rows(max_v=300), min_size=1, max_size=3), data=st.data())
+def test_kth_largest_radix_select_matches_topk(rows, data) -> None:
+    """The radix select's k-th largest equals torch.topk's, bit for bit: ties, -inf, both
+    zeros, tiny and huge values; rows cut into several chunks; unlisted rows stay -inf."""
+    v = min(r.numel() for r in rows)
+    x = torch.stack([r[:v] for r in rows])
+    x[0, : v // 2] = x[0, v // 2: 2 * (v // 2)]                       # many exact ties
+    n = x.shape[0]
+    k = torch.tensor(data.draw(st.lists(st.integers(1, v), min_size=n, max_size=n)))
+    listed = torch.tensor(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    sel = torch.nonzero(listed).flatten()
+    assume(sel.numel() > 0)
+    want = kth_largest(x, k, sel, int(k[sel].max()))
+    got = kth_radix(x, k, sel, int(k[sel].max()), chunk=64, block=32)
+    assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.gpu
+def test_kth_largest_radix_select_at_qwen_vocab_on_gpu() -> None:
+    v, n = 151_936, 64
+    x = _rows(n, v, 3, "cuda")
+    x[5] = torch.randint(-3, 3, (v,), device="cuda").float()               # heavy ties
+    k = torch.randint(1, 2000, (n,), generator=torch.Generator().manual_seed(2)).cuda()
+    k[7] = v
+    sel = torch.arange(0, n, 2, device="cuda")
+    sel = torch.cat([sel, torch.tensor([5, 7], device="cuda")])
+    assert torch.equal(kth_radix(x, k, sel, int(k[sel].max())), kth_largest(x, k, sel, int(k[sel].max())))

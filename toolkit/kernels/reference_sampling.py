@@ -1,7 +1,8 @@
 """Pure-torch twins of the sampling kernels (same names and signatures as the Triton ops).
 
 `top_k_top_p_threshold` (kernels/top_k_top_p.py), `gumbel_sample` (kernels/gumbel_sample.py),
-`truncated_sample` (kernels/truncated_sample.py), `apply_penalties` (kernels/penalties.py) and
+`truncated_sample` (kernels/truncated_sample.py), `kth_largest` (kernels/kth_largest.py),
+`apply_penalties` (kernels/penalties.py) and
 `apply_token_bitmask` (kernels/apply_bitmask.py). They are the oracle of the kernels'
 tests and the CPU path of the sampler. The noise hash is written out here exactly as in
 the Triton kernel, so a seeded row draws the same token on either path.
@@ -92,6 +93,14 @@ def top_k_top_p_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tenso
     t_p = torch.maximum(srt.gather(1, idx), t_k)
     off = (top_p.float() >= 1.0)[:, None]
     return torch.where(off, t_k, t_p).squeeze(1)
+
+
+def kth_largest(x: Tensor, top_k: Tensor, rows: Tensor, max_k: int) -> Tensor:
+    """float32 [N]: the top_k[r]-th largest value of x[r] for r in rows (-inf elsewhere).
+    torch.topk(max_k) over the listed rows; twin of the radix select `kernels.kth_largest`."""
+    sub = x.index_select(0, rows).topk(max_k, dim=1).values              # [R, max_k], descending
+    vals = sub.gather(1, (top_k.index_select(0, rows) - 1)[:, None]).squeeze(1)
+    return torch.full((x.shape[0],), float("-inf"), device=x.device).index_copy_(0, rows, vals)
 
 
 def truncated_sample(logits: Tensor, temperature: Tensor, greedy: Tensor, min_p: Tensor | None,

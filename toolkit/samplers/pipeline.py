@@ -23,14 +23,6 @@ from toolkit.samplers.stages import (MinP, Stage, Temperature, TopK, TopP, defau
                                      fusable_tail, kernel)
 
 
-def kth_largest(x: Tensor, top_k: Tensor, rows: Tensor, max_k: int) -> Tensor:
-    """float32 [N]: the top_k[r]-th largest value of x[r] for r in rows (-inf elsewhere).
-    torch.topk spreads a row over many blocks; only the listed rows are read."""
-    sub = x.index_select(0, rows).topk(max_k, dim=1).values              # [R, max_k], descending
-    vals = sub.gather(1, (top_k.index_select(0, rows) - 1)[:, None]).squeeze(1)
-    return torch.full((x.shape[0],), float("-inf"), device=x.device).index_copy_(0, rows, vals)
-
-
 class Sampler:
     def __init__(self, stages: Iterable[Stage] | None = None, *,
                  generator: torch.Generator | None = None, use_triton: bool | None = None) -> None:
@@ -139,8 +131,9 @@ class Sampler:
             top_k = meta.top_k if TopK in tail else None
             top_p = meta.top_p if TopP in tail else None
             kth = None
-            if top_k is not None and meta.top_k_rows is not None:
-                kth = kth_largest(x, top_k, meta.top_k_rows, meta.max_top_k)
+            if top_k is not None and meta.top_k_rows is not None:     # the top-k cut, given
+                kth = kernel("kth_largest", x, self.use_triton)(x, top_k, meta.top_k_rows,
+                                                                meta.max_top_k)
             tokens = kernel("truncated_sample", x, self.use_triton)(
                 x, meta.temperature if Temperature in tail else torch.ones_like(meta.temperature),
                 meta.greedy, meta.min_p if MinP in tail else None, top_k, top_p,

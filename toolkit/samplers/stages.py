@@ -26,6 +26,7 @@ _KERNEL_MODULE = {
     "gumbel_sample": "toolkit.kernels.gumbel_sample",
     "apply_token_bitmask": "toolkit.kernels.apply_bitmask",
     "truncated_sample": "toolkit.kernels.truncated_sample",
+    "kth_largest": "toolkit.kernels.kth_largest",
     "apply_penalties": "toolkit.kernels.penalties",
 }
 
