@@ -130,6 +130,11 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
                 gpu = graph_timer(lambda: fn(x0, meta.top_k, meta.top_k_rows, meta.max_top_k), iters)
                 if gpu is not None:
                     out[f"{label}, GPU only (graph)"] = gpu
+            for chunk, block in [(16384, 2048), (8192, 4096), (32768, 4096), (4096, 512)]:
+                gpu = graph_timer(lambda: kth_fn(x0, meta.top_k, meta.top_k_rows, meta.max_top_k,
+                                                 chunk=chunk, block=block), iters)
+                if gpu is not None:
+                    out[f"kth radix c{chunk} b{block} (graph)"] = gpu
 
         for chunk, block, warps, rounds in [(4096, 512, 4, 3), (16384, 512, 4, 3),
                                             (8192, 1024, 4, 3), (8192, 512, 8, 3),

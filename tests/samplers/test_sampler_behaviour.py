@@ -210,16 +210,3 @@ def test_consumed_logits_give_the_same_tokens(batch) -> None:
         assert torch.equal(x, logits)
         torch.testing.assert_close(got.logprobs, want.logprobs, equal_nan=True)
 
-
-@settings(max_examples=25, deadline=None)
-@given(row=logits_rows(min_v=64, max_v=64), k=st.integers(1, 8), chunk=st.sampled_from([4, 8, 7]))
-def test_chunked_topk_ids_carry_the_top_values(row, k: int, chunk: int) -> None:
-    """topk_ids (chunks' top-k, then a top-k of those) gives ids whose values are the row's k
-    largest, in order, with ties and -inf (chunk 7 does not divide V: plain topk)."""
-    from toolkit.samplers.logprobs import topk_ids
-
-    x = torch.stack([row, row.flip(0), torch.full_like(row, float("-inf"))])
-    ids = topk_ids(x, k, chunk=chunk)
-    assert ids.shape == (3, k) and bool(((ids >= 0) & (ids < 64)).all())
-    assert torch.equal(x.gather(1, ids), x.topk(k, dim=-1).values)
-    assert all(len(set(r.tolist())) == k for r in ids)                  # no id twice

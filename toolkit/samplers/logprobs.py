@@ -31,23 +31,6 @@ def gather_logprobs(logits: Tensor, token_ids: Tensor, k: int,
     ranks = (x >= x.gather(1, token_ids[:, None])).sum(dim=-1)            # [N]
     ids = token_ids[:, None]
     if k:
-        ids = torch.cat([ids, topk_ids(x, k)], dim=1)                      # [N, k+1]
+        ids = torch.cat([ids, x.topk(k, dim=-1).indices], dim=1)          # [N, k+1]
     return (x.gather(1, ids) - m) - lse, ids, ranks
 
-
-def topk_ids(x: Tensor, k: int, chunk: int = 128) -> Tensor:
-    """int64 [N, k]: the ids of each row's k largest values, largest first (ties: any order).
-
-    torch.topk gives a long row to one thread block, so a few rows of a 150k vocabulary leave
-    the GPU idle; here each row is cut into chunks of `chunk` (which must divide V, else plain
-    topk), every chunk keeps its k largest, and one topk over those candidates finishes.
-    The k largest of a row are among its chunks' k largest.
-    """
-    n, v = x.shape
-    if k > chunk or v % chunk or v < 8 * chunk:
-        return x.topk(k, dim=-1).indices
-    part = x.view(n, v // chunk, chunk).topk(k, dim=-1)                   # [N, V/chunk, k]
-    base = torch.arange(0, v, chunk, device=x.device)[None, :, None]
-    cand = (part.indices + base).reshape(n, -1)                           # [N, V/chunk * k]
-    best = part.values.reshape(n, -1).topk(k, dim=-1).indices             # [N, k]
-    return cand.gather(1, best)
