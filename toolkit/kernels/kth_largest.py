@@ -81,6 +81,8 @@ def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k:
     width; kept for one signature). Five launches, each reading the listed rows once.
     """
     assert x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
+    if block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block}")
     n, v = x.shape
     out = torch.full((n,), float("-inf"), device=x.device)
     sel = rows.numel()

@@ -212,6 +212,9 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     checks before the row kernel (row_block, row_warps, num_probes) takes the rows left.
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
+    if rounds < 0 or block & (block - 1) or row_block & (row_block - 1):
+        raise ValueError(f"rounds must be >= 0 and block, row_block powers of two; got rounds="
+                         f"{rounds}, block={block}, row_block={row_block}")
     n, v = logits.shape
     dev = logits.device
     out = torch.empty(n, dtype=torch.int64, device=dev)

@@ -37,6 +37,13 @@ def _argmax_lowest(best, best_idx):
 
 
 @triton.jit
+def _race_start(BLOCK: tl.constexpr):
+    """Per-lane running maxima (-inf) with their ids (none yet), and the race's bound."""
+    return (tl.full([BLOCK], float("-inf"), tl.float32), tl.full([BLOCK], _NO_TOKEN, tl.int32),
+            tl.full([], float("-inf"), tl.float32))
+
+
+@triton.jit
 def _truncated_sample_row_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr,
                                  top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, done_ptr, out_ptr,
                                  HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
@@ -58,11 +65,8 @@ def _one_row(x_ptr, stride, n_cols, row, temp_ptr, greedy_ptr, log_min_p_ptr, to
     k1, k2 = _row_key(keys_ptr, row)
 
     # pass 1: the max (and the greedy answer), and the race over every token
-    best_x = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_xi = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-    best_s = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_si = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-    bound = tl.full([], float("-inf"), tl.float32)
+    best_x, best_xi, _ = _race_start(BLOCK)
+    best_s, best_si, bound = _race_start(BLOCK)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf"))
@@ -102,9 +106,7 @@ def _one_row(x_ptr, stride, n_cols, row, temp_ptr, greedy_ptr, log_min_p_ptr, to
             z = tl.zeros([BLOCK], dtype=tl.float32)
             above_mass = tl.zeros([BLOCK], dtype=tl.float32)
             above_n = tl.zeros([BLOCK], dtype=tl.int32)
-            best_s = tl.full([BLOCK], float("-inf"), tl.float32)
-            best_si = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-            bound = tl.full([], float("-inf"), tl.float32)
+            best_s, best_si, bound = _race_start(BLOCK)
             for start in range(0, n_cols, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
                 x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf"))
