@@ -204,9 +204,9 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     greedy); greedy bool [N] (argmax, lowest id on ties); min_p float32 [N] (0 = off) / top_k
     int [N] (<= 0 or >= V = off) / top_p float32 [N] (1 = off), or None when no row uses it;
     keys int64 [N]; kth_largest float32 [N] (optional): the k-th largest logit of each row
-    with top-k on (others: anything), when the caller has it (torch.topk over those rows):
-    the top-k cut then costs no rounds -> int64 [N]. Equals the stages Temperature, MinP,
-    TopK, TopP and `gumbel_sample` run one after another (see the twin).
+    with top-k on (others: anything), when the caller has it (`kernels.kth_largest`, a radix
+    select over those rows): the top-k cut then costs no rounds -> int64 [N]. Equals the stages
+    Temperature, MinP, TopK, TopP and `gumbel_sample` run one after another (see the twin).
 
     Tuning: chunk tokens per program (block at a time, num_warps warps), `rounds` pivot
     checks before the row kernel (row_block, row_warps, num_probes) takes the rows left.
