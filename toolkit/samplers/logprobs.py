@@ -33,4 +33,3 @@ def gather_logprobs(logits: Tensor, token_ids: Tensor, k: int,
     if k:
         ids = torch.cat([ids, x.topk(k, dim=-1).indices], dim=1)          # [N, k+1]
     return (x.gather(1, ids) - m) - lse, ids, ranks
-
