@@ -144,11 +144,22 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify this step
     spec_token_probs: Any = None          # float32 [len(spec_token_ids), V] draft distribution, or None (one-hot)
     stop_reason: int | str | None = None
+    _prompt_array: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.request_id, str), "request_id", "a string", self.request_id)
         _check(len(self.prompt_token_ids) > 0, "prompt_token_ids", "non-empty", self.prompt_token_ids)
         self.prompt_token_ids = [int(t) for t in self.prompt_token_ids]
+
+    @property
+    def prompt_array(self) -> Any:
+        """The prompt as int64 numpy [P], made once: the sampler's per-step metadata copies
+        it for repetition penalties instead of converting the list again each step."""
+        if self._prompt_array is None:
+            import numpy as np
+
+            self._prompt_array = np.asarray(self.prompt_token_ids, dtype=np.int64)
+        return self._prompt_array
 
     @property
     def num_prompt_tokens(self) -> int:

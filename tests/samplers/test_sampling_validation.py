@@ -90,3 +90,21 @@ def test_metadata_sent_in_one_packed_copy_is_the_same(monkeypatch) -> None:
             else:
                 assert x == y, f.name
     assert plain.bad_words is not None and plain.min_tokens is not None and plain.bias is not None
+
+
+def test_metadata_from_numpy_prompts_is_the_same() -> None:
+    """The engine hands prompts as int64 numpy arrays (Request.prompt_array, made once); the
+    penalties' token lists come out as from Python lists, mixed rows and empty ones included."""
+    import numpy as np
+
+    v = 40
+    params = [SamplingParams(repetition_penalty=1.3), SamplingParams(presence_penalty=0.5),
+              SamplingParams(repetition_penalty=0.8), SamplingParams(temperature=0.0)]
+    prompts = [[1, 2, 3, 2], [5], [7, 8], [9, 9, 9, 9, 9]]
+    outputs = [[3], [5, 5], [], [1]]
+    want = SamplingMetadata.build(params, prompts, outputs, v, "cpu")
+    arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+    for given in (arrays, [arrays[0], prompts[1], arrays[2], prompts[3]]):
+        got = SamplingMetadata.build(params, given, outputs, v, "cpu")
+        assert torch.equal(got.prompt_tokens, want.prompt_tokens)
+        assert torch.equal(got.output_tokens, want.output_tokens)

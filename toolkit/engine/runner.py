@@ -159,7 +159,7 @@ class Runner:
         for req, d in zip(batch.sampling, batch.drafts):
             for j in range(1 + len(d)):
                 params.append(req.sampling_params)
-                prompts.append(req.prompt_token_ids)
+                prompts.append(req.prompt_array)            # numpy, made once
                 # drafts before a row count as output (no copy for a plain row)
                 outputs.append(req.output_token_ids + d[:j] if j else req.output_token_ids)
                 eos.append(req.eos_token_id)

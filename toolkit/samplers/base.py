@@ -55,10 +55,22 @@ class SamplerOutput:
 
 
 def _pad(rows: Sequence[Sequence[int]], pad: int) -> Tensor:
-    """int64 [N, max len] (at least one column), rows left-aligned, padded with `pad`."""
+    """int64 [N, max len] (at least one column), rows left-aligned, padded with `pad`.
+    Rows may be lists or int64 numpy arrays (copied as blocks, not converted token by token)."""
     lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     width = max(int(lens.max(initial=0)), 1)
     out = np.full((len(rows), width), pad, dtype=np.int64)
+    if any(isinstance(r, np.ndarray) for r in rows):
+        lists = []
+        for i, r in enumerate(rows):
+            if isinstance(r, np.ndarray):
+                out[i, : len(r)] = r
+            else:
+                lists.append(i)
+        if lists:                                   # the list rows, by the scatter below
+            sub = _pad([rows[i] for i in lists], pad).numpy()
+            out[lists, : sub.shape[1]] = sub[:, : width]
+        return torch.from_numpy(out)
     flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lens.sum()))
     # row i's tokens go to out[i, :lens[i]]: one scatter instead of a copy per row
     row_of = np.repeat(np.arange(len(rows)), lens)
@@ -143,12 +155,12 @@ class SamplingMetadata:
     logprob_rows: Tensor | None          # int64 [R]: the rows that ask, when not all of them do
     # host views (the caller's lists, read-only, this step only), for the reference sampler and users' stages
     params: list[SamplingParams]
-    prompt_token_ids: list[list[int]]
+    prompt_token_ids: list[Sequence[int]]   # lists, or int64 numpy arrays (the engine's)
     output_token_ids: list[list[int]]
     eos_token_ids: list[int | None]
 
     @classmethod
-    def build(cls, params: list[SamplingParams], prompt_token_ids: list[list[int]],
+    def build(cls, params: list[SamplingParams], prompt_token_ids: Sequence[Sequence[int]],
               output_token_ids: list[list[int]], vocab_size: int, device: Any,
               eos_token_ids: list[int | None] | None = None,
               bitmask: Tensor | None = None, check_ids: bool = True) -> "SamplingMetadata":
