@@ -145,26 +145,48 @@ def test_prompt_logprobs_equal_hf_and_survive_chunking(tiny_llama_dir):
 
 
 def test_n_samples_share_prompt_blocks(tiny_llama_dir):
-    """n > 1: samples 1.. join after sample 0 computed the prompt and hit its full blocks."""
-    prompt = list(range(3, 3 + 37))                      # 9 full blocks of 4 and one partial
+    """n > 1: samples 1.. are forked onto sample 0's prompt blocks once it has computed them
+    (ref += 1, nothing recomputed but the last prompt token), and the partial last block is
+    copied on write through copy_blocks: by the first two of its three holders to write, the
+    third writes in place. The tokens equal those of siblings that compute the whole prompt."""
+    prompt = list(range(3, 3 + 39))                      # 9 full blocks of 4 and 3 tokens
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
     with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=64) as llm:
         eng = llm.engine
-        seen = {}
-        orig = eng.scheduler.add_request
+        copies, forked = [], []
+        prepare, fork = eng.runner.prepare, eng.scheduler.fork
 
-        def spy(req):
-            seen[req.request_id] = req
-            orig(req)
-        eng.scheduler.add_request = spy
+        def spy_prepare(out):
+            copies.extend(out.blocks_to_copy)
+            return prepare(out)
+
+        def spy_fork(req, parent):
+            forked.append(fork(req, parent))
+            return forked[-1]
+        eng.runner.prepare, eng.scheduler.fork = spy_prepare, spy_fork
         out = llm.generate([prompt], params, use_tqdm=False)[0]
         assert eng.scheduler.allocator.num_free_blocks() == 64
+    assert forked == [True, True]
+    assert len(copies) == 2 and copies[0][0] == copies[1][0] and copies[0][1] != copies[1][1]
     assert len(out.outputs) == 3 and len({tuple(c.token_ids) for c in out.outputs}) > 1
-    hits = sorted(r.num_cached_tokens for r in seen.values())
-    assert hits == [0, 36, 36], hits                     # siblings reuse the 9 full prompt blocks
     with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, enable_prefix_caching=False) as llm:
+        llm.engine.scheduler.fork = lambda req, parent: False       # every sibling computes it all
         again = llm.generate([prompt], params, use_tqdm=False)[0]
     assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+
+
+def test_forked_samples_survive_preemption(tiny_llama_dir):
+    """A cache too small for every sample at once: forked siblings and their parent get
+    preempted and recomputed, outputs stay those of an ample cache, and no block leaks."""
+    prompt = list(range(5, 5 + 22))
+    params = SamplingParams(n=4, temperature=0.8, seed=11, max_tokens=24, ignore_eos=True)
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=64) as llm:
+        want = llm.generate([prompt], params, use_tqdm=False)[0]
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=20) as llm:
+        got = llm.generate([prompt], params, use_tqdm=False)[0]
+        assert llm.engine.num_preemptions > 0
+        assert llm.engine.scheduler.allocator.num_free_blocks() == 20
+    assert [c.token_ids for c in got.outputs] == [c.token_ids for c in want.outputs]
 
 
 def test_every_eos_id_of_the_model_stops(tiny_llama_dir, expected):

@@ -57,9 +57,9 @@ class Engine:
         """Validate and queue one request; raises ValueError (nothing queued) on bad input.
 
         after: the id of a live request with the same prompt (a sibling sample of n > 1); this
-        one joins the scheduler only once that one has computed its prompt, so the prompt's
-        full blocks are shared through the prefix cache (a lookup is a fork: ref += 1) and
-        only the partial last block is computed again."""
+        one joins the scheduler only once that one has computed its prompt, and is forked onto
+        its blocks (ref += 1; the partial last block is copied on write), or, where the
+        scheduler cannot fork, shares the full blocks through the prefix cache."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -178,11 +178,14 @@ class Engine:
                     mean_accepted_length=1 + self.spec_accepted / max(self.spec_steps, 1))
 
     def _release_held(self) -> None:
-        """Siblings join once their leader's prompt is computed (its full blocks are cached)."""
+        """Siblings join once their leader's prompt is computed: forked onto its prompt blocks
+        (copy-on-write of the last one) when the scheduler can, else through the prefix cache."""
         still = []
         for req, lead in self._held:
             if lead.is_finished or lead.num_computed_tokens >= lead.num_prompt_tokens - 1:
-                self.scheduler.add_request(req)
+                fork = getattr(self.scheduler, "fork", None)
+                if lead.is_finished or fork is None or not fork(req, lead):
+                    self.scheduler.add_request(req)
             else:
                 still.append((req, lead))
         self._held = still

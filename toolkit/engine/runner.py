@@ -38,6 +38,7 @@ class Batch:
     prompt_next: list[int] | None = None
     prompt_owner: list[tuple[str, int, int, int]] | None = None   # (request id, first position, count, top-N)
     prompt_logprobs: dict[str, list[dict[int, float]]] | None = None   # filled by forward()
+    blocks_to_copy: list[tuple[int, int]] | None = None   # copy-on-write (src, dst) before the forward
 
     @property
     def num_rows(self) -> int:
@@ -112,11 +113,18 @@ class Runner:
             logits_indices=_to(np.asarray(logits_idx, dtype=np.int64), dev),
             sampling=sampling, drafts=drafts, graph_batch=bp,
             prompt_rows=p_rows or None, prompt_next=p_next or None, prompt_owner=p_owner or None,
+            blocks_to_copy=list(out.blocks_to_copy) or None,
         )
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [N, V] (float32) of the rows that sample."""
+        if batch.blocks_to_copy:          # shared blocks the step writes to: private copies first
+            from toolkit.kernels.dispatch import copy_blocks
+
+            src, dst = zip(*batch.blocks_to_copy)
+            copy_blocks(self.kv_cache.layers, _to(np.asarray(src, dtype=np.int64), self.device),
+                        _to(np.asarray(dst, dtype=np.int64), self.device))
         self.attention.plan(batch.layout)
         bp = batch.graph_batch
         if bp is not None and self.graphs.captured(bp):

@@ -41,6 +41,51 @@ class ContinuousBatchingScheduler(SchedulerCore):
                     "and chunked prefill is off")
         return super().never_fits(request)
 
+    # -- n > 1: siblings on their parent's prompt blocks --
+    def fork(self, request: Request, parent: Request) -> bool:
+        """Start `request` (a sibling sample: the same prompt) on `parent`'s prompt blocks.
+
+        Each block gets ref += 1 instead of being computed again; the request computes only
+        its last prompt token (for its logits), and the block that token lands in is copied
+        first, on the device (SchedulerOutput.blocks_to_copy), since the parent writes its own
+        tokens there. Returns False, changing nothing, when that cannot be done now: the
+        parent is not running with its whole prompt computed, the batch is full, or the
+        allocator does not count references. The caller then adds the request as usual."""
+        p = request.num_prompt_tokens
+        if (parent.status is not RequestStatus.RUNNING or parent.num_computed_tokens < p
+                or parent.request_id not in self.requests or request.request_id in self.requests
+                or request.request_id in self._ignored or request.block_ids
+                or request.num_computed_tokens or request.prompt_token_ids != parent.prompt_token_ids
+                or not hasattr(self.allocator, "ref_count")
+                or len(self.running) >= self.max_num_seqs):
+            return False
+        blocks = parent.block_ids[: self.blocks_for(p)]
+        self.allocator.fork(blocks)
+        request.block_ids = list(blocks)
+        request.num_computed_tokens = request.num_cached_tokens = p - 1
+        request.status = RequestStatus.RUNNING
+        self.requests[request.request_id] = request
+        self.running.append(request)
+        self._published[request.request_id] = p // self.block_size   # the parent's, published
+        return True
+
+    def _shared_write_block(self, req: Request) -> int | None:
+        """Index in req.block_ids of the block its next token is written to, if another
+        request holds it too (a forked sibling's, or its parent's): it must be copied first."""
+        i = req.num_computed_tokens // self.block_size
+        ref = getattr(self.allocator, "ref_count", None)
+        if ref is None or i >= len(req.block_ids) or ref(req.block_ids[i]) <= 1:
+            return None
+        return i
+
+    def _copy_on_write(self, req: Request, i: int, out: SchedulerOutput) -> None:
+        """req's block i becomes a fresh block holding a copy (made on the device before the
+        step's forward); the shared one loses req's reference."""
+        (new,) = self.allocator.allocate(1)
+        out.blocks_to_copy.append((req.block_ids[i], new))
+        self.allocator.free([req.block_ids[i]])
+        req.block_ids[i] = new
+
     # -- one step --
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_ids=self._drain_finished())
@@ -74,11 +119,16 @@ class ContinuousBatchingScheduler(SchedulerCore):
         """Give req blocks up to `end` (+ lookahead), preempting policy victims among
         running[i:] as needed. False if req itself was preempted."""
         while True:
-            need = self.blocks_for(self._alloc_end(req, end)) - len(req.block_ids)
+            shared = self._shared_write_block(req)          # copy-on-write first (n > 1)
+            grow = self.blocks_for(self._alloc_end(req, end)) - len(req.block_ids)
+            need = max(grow, 0) + (shared is not None)
             if need <= 0:
                 return True
             if need <= self.allocator.num_free_blocks():
-                req.block_ids.extend(self.allocator.allocate(need))
+                if shared is not None:
+                    self._copy_on_write(req, shared, out)
+                if grow > 0:
+                    req.block_ids.extend(self.allocator.allocate(grow))
                 return True
             candidates = self.running[i:]
             victim = self.policy.victim(candidates)
