@@ -130,7 +130,8 @@ def decode_window(llm, prompt: list[int], params, b: int, max_steps: int,
     """Wall seconds of each decode step of b requests, over the steps after every prompt is
     computed and before any request finishes (at most max_steps): the per-step cost, with the
     same batch size on both sides, whatever lengths the grammar lets the outputs reach. Each
-    step ends with the engine's device->host copy of its tokens, so host time is GPU time."""
+    step ends with the engine's device->host copy of its tokens, so its wall time includes
+    the GPU's work."""
     eng = llm.engine
     ids = [eng.add_request(prompt, params) for _ in range(b)]
     live = lambda: [eng.scheduler.requests.get(i) for i in ids]  # noqa: E731

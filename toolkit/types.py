@@ -144,7 +144,7 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify this step
     spec_token_probs: Any = None          # float32 [len(spec_token_ids), V] draft distribution, or None (one-hot)
     stop_reason: int | str | None = None
-    _prompt_array: Any = field(default=None, repr=False, compare=False)
+    _prompt_array: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check(isinstance(self.request_id, str), "request_id", "a string", self.request_id)

@@ -243,6 +243,8 @@ class Engine:
         EOS counts only where the request may stop). Those requests end one step after their
         last token, with that step's tokens dropped: their outputs are what they were."""
         ended: dict[str, str] = {}
+        if not self._pending:                        # no grammar waits: no per-request work
+            return ended
         for req in requests:
             toks = self._pending.pop(req.request_id, None)
             grammar = self.grammars.get(req.request_id)
