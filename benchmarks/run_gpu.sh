@@ -10,7 +10,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOOLKIT_CACHE=/tmp/too
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 for step in "$@"; do
   case $step in
-    tests)      timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -40 ;;
+    tests)      timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_PATHS:-tests} 2>&1 | tail -40 ;;
     throughput) timeout 420 python3 benchmarks/throughput.py --workload random --num 256 --hf-num ${HF_NUM:-64} --out $OUT/throughput_random.json 2>&1 | grep -v Warning | tail -30 ;;
     sharegpt)   timeout ${SG_TIMEOUT:-420} python3 benchmarks/throughput.py --workload sharegpt --num 1000 --hf-num ${HF_NUM:-100} --kv-fraction 0.5 --out $OUT/throughput_sharegpt.json 2>&1 | grep -v Warning | tail -20 ;;
     sampling)   timeout 180 python3 benchmarks/sampling.py ${SAMPLING_ARGS:-} --out $OUT/sampling.json 2>&1 | tail -20 ;;

@@ -23,6 +23,7 @@ import torch
 
 from toolkit.samplers import ReferenceSampler, Sampler, SamplingMetadata
 from toolkit.samplers.logprobs import gather_logprobs
+from toolkit.kernels.kth_largest import kth_largest_radix as kth_radix
 from toolkit.kernels.reference_sampling import kth_largest as kth_topk
 from toolkit.samplers.stages import fusable_tail, kernel
 from toolkit.types import SamplingParams
@@ -126,20 +127,13 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
         if gpu is not None:
             out["fused tail, GPU only (graph)"] = gpu
         if kth is not None:
-            for label, fn in (("kth (radix select)", kth_fn), ("kth (torch.topk)", kth_topk)):
+            for label, fn in (("kth (group filter)", kth_fn), ("kth (radix select)", kth_radix),
+                              ("kth (torch.topk)", kth_topk)):
                 gpu = graph_timer(lambda: fn(x0, meta.top_k, meta.top_k_rows, meta.max_top_k), iters)
                 if gpu is not None:
                     out[f"{label}, GPU only (graph)"] = gpu
-            for chunk, block in [(16384, 2048), (8192, 4096), (32768, 4096), (4096, 512)]:
-                gpu = graph_timer(lambda: kth_fn(x0, meta.top_k, meta.top_k_rows, meta.max_top_k,
-                                                 chunk=chunk, block=block), iters)
-                if gpu is not None:
-                    out[f"kth radix c{chunk} b{block} (graph)"] = gpu
 
-        for chunk, block, warps, rounds in [(4096, 512, 4, 3), (16384, 512, 4, 3),
-                                            (8192, 1024, 4, 3), (8192, 512, 8, 3),
-                                            (8192, 256, 2, 3), (8192, 512, 4, 2),
-                                            (8192, 512, 4, 5), (8192, 512, 4, 0)]:
+        for chunk, block, warps, rounds in [(4096, 512, 4, 3), (8192, 512, 4, 0)]:
             gpu = graph_timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
                                            meta.top_p, keys, kth, chunk=chunk, block=block,
                                            num_warps=warps, rounds=rounds), iters)
@@ -160,8 +154,26 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
     return {k: round(v, 4) for k, v in out.items()}
 
 
+def kernel_table(fn: Callable[[], object], calls: int = 11) -> list[tuple[str, float]]:
+    """The GPU kernels of one fn() call in launch order, each with its median microseconds
+    over `calls` profiled calls (torch.profiler)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    per = len(evs) // calls
+    return [(evs[i].name[:50], round(statistics.median(
+        evs[c * per + i].time_range.elapsed_us() for c in range(calls)), 1)) for i in range(per)]
+
+
 def run(batches: list[int], vocab: int, device: torch.device, warmup: int, iters: int,
-        reference_iters: int, breakdown: bool = False) -> list[dict]:
+        reference_iters: int, breakdown: bool = False, kernels: bool = False) -> list[dict]:
     rows = []
     gen = torch.Generator(device=device).manual_seed(0)
     fast = Sampler(generator=gen)
@@ -187,6 +199,11 @@ def run(batches: list[int], vocab: int, device: torch.device, warmup: int, iters
         if device.type == "cuda":    # the sampler's GPU time alone (no host launch overhead);
             graphed = Sampler()      # unseeded rows' keys from the default generator: capturable
             row["fast_gpu_ms"] = graph_timer(lambda: graphed(logits, meta), iters)
+        if kernels and device.type == "cuda":
+            row["kernels_us"] = kernel_table(lambda: fast(logits, meta))
+            print(f"batch {n} kernels (us, launch order; total "
+                  f"{sum(v for _, v in row['kernels_us']):.0f}):\n  " + "\n  ".join(
+                      f"{v:8.1f}  {k}" for k, v in row["kernels_us"]))
         if breakdown:
             row["breakdown_ms"] = stage_breakdown(fast, logits, meta, device, iters)
             print(f"batch {n}: " + ", ".join(f"{k} {v:.3f}" for k, v in row["breakdown_ms"].items()))
@@ -205,12 +222,14 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--reference-iters", type=int, default=1, help="the reference is slow: few runs")
     ap.add_argument("--breakdown", action="store_true", help="also time each stage on its own")
+    ap.add_argument("--kernels", action="store_true", help="GPU time of each kernel (torch.profiler)")
     ap.add_argument("--small", action="store_true", help="CPU smoke sizes: batch 1 4, V 4096, 3 iters")
     ap.add_argument("--out", type=pathlib.Path, default=None, help="write the rows as JSON here")
     a = ap.parse_args()
     if a.small:
         a.batch, a.vocab, a.warmup, a.iters = [1, 4], 4096, 1, 3
-    rows = run(a.batch, a.vocab, torch.device(a.device), a.warmup, a.iters, a.reference_iters, a.breakdown)
+    rows = run(a.batch, a.vocab, torch.device(a.device), a.warmup, a.iters, a.reference_iters, a.breakdown,
+               a.kernels)
     cols = ["batch", "vocab", "build_ms", "fast_ms", "fast_gpu_ms", "staged_ms", "naive_ms",
             "reference_ms", "speedup_vs_naive", "speedup_vs_reference"]
     print(" ".join(f"{c:>20}" for c in cols))

@@ -31,3 +31,25 @@ def test_cuda_engine_bf16_sampling_runs(tiny_llama_dir):
         b = llm.generate(_prompts()[:1], params, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 16 for o in a)
     assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids   # seeded: batch-independent
+
+
+def test_cuda_forked_samples_equal_unforked(tiny_llama_dir):
+    """n > 1 on CUDA: forked siblings (copy-on-write through the copy_blocks kernel, with and
+    without CUDA graphs) sample the same tokens as siblings that compute the whole prompt."""
+    prompt = list(range(3, 3 + 39))                      # a partial last block to copy
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
+    runs = []
+    for kw, fork in ((dict(), True), (dict(cuda_graphs=False), True), (dict(), False)):
+        with LLM(tiny_llama_dir, dtype="float32", device="cuda", block_size=4, num_blocks=64,
+                 **kw) as llm:
+            copies = []
+            prepare = llm.engine.runner.prepare
+            llm.engine.runner.prepare = lambda out: (copies.extend(out.blocks_to_copy), prepare(out))[1]
+            if not fork:
+                llm.engine.scheduler.fork = lambda req, parent: False
+            out = llm.generate([prompt], params, use_tqdm=False)[0]
+            assert llm.engine.scheduler.allocator.num_free_blocks() == 64
+        assert (len(copies) == 2) == fork, (kw, copies)
+        runs.append([c.token_ids for c in out.outputs])
+    assert runs[0] == runs[1] == runs[2]
+    assert len({tuple(t) for t in runs[0]}) > 1

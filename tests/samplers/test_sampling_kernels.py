@@ -19,7 +19,9 @@ from toolkit.kernels.penalties import apply_penalties
 from toolkit.kernels.top_k_top_p import top_k_top_p_threshold
 from toolkit.kernels.truncated_sample import truncated_sample
 from toolkit.samplers import Sampler, SamplingMetadata
-from toolkit.kernels.kth_largest import kth_largest as kth_radix
+from toolkit.kernels.kth_largest import kth_largest as kth_fast
+from toolkit.kernels.kth_largest import kth_largest_radix as kth_radix
+from toolkit.kernels.logprobs import gather_logprobs as fast_logprobs
 from toolkit.kernels.reference_sampling import kth_largest
 from toolkit.samplers.bitmask import pack_token_bitmask, unpack_token_bitmask
 from toolkit.types import SamplingParams
@@ -297,6 +299,26 @@ def test_kth_largest_radix_select_matches_topk(rows, data) -> None:
     assert torch.equal(got, want), (got, want)
 
 
+@settings(max_examples=15, deadline=None)
+@given(rows=st.lists(logits_rows(max_v=300), min_size=1, max_size=3), data=st.data())
+def test_kth_largest_group_filter_matches_topk(rows, data) -> None:
+    """The group filter's k-th largest equals torch.topk's, bit for bit: ties at the floor T
+    (fewer than k tokens above it), k above the number of groups, every group size, -inf rows,
+    rows cut into several blocks."""
+    v = min(r.numel() for r in rows)
+    x = torch.stack([r[:v] for r in rows])
+    x[0, : v // 2] = x[0, v // 2: 2 * (v // 2)]                       # many exact ties
+    n = x.shape[0]
+    k = torch.tensor(data.draw(st.lists(st.integers(1, v), min_size=n, max_size=n)))
+    sel = torch.arange(n)[torch.tensor(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))]
+    assume(sel.numel() > 0)
+    max_k = int(k[sel].max())
+    g = data.draw(st.sampled_from([64, 32, 16]))              # limit picks this group size
+    limit = max(max_k * g, triton.cdiv(v, g))
+    got = kth_fast(x, k, sel, max_k, block=data.draw(st.sampled_from([64, 128, 512])), limit=limit)
+    assert torch.equal(got, kth_largest(x, k, sel, max_k)), (got, kth_largest(x, k, sel, max_k))
+
+
 @pytest.mark.gpu
 def test_kth_largest_radix_select_at_qwen_vocab_on_gpu() -> None:
     v, n = 151_936, 64
@@ -306,4 +328,51 @@ def test_kth_largest_radix_select_at_qwen_vocab_on_gpu() -> None:
     k[7] = v
     sel = torch.arange(0, n, 2, device="cuda")
     sel = torch.cat([sel, torch.tensor([5, 7], device="cuda")])
-    assert torch.equal(kth_radix(x, k, sel, int(k[sel].max())), kth_largest(x, k, sel, int(k[sel].max())))
+    want = kth_largest(x, k, sel, int(k[sel].max()))
+    assert torch.equal(kth_radix(x, k, sel, int(k[sel].max())), want)
+    small = sel[k[sel] <= 256]                                # the group filter's usual case
+    assert torch.equal(kth_fast(x, k, small, 256), kth_largest(x, k, small, 256))
+    assert torch.equal(kth_fast(x, k, sel, int(k[sel].max())), want)      # G = 16 (max k 1999)
+
+
+def _check_logprobs(got, want) -> None:
+    """Kernel against twin: ids (ties to the lowest id) and ranks exact, logprobs close."""
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.lists(logits_rows(max_v=300), min_size=1, max_size=4), data=st.data())
+def test_logprobs_kernel_matches_twin(rows, data) -> None:
+    """Logprobs, ranks and the top-k (ties, -inf, huge and tiny values; k up to past V) of
+    the listed rows, rows cut into several blocks, in place or from the compact copy; the
+    unlisted rows get NaN / -1 / 0."""
+    v = min(r.numel() for r in rows)
+    x = torch.stack([r[:v] for r in rows])
+    x[0, : v // 2] = x[0, v // 2: 2 * (v // 2)]                       # many exact ties
+    n = x.shape[0]
+    tok = torch.tensor(data.draw(st.lists(st.integers(0, v - 1), min_size=n, max_size=n)))
+    k = data.draw(st.integers(0, 9))
+    block = data.draw(st.sampled_from([16, 64, 2048]))
+    listed = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    rows_t = torch.arange(n)[torch.tensor(listed)] if data.draw(st.booleans()) else None
+    want = twin.gather_logprobs(x, tok, k, rows_t)
+    _check_logprobs(fast_logprobs(x, tok, k, rows_t, block=block), want)
+    if rows_t is not None:
+        compact = x.index_select(0, rows_t)
+        _check_logprobs(fast_logprobs(compact, tok, k, rows_t, compact=True, block=block), want)
+
+
+@pytest.mark.gpu
+def test_logprobs_kernel_at_qwen_vocab_on_gpu() -> None:
+    v, n = 151_936, 64
+    x = _rows(n, v, 5, "cuda")
+    x[5] = torch.randint(-3, 3, (v,), device="cuda").float()               # heavy ties
+    tok = torch.randint(0, v, (n,), device="cuda")
+    rows = torch.arange(1, n, 3, device="cuda")
+    for k in (0, 5, 20):
+        _check_logprobs(fast_logprobs(x, tok, k), twin.gather_logprobs(x, tok, k))
+        _check_logprobs(fast_logprobs(x.index_select(0, rows), tok, k, rows, compact=True),
+                        twin.gather_logprobs(x, tok, k, rows))
+    xb = x.to(torch.bfloat16)                                                # model dtype
+    _check_logprobs(fast_logprobs(xb, tok, 5), twin.gather_logprobs(xb, tok, 5))

@@ -1,14 +1,24 @@
-"""The k-th largest logit of selected rows by radix select (Triton): the top-k cut.
+"""The k-th largest logit of selected rows (Triton): the top-k cut, without a sort.
 
-No sort and no top-k list: a float32's bits map to an unsigned key of the same order, and the
-k-th largest key is found one byte at a time, most significant first. Pass p (of 4) counts, in
-a 256-bin histogram, byte p of every key whose bytes before p match the ones found so far; the
-bin where the count from the top reaches k is byte p of the answer. Each row is cut into chunks
-of `chunk` tokens, one program each, adding its histogram into the row's with atomics (counts
-are integers: the order of the additions does not matter). A pass first replays the passes
-before it from their histograms, the same way in every program. Ties need nothing special:
-the k-th largest key is the one where the count reaches k, duplicates included, as in
-torch.topk(k).values[-1]. The twin is `reference_sampling.kth_largest`.
+Two ways, both exact (bit-equal to torch.topk(k).values[-1]; twin `reference_sampling.kth_largest`):
+
+Group filter (`kth_largest`, when k is small next to V, the usual top-k): cut each row into
+groups of G tokens and take each group's max. The k-th largest group max T is a lower bound of
+the answer (the top k group maxima are k distinct tokens >= T), and fewer than k groups hold a
+token above T, so fewer than k * G tokens lie strictly above it. One pass writes the group
+maxima, a second gathers the tokens > T (at most k * G) into a short buffer, and the k-th
+largest of that buffer is the answer, or T itself when fewer than k lie above it (ties at T).
+The two short selections run in registers, one program per row (`_kth_in_block`).
+
+Radix select (`kth_largest_radix`, any k): a float32's bits map to an unsigned key of the
+same order, and the k-th largest key is found one byte at a time, most significant first.
+Pass p (of 4) counts, in a 256-bin histogram, byte p of every key whose bytes before p match
+the ones found so far; the bin where the count from the top reaches k is byte p of the answer.
+Each row is cut into chunks of `chunk` tokens, one program each, adding its histogram into the
+row's with atomics (counts are integers: the order of the additions does not matter). A pass
+first replays the passes before it from their histograms, the same way in every program. Ties
+need nothing special: the k-th largest key is the one where the count reaches k, duplicates
+included, as in torch.topk(k).values[-1].
 """
 
 from __future__ import annotations
@@ -72,14 +82,10 @@ def _answer_kernel(rows_ptr, top_k_ptr, hist_ptr, n_sel, out_ptr):
     tl.store(out_ptr + row, bits.to(tl.float32, bitcast=True))
 
 
-def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k: int,
-                *, chunk: int = 8192, block: int = 1024) -> torch.Tensor:
-    """float32 [N]: the top_k[r]-th largest value of x[r] for r in rows (-inf elsewhere).
-
-    x float32 [N, V] (rows contiguous); top_k int [N], 1 <= top_k[r] <= V for r in rows;
-    rows int64 [R]; max_k: the largest top_k among them (unused here: the twin's torch.topk
-    width; kept for one signature). Five launches, each reading the listed rows once.
-    """
+def kth_largest_radix(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k: int,
+                      *, chunk: int = 8192, block: int = 1024) -> torch.Tensor:
+    """`kth_largest` by radix select, for any k: five launches, four reading the listed rows.
+    max_k is unused here (the twin's torch.topk width; kept for one signature)."""
     assert x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
     if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
@@ -97,4 +103,126 @@ def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k:
         _pass_kernel[(sel, triton.cdiv(v, chunk))](x, x.stride(0), v, rows, top_k, hist, sel,
                                                    chunk, PASS=p, BLOCK=block)
     _answer_kernel[(sel,)](rows, top_k, hist, sel, out)
+    return out
+
+
+@triton.jit
+def _kth_in_block(x, live, k):
+    """The k-th largest of x's live lanes (1 <= k <= their count): the radix select above,
+    its four passes over registers."""
+    key = _key(x)
+    prefix = tl.full([], 0, tl.uint32)
+    bins = tl.arange(0, 256)
+    for p in tl.static_range(4):
+        match = live
+        if p > 0:
+            match = match & ((key >> (32 - 8 * p)) == prefix)
+        # bins high to low: bin 255 - digit; lanes that do not match were counted in bin 0
+        rev = tl.where(match, 255 - ((key >> (24 - 8 * p)) & 0xFF), 0).to(tl.int32)
+        h = tl.histogram(rev, 256) - tl.where(bins == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
+        i = tl.sum((tl.cumsum(h, axis=0) < k).to(tl.int32), axis=0)       # first bin reaching k
+        k = k - tl.sum(tl.where(bins < i, h, 0), axis=0)                  # minus those above
+        prefix = (prefix << 8) | (255 - i).to(tl.uint32)
+    bits = tl.where((prefix >> 31) == 1, prefix ^ 0x80000000, ~prefix)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _group_max_kernel(x_ptr, stride, n_cols, rows_ptr, gmax_ptr, n_groups, count_ptr,
+                      G: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    blk = tl.program_id(1)
+    row = tl.load(rows_ptr + r).to(tl.int64)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=float("-inf"))
+    gmax = tl.max(tl.reshape(x, (BLOCK // G, G)), axis=1)                 # [BLOCK / G]
+    groups = blk * (BLOCK // G) + tl.arange(0, BLOCK // G)
+    tl.store(gmax_ptr + r * n_groups + groups, gmax, mask=groups < n_groups)
+    if blk == 0:
+        tl.store(count_ptr + r, 0)                            # the gather's counter, zeroed
+
+
+@triton.jit
+def _floor_kernel(gmax_ptr, n_groups, rows_ptr, top_k_ptr, floor_ptr, GROUPS: tl.constexpr):
+    """T = the k-th largest group max (-inf when k exceeds the number of groups)."""
+    r = tl.program_id(0)
+    k = tl.load(top_k_ptr + tl.load(rows_ptr + r)).to(tl.int32)
+    offs = tl.arange(0, GROUPS)
+    g = tl.load(gmax_ptr + r * n_groups + offs, mask=offs < n_groups, other=float("-inf"))
+    t = _kth_in_block(g, offs < n_groups, tl.minimum(k, n_groups))
+    tl.store(floor_ptr + r, tl.where(k > n_groups, float("-inf"), t))
+
+
+@triton.jit
+def _gather_above_kernel(x_ptr, stride, n_cols, rows_ptr, floor_ptr, count_ptr, cand_ptr, cap,
+                         BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    blk = tl.program_id(1)
+    row = tl.load(rows_ptr + r).to(tl.int64)
+    cols = blk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=float("-inf"))
+    above = x > tl.load(floor_ptr + r)
+    n = tl.sum(above.to(tl.int32), axis=0)
+    if n > 0:
+        base = tl.atomic_add(count_ptr + r, n)                 # this block's slots in the buffer
+        pos = base + tl.cumsum(above.to(tl.int32), axis=0) - 1
+        tl.store(cand_ptr + r * cap + pos, x, mask=above)
+
+
+@triton.jit
+def _answer_small_kernel(rows_ptr, top_k_ptr, floor_ptr, count_ptr, cand_ptr, cap, out_ptr,
+                         CAP: tl.constexpr):
+    r = tl.program_id(0)
+    row = tl.load(rows_ptr + r).to(tl.int64)
+    k = tl.load(top_k_ptr + row).to(tl.int32)
+    n = tl.load(count_ptr + r)
+    offs = tl.arange(0, CAP)
+    c = tl.load(cand_ptr + r * cap + offs, mask=offs < n, other=float("-inf"))
+    kth = _kth_in_block(c, offs < n, tl.maximum(tl.minimum(k, n), 1))
+    tl.store(out_ptr + row, tl.where(n >= k, kth, tl.load(floor_ptr + r)))
+
+
+def _group_size(v: int, max_k: int, limit: int) -> int | None:
+    """The largest G in 64, 32, 16 whose group maxima and buffer fit one program (None: none)."""
+    for g in (64, 32, 16):
+        if max_k * g <= limit and triton.cdiv(v, g) <= limit:
+            return g
+    return None
+
+
+def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k: int,
+                *, block: int = 4096, limit: int = 16384) -> torch.Tensor:
+    """float32 [N]: the top_k[r]-th largest value of x[r] for r in rows (-inf elsewhere).
+
+    x float32 [N, V] (rows contiguous); top_k int [N], 1 <= top_k[r] <= V for r in rows;
+    rows int64 [R]; max_k >= the largest top_k among them. The group filter (two reads of
+    the listed rows, four launches) when max_k * G and V / G both fit `limit` lanes of one
+    program for a group size G in 64, 32, 16; otherwise `kth_largest_radix`.
+    """
+    assert x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
+    n, v = x.shape
+    g = _group_size(v, max_k, limit)
+    if g is None:
+        return kth_largest_radix(x, top_k, rows, max_k)
+    if block & (block - 1) or block < g:
+        raise ValueError(f"block must be a power of two >= {g}, got {block}")
+    out = torch.full((n,), float("-inf"), device=x.device)
+    sel = rows.numel()
+    if sel == 0:
+        return out
+    rows = rows.to(torch.int64).contiguous()
+    top_k = top_k.contiguous()
+    block = min(block, max(g, triton.next_power_of_2(v)))
+    n_groups = triton.cdiv(v, g)
+    cap = max_k * g                                    # > the tokens above T: (k - 1) * G
+    f32 = torch.empty(sel * (n_groups + cap + 1), device=x.device)
+    gmax, cand, floor = f32[:sel * n_groups], f32[sel * n_groups:-sel], f32[-sel:]
+    count = torch.empty(sel, dtype=torch.int32, device=x.device)
+    grid = (sel, triton.cdiv(v, block))
+    _group_max_kernel[grid](x, x.stride(0), v, rows, gmax, n_groups, count, G=g, BLOCK=block)
+    _floor_kernel[(sel,)](gmax, n_groups, rows, top_k, floor,
+                          GROUPS=triton.next_power_of_2(n_groups), num_warps=8)
+    _gather_above_kernel[grid](x, x.stride(0), v, rows, floor, count, cand, cap, BLOCK=block)
+    _answer_small_kernel[(sel,)](rows, top_k, floor, count, cand, cap, out,
+                                 CAP=triton.next_power_of_2(cap), num_warps=8)
     return out

@@ -2,7 +2,7 @@
 
 `top_k_top_p_threshold` (kernels/top_k_top_p.py), `gumbel_sample` (kernels/gumbel_sample.py),
 `truncated_sample` (kernels/truncated_sample.py), `kth_largest` (kernels/kth_largest.py),
-`apply_penalties` (kernels/penalties.py) and
+`apply_penalties` (kernels/penalties.py), `gather_logprobs` (kernels/logprobs.py) and
 `apply_token_bitmask` (kernels/apply_bitmask.py). They are the oracle of the kernels'
 tests and the CPU path of the sampler. The noise hash is written out here exactly as in
 the Triton kernel, so a seeded row draws the same token on either path.
@@ -158,3 +158,35 @@ def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> None:
     bits = (bitmask[:, :, None] >> shifts) & 1                          # [N, W, 32]
     allowed = bits.reshape(n, -1)[:, :v].bool()                          # [N, V]
     logits.masked_fill_(~allowed, float("-inf"))
+
+
+def gather_logprobs(logits: Tensor, token_ids: Tensor, k: int, rows: Tensor | None = None,
+                    *, compact: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """logits float [N, V] (raw; or [R, V] holding rows `rows` when compact), token_ids int64
+    [N], k >= 0 -> (logprobs float32 [N, k+1], ids int64 [N, k+1], ranks int64 [N]).
+
+    Column 0 is the given token, columns 1..k the k most likely tokens (k capped at V; ties to
+    the lowest id, by a stable sort); rank = #{tokens whose logit >= the given token's}
+    (1-based; vLLM's rule, so a tie shares the worse rank). Ranks and the top-k come from the
+    logits themselves, not from rounded logprobs, so they are exact. Usable for prompt
+    logprobs too (token_ids = the next token). rows int64 [R]: compute only these rows (the
+    others get logprob NaN, id -1, rank 0).
+    """
+    if rows is not None:
+        n, k = token_ids.shape[0], min(k, logits.shape[1])
+        sub = gather_logprobs(logits if compact else logits.index_select(0, rows),
+                              token_ids.index_select(0, rows), k)
+        full = (torch.full((n, k + 1), float("nan"), device=logits.device),
+                torch.full((n, k + 1), -1, dtype=torch.int64, device=logits.device),
+                torch.zeros(n, dtype=torch.int64, device=logits.device))
+        return tuple(f.index_copy_(0, rows, s) for f, s in zip(full, sub))  # type: ignore[return-value]
+    x = logits.to(torch.float32)
+    m = x.amax(dim=-1, keepdim=True)                                      # [N, 1]
+    lse = torch.logsumexp(x - m, dim=-1, keepdim=True)                    # as log_softmax rounds
+    k = min(k, x.shape[1])
+    ranks = (x >= x.gather(1, token_ids[:, None])).sum(dim=-1)            # [N]
+    ids = token_ids[:, None]
+    if k:
+        top = x.sort(dim=-1, descending=True, stable=True).indices[:, :k]   # lowest id on ties
+        ids = torch.cat([ids, top], dim=1)                                # [N, k+1]
+    return (x.gather(1, ids) - m) - lse, ids, ranks

@@ -107,21 +107,23 @@ class Sampler:
         only if one is), then the fused tail `truncated_sample` when the pipeline ends with
         temperature / min_p / top_k / top_p stages, else the stages and `gumbel_sample`.
         consume_logits: the caller no longer needs `logits` (an engine step's own output), so
-        float32 logits may be processed in place when no row asks for logprobs: no copy.
+        float32 logits may be processed in place: no copy but of the rows asking for logprobs.
         """
         if tuple(logits.shape) != (meta.num_rows, meta.vocab_size):
             raise ValueError(f"logits must be [num_rows, vocab_size] = "
                              f"[{meta.num_rows}, {meta.vocab_size}], got {list(logits.shape)}")
         cut = fusable_tail(self.stages)
-        x = logits
-        writable = (consume_logits and logits.dtype == torch.float32      # stages work in place
-                    and meta.max_num_logprobs is None)                    # logprobs read the raw
-        for stage in self.stages[:cut]:
-            if not getattr(stage, "active", lambda m: True)(meta):
-                continue
-            if not writable:
-                x, writable = logits.to(torch.float32, copy=True), True
-            x = stage(x, meta)
+        active = [s for s in self.stages[:cut] if getattr(s, "active", lambda m: True)(meta)]
+        x, raw, compact = logits, logits, False               # raw: what the logprobs read
+        if active:                                            # the stages work in place
+            if not (consume_logits and logits.dtype == torch.float32):
+                x = logits.to(torch.float32, copy=True)
+            elif meta.max_num_logprobs is not None:           # keep the asking rows' raw logits
+                rows = meta.logprob_rows
+                raw, compact = ((logits.index_select(0, rows), True) if rows is not None
+                                else (logits.clone(), False))
+            for stage in active:
+                x = stage(x, meta)
         if x.dtype != torch.float32 or x.stride(-1) != 1:
             x = x.to(torch.float32).contiguous()
         if meta.all_greedy:
@@ -143,6 +145,6 @@ class Sampler:
             tokens = sample(x, self.keys(meta, generator), meta.greedy)
         if meta.max_num_logprobs is None:
             return SamplerOutput(tokens)
-        values, ids, ranks = gather_logprobs(logits, tokens, meta.max_num_logprobs,
-                                             meta.logprob_rows)       # raw logits, asking rows
+        values, ids, ranks = gather_logprobs(raw, tokens, meta.max_num_logprobs, meta.logprob_rows,
+                                             compact=compact, use_triton=self.use_triton)
         return SamplerOutput(tokens, values, ids, ranks)
