@@ -107,19 +107,22 @@ def kth_largest_radix(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, 
 
 
 @triton.jit
-def _kth_in_block(x, live, k):
-    """The k-th largest of x's live lanes (1 <= k <= their count): the radix select above,
-    its four passes over registers."""
-    key = _key(x)
+def _kth_in_memory(ptr, n, k, BLOCK: tl.constexpr):
+    """The k-th largest of ptr[0:n] (1 <= k <= n): the radix select above, one program,
+    four passes of BLOCK-wide histograms over the n values."""
     prefix = tl.full([], 0, tl.uint32)
     bins = tl.arange(0, 256)
     for p in tl.static_range(4):
-        match = live
-        if p > 0:
-            match = match & ((key >> (32 - 8 * p)) == prefix)
-        # bins high to low: bin 255 - digit; lanes that do not match were counted in bin 0
-        rev = tl.where(match, 255 - ((key >> (24 - 8 * p)) & 0xFF), 0).to(tl.int32)
-        h = tl.histogram(rev, 256) - tl.where(bins == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
+        h = tl.zeros([256], dtype=tl.int32)
+        for start in range(0, n, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            key = _key(tl.load(ptr + offs, mask=offs < n, other=0.0))
+            match = offs < n
+            if p > 0:
+                match = match & ((key >> (32 - 8 * p)) == prefix)
+            # bins high to low: bin 255 - digit; lanes that do not match were counted in bin 0
+            rev = tl.where(match, 255 - ((key >> (24 - 8 * p)) & 0xFF), 0).to(tl.int32)
+            h += tl.histogram(rev, 256) - tl.where(bins == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
         i = tl.sum((tl.cumsum(h, axis=0) < k).to(tl.int32), axis=0)       # first bin reaching k
         k = k - tl.sum(tl.where(bins < i, h, 0), axis=0)                  # minus those above
         prefix = (prefix << 8) | (255 - i).to(tl.uint32)
@@ -143,61 +146,65 @@ def _group_max_kernel(x_ptr, stride, n_cols, rows_ptr, gmax_ptr, n_groups, count
 
 
 @triton.jit
-def _floor_kernel(gmax_ptr, n_groups, rows_ptr, top_k_ptr, floor_ptr, GROUPS: tl.constexpr):
+def _floor_kernel(gmax_ptr, n_groups, rows_ptr, top_k_ptr, floor_ptr, BLOCK: tl.constexpr):
     """T = the k-th largest group max (-inf when k exceeds the number of groups)."""
     r = tl.program_id(0)
     k = tl.load(top_k_ptr + tl.load(rows_ptr + r)).to(tl.int32)
-    offs = tl.arange(0, GROUPS)
-    g = tl.load(gmax_ptr + r * n_groups + offs, mask=offs < n_groups, other=float("-inf"))
-    t = _kth_in_block(g, offs < n_groups, tl.minimum(k, n_groups))
+    t = _kth_in_memory(gmax_ptr + r * n_groups, n_groups, tl.minimum(k, n_groups), BLOCK)
     tl.store(floor_ptr + r, tl.where(k > n_groups, float("-inf"), t))
 
 
 @triton.jit
-def _gather_above_kernel(x_ptr, stride, n_cols, rows_ptr, floor_ptr, count_ptr, cand_ptr, cap,
-                         BLOCK: tl.constexpr):
+def _gather_above_kernel(x_ptr, stride, n_cols, rows_ptr, gmax_ptr, n_groups, floor_ptr,
+                         count_ptr, cand_ptr, cap, G: tl.constexpr, BLOCK: tl.constexpr):
+    """The tokens > T of this block's groups into the row's buffer; only groups whose max
+    is above T are read (fewer than k of the row's groups)."""
     r = tl.program_id(0)
     blk = tl.program_id(1)
-    row = tl.load(rows_ptr + r).to(tl.int64)
-    cols = blk * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + row * stride + cols, mask=cols < n_cols, other=float("-inf"))
-    above = x > tl.load(floor_ptr + r)
-    n = tl.sum(above.to(tl.int32), axis=0)
-    if n > 0:
-        base = tl.atomic_add(count_ptr + r, n)                 # this block's slots in the buffer
-        pos = base + tl.cumsum(above.to(tl.int32), axis=0) - 1
-        tl.store(cand_ptr + r * cap + pos, x, mask=above)
+    t = tl.load(floor_ptr + r)
+    groups = blk * (BLOCK // G) + tl.arange(0, BLOCK // G)
+    hot = tl.load(gmax_ptr + r * n_groups + groups, mask=groups < n_groups,
+                  other=float("-inf")) > t                                 # [BLOCK / G]
+    if tl.max(hot.to(tl.int32), axis=0) > 0:
+        row = tl.load(rows_ptr + r).to(tl.int64)
+        cols = tl.reshape(groups[:, None] * G + tl.arange(0, G)[None, :], (BLOCK,))
+        read = tl.reshape(tl.broadcast_to(hot[:, None], (BLOCK // G, G)), (BLOCK,)) & (cols < n_cols)
+        x = tl.load(x_ptr + row * stride + cols, mask=read, other=float("-inf"))
+        above = (x > t).to(tl.int32)
+        base = tl.atomic_add(count_ptr + r, tl.sum(above, axis=0))   # this block's slots
+        tl.store(cand_ptr + r * cap + base + tl.cumsum(above, axis=0) - 1, x, mask=above > 0)
 
 
 @triton.jit
 def _answer_small_kernel(rows_ptr, top_k_ptr, floor_ptr, count_ptr, cand_ptr, cap, out_ptr,
-                         CAP: tl.constexpr):
+                         BLOCK: tl.constexpr):
     r = tl.program_id(0)
     row = tl.load(rows_ptr + r).to(tl.int64)
     k = tl.load(top_k_ptr + row).to(tl.int32)
     n = tl.load(count_ptr + r)
-    offs = tl.arange(0, CAP)
-    c = tl.load(cand_ptr + r * cap + offs, mask=offs < n, other=float("-inf"))
-    kth = _kth_in_block(c, offs < n, tl.maximum(tl.minimum(k, n), 1))
-    tl.store(out_ptr + row, tl.where(n >= k, kth, tl.load(floor_ptr + r)))
+    kth = tl.load(floor_ptr + r)                              # fewer than k above T: T
+    if n >= k:
+        kth = _kth_in_memory(cand_ptr + r * cap, n, k, BLOCK)
+    tl.store(out_ptr + row, kth)
 
 
 def _group_size(v: int, max_k: int, limit: int) -> int | None:
-    """The largest G in 64, 32, 16 whose group maxima and buffer fit one program (None: none)."""
-    for g in (64, 32, 16):
-        if max_k * g <= limit and triton.cdiv(v, g) <= limit:
+    """The largest G in 256 .. 16 with max_k * G <= limit (None: none): G tokens a group."""
+    for g in (256, 128, 64, 32, 16):
+        if max_k * g <= limit:
             return g
     return None
 
 
 def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k: int,
-                *, block: int = 4096, limit: int = 16384) -> torch.Tensor:
+                *, block: int = 4096, limit: int = 32768, select_block: int = 1024) -> torch.Tensor:
     """float32 [N]: the top_k[r]-th largest value of x[r] for r in rows (-inf elsewhere).
 
     x float32 [N, V] (rows contiguous); top_k int [N], 1 <= top_k[r] <= V for r in rows;
-    rows int64 [R]; max_k >= the largest top_k among them. The group filter (two reads of
-    the listed rows, four launches) when max_k * G and V / G both fit `limit` lanes of one
-    program for a group size G in 64, 32, 16; otherwise `kth_largest_radix`.
+    rows int64 [R]; max_k >= the largest top_k among them. The group filter (one read of the
+    listed rows, then of the groups above T; four launches) when max_k * G <= `limit` (the
+    most tokens one program may have to select from) for a group size G in 256 .. 16;
+    otherwise `kth_largest_radix`. select_block: the lanes of those one-program selections.
     """
     assert x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
     n, v = x.shape
@@ -214,15 +221,14 @@ def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k:
     top_k = top_k.contiguous()
     block = min(block, max(g, triton.next_power_of_2(v)))
     n_groups = triton.cdiv(v, g)
-    cap = max_k * g                                    # > the tokens above T: (k - 1) * G
+    cap = min(max_k * g, v)                            # > the tokens above T: (k - 1) * G
     f32 = torch.empty(sel * (n_groups + cap + 1), device=x.device)
     gmax, cand, floor = f32[:sel * n_groups], f32[sel * n_groups:-sel], f32[-sel:]
     count = torch.empty(sel, dtype=torch.int32, device=x.device)
     grid = (sel, triton.cdiv(v, block))
     _group_max_kernel[grid](x, x.stride(0), v, rows, gmax, n_groups, count, G=g, BLOCK=block)
-    _floor_kernel[(sel,)](gmax, n_groups, rows, top_k, floor,
-                          GROUPS=triton.next_power_of_2(n_groups), num_warps=8)
-    _gather_above_kernel[grid](x, x.stride(0), v, rows, floor, count, cand, cap, BLOCK=block)
-    _answer_small_kernel[(sel,)](rows, top_k, floor, count, cand, cap, out,
-                                 CAP=triton.next_power_of_2(cap), num_warps=8)
+    _floor_kernel[(sel,)](gmax, n_groups, rows, top_k, floor, BLOCK=select_block)
+    _gather_above_kernel[grid](x, x.stride(0), v, rows, gmax, n_groups, floor, count, cand, cap,
+                               G=g, BLOCK=block)
+    _answer_small_kernel[(sel,)](rows, top_k, floor, count, cand, cap, out, BLOCK=select_block)
     return out

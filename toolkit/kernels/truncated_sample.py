@@ -117,7 +117,7 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
                   log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr,
                   score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
                   ROUND: tl.constexpr, HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
-                  SPLITS: tl.constexpr):
+                  SPLITS: tl.constexpr, FAST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     row_ptr = x_ptr + row * stride
@@ -142,7 +142,7 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
             if race:
                 y = tl.div_rn(x, temp)
                 best, best_i = _race_block_top(y, cols, k1, k2, (x > float("-inf")) & (y >= lo_pre),
-                                               best, best_i)
+                                               best, best_i, FAST)
         m, m_tok = _argmax_lowest(best_x, best_xi)
         tl.store(fa_ptr + out, m)
         tl.store(ia_ptr + out, m_tok)
@@ -168,7 +168,7 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
                 above = keep & (y > piv)
                 above_mass += tl.where(above, e, 0.0)
                 above_n += above.to(tl.int32)
-                best, best_i = _race_block_top(y, cols, k1, k2, above, best, best_i)
+                best, best_i = _race_block_top(y, cols, k1, k2, above, best, best_i, FAST)
             tl.store(fa_ptr + out, tl.sum(above_mass, axis=0))
             tl.store(ia_ptr + out, tl.sum(above_n, axis=0))
             tl.store(z_ptr + out, tl.sum(z, axis=0))
@@ -242,12 +242,12 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     for r in range(rounds + 1):
         _round_kernel[(n, n_split)](logits, logits.stride(0), v, n, n_split, chunk, *rows, keys,
                                     *parts, ROUND=r, HAS_KTH=has_kth, BLOCK=block, SPLITS=splits,
-                                    num_warps=num_warps)
+                                    FAST=logits.is_cuda, num_warps=num_warps)
     done = torch.empty(n, dtype=torch.int8, device=dev)
     _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, *parts, out, done,
                            ROUNDS=rounds, HAS_KTH=has_kth, SPLITS=splits)
     _truncated_sample_row_kernel[(n,)](
         logits, logits.stride(0), v, *rows, keys, done, out, HAS_KTH=has_kth,
         BLOCK=min(row_block, triton.next_power_of_2(v)), NUM_PROBES=num_probes,
-        num_warps=row_warps)
+        FAST=logits.is_cuda, num_warps=row_warps)
     return out

@@ -47,18 +47,18 @@ def _race_start(BLOCK: tl.constexpr):
 def _truncated_sample_row_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr,
                                  top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, done_ptr, out_ptr,
                                  HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
-                                 NUM_PROBES: tl.constexpr):
+                                 NUM_PROBES: tl.constexpr, FAST: tl.constexpr):
     """One program per row; rows with done[row] != 0 are left as they are."""
     row = tl.program_id(0).to(tl.int64)
     if tl.load(done_ptr + row) == 0:
         _one_row(x_ptr, stride, n_cols, row, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr,
-                 top_p_ptr, kth_ptr, keys_ptr, out_ptr, HAS_KTH, BLOCK, NUM_PROBES)
+                 top_p_ptr, kth_ptr, keys_ptr, out_ptr, HAS_KTH, BLOCK, NUM_PROBES, FAST)
 
 
 @triton.jit
 def _one_row(x_ptr, stride, n_cols, row, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr,
              top_p_ptr, kth_ptr, keys_ptr, out_ptr, HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
-             NUM_PROBES: tl.constexpr):
+             NUM_PROBES: tl.constexpr, FAST: tl.constexpr):
     row_ptr = x_ptr + row * stride
     greedy = tl.load(greedy_ptr + row) != 0
     temp = tl.load(temp_ptr + row)
@@ -75,7 +75,7 @@ def _one_row(x_ptr, stride, n_cols, row, temp_ptr, greedy_ptr, log_min_p_ptr, to
         best_xi = tl.where(upd, cols, best_xi)
         if not greedy:
             best_s, best_si, bound = _race_block(tl.div_rn(x, temp), cols, k1, k2,
-                                                 x > float("-inf"), best_s, best_si, bound)
+                                                 x > float("-inf"), best_s, best_si, bound, FAST)
     m, tok = _argmax_lowest(best_x, best_xi)
     if not greedy:
         k = tl.load(top_k_ptr + row).to(tl.int64)
@@ -119,7 +119,7 @@ def _one_row(x_ptr, stride, n_cols, row, temp_ptr, greedy_ptr, log_min_p_ptr, to
                 above_n += above.to(tl.int32)
                 if tl.max(above.to(tl.int32), axis=0) > 0:                 # noise only where needed
                     best_s, best_si, bound = _race_block(y, cols, k1, k2, above, best_s, best_si,
-                                                         bound)
+                                                         bound, FAST)
             kept = valid & (~k_on | (tl.sum(above_n, axis=0) < k))
             kept = kept & (~p_on | (tl.sum(above_mass, axis=0) < p * tl.sum(z, axis=0)))
             if kept:
