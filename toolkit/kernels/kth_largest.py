@@ -170,9 +170,10 @@ def _gather_above_kernel(x_ptr, stride, n_cols, rows_ptr, gmax_ptr, n_groups, fl
         cols = tl.reshape(groups[:, None] * G + tl.arange(0, G)[None, :], (BLOCK,))
         read = tl.reshape(tl.broadcast_to(hot[:, None], (BLOCK // G, G)), (BLOCK,)) & (cols < n_cols)
         x = tl.load(x_ptr + row * stride + cols, mask=read, other=float("-inf"))
-        above = (x > t).to(tl.int32)
-        base = tl.atomic_add(count_ptr + r, tl.sum(above, axis=0))   # this block's slots
-        tl.store(cand_ptr + r * cap + base + tl.cumsum(above, axis=0) - 1, x, mask=above > 0)
+        above = x > t
+        # a slot per token above T (fewer than k * G of them: no scan, no contention to speak of)
+        slot = tl.atomic_add(count_ptr + r + tl.zeros([BLOCK], tl.int32), 1, mask=above)
+        tl.store(cand_ptr + r * cap + slot, x, mask=above)
 
 
 @triton.jit

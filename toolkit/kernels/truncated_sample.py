@@ -67,6 +67,15 @@ def _best(score_ptr, idx_ptr, base, offs, live):
 
 
 @triton.jit
+def _scaled(x, temp):
+    """x / T rounded to nearest, as torch divides; T = 1 (exact identity) skips the division."""
+    y = x
+    if temp != 1.0:
+        y = tl.div_rn(x, temp)
+    return y
+
+
+@triton.jit
 def _y_at(row_ptr, tok, n_cols, temp):
     return tl.div_rn(tl.load(row_ptr + tl.maximum(tl.minimum(tok, n_cols - 1), 0)), temp)
 
@@ -140,7 +149,7 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
             best_x = tl.where(upd, x, best_x)
             best_xi = tl.where(upd, cols, best_xi)
             if race:
-                y = tl.div_rn(x, temp)
+                y = _scaled(x, temp)
                 best, best_i = _race_block_top(y, cols, k1, k2, (x > float("-inf")) & (y >= lo_pre),
                                                best, best_i, FAST)
         m, m_tok = _argmax_lowest(best_x, best_xi)
@@ -160,7 +169,7 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
             for start in range(start0, end0, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
                 x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
-                y = tl.div_rn(x, temp)
+                y = _scaled(x, temp)
                 keep = y >= lo
                 e = tl.where(keep, tl.exp(y - my), 0.0)
                 if ROUND == 1:
