@@ -110,7 +110,7 @@ def _merge_kernel(x_ptr, stride, rows_ptr, n_rows_sel, tok_ptr, bmax_ptr, bsum_p
 
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
                     rows: torch.Tensor | None = None, *, compact: bool = False,
-                    block: int = 8192, max_k: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    block: int = 2048, max_k: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits float [N, V] (raw; or [R, V] holding rows `rows` when compact), token_ids int64
     [N], k >= 0 -> (logprobs float32 [N, k+1], ids int64 [N, k+1], ranks int64 [N]).
 
@@ -149,7 +149,7 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
     if sel:
         _block_kernel[(sel, n_blocks)](logits, logits.stride(0), v, rows_t, tok, bmax, bsum, brank,
                                        bval, bid, n_blocks, K=k, KP=kp, HAS_ROWS=has_rows,
-                                       COMPACT=compact, BLOCK=block, num_warps=8)
+                                       COMPACT=compact, BLOCK=block, num_warps=4)
     _merge_kernel[(n,)](logits, logits.stride(0), rows_t, sel, tok, bmax, bsum, brank, bval, bid,
                         n_blocks, vals, ids, ranks, K=k, KP=kp, KO=triton.next_power_of_2(k + 1),
                         RP=triton.next_power_of_2(max(sel, 1)), BP=triton.next_power_of_2(n_blocks),

@@ -124,7 +124,7 @@ def _replay(row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, 
 @triton.jit
 def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greedy_ptr,
                   log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr,
-                  score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
+                  score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr, flag_ptr,
                   ROUND: tl.constexpr, HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
                   SPLITS: tl.constexpr, FAST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -158,31 +158,39 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
         tl.store(score_ptr + out, best)
         tl.store(sidx_ptr + out, best_i)
     else:
-        decided, _, piv_ok, y_piv, lo, my = _replay(
-            row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
-            temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUND, SPLITS)
-        if ~decided & ~unsupported:
-            piv = tl.where(piv_ok, y_piv, float("-inf"))
-            z = tl.zeros([BLOCK], dtype=tl.float32)
-            above_mass = tl.zeros([BLOCK], dtype=tl.float32)
-            above_n = tl.zeros([BLOCK], dtype=tl.int32)
-            for start in range(start0, end0, BLOCK):
-                cols = start + tl.arange(0, BLOCK)
-                x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
-                y = _scaled(x, temp)
-                keep = y >= lo
-                e = tl.where(keep, tl.exp(y - my), 0.0)
-                if ROUND == 1:
-                    z += e
-                above = keep & (y > piv)
-                above_mass += tl.where(above, e, 0.0)
-                above_n += above.to(tl.int32)
-                best, best_i = _race_block_top(y, cols, k1, k2, above, best, best_i, FAST)
-            tl.store(fa_ptr + out, tl.sum(above_mass, axis=0))
-            tl.store(ia_ptr + out, tl.sum(above_n, axis=0))
-            tl.store(z_ptr + out, tl.sum(z, axis=0))
-            tl.store(score_ptr + out, best)
-            tl.store(sidx_ptr + out, best_i)
+        # a row decided before round ROUND - 1 skips even the replay (split 0 of each round
+        # records what its replay found; a newer record is as good: decisions are final)
+        flag = tl.full([], 0, tl.int8)
+        if ROUND >= 2:
+            flag = tl.load(flag_ptr + row)
+        if flag == 0:
+            decided, _, piv_ok, y_piv, lo, my = _replay(
+                row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
+                temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUND, SPLITS)
+            if split == 0:
+                tl.store(flag_ptr + row, (decided | unsupported).to(tl.int8))
+            if ~decided & ~unsupported:
+                piv = tl.where(piv_ok, y_piv, float("-inf"))
+                z = tl.zeros([BLOCK], dtype=tl.float32)
+                above_mass = tl.zeros([BLOCK], dtype=tl.float32)
+                above_n = tl.zeros([BLOCK], dtype=tl.int32)
+                for start in range(start0, end0, BLOCK):
+                    cols = start + tl.arange(0, BLOCK)
+                    x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
+                    y = _scaled(x, temp)
+                    keep = y >= lo
+                    e = tl.where(keep, tl.exp(y - my), 0.0)
+                    if ROUND == 1:
+                        z += e
+                    above = keep & (y > piv)
+                    above_mass += tl.where(above, e, 0.0)
+                    above_n += above.to(tl.int32)
+                    best, best_i = _race_block_top(y, cols, k1, k2, above, best, best_i, FAST)
+                tl.store(fa_ptr + out, tl.sum(above_mass, axis=0))
+                tl.store(ia_ptr + out, tl.sum(above_n, axis=0))
+                tl.store(z_ptr + out, tl.sum(z, axis=0))
+                tl.store(score_ptr + out, best)
+                tl.store(sidx_ptr + out, best_i)
 
 
 @triton.jit
@@ -248,9 +256,10 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     parts = (f32[0], i32[0], f32[1], i32[1], f32[2])
     rows = (temperature, greedy, log_min_p, top_k, top_p, kth)
     has_kth = kth_largest is not None
+    flag = torch.empty(n, dtype=torch.int8, device=dev)       # per row: decided (rounds >= 1)
     for r in range(rounds + 1):
         _round_kernel[(n, n_split)](logits, logits.stride(0), v, n, n_split, chunk, *rows, keys,
-                                    *parts, ROUND=r, HAS_KTH=has_kth, BLOCK=block, SPLITS=splits,
+                                    *parts, flag, ROUND=r, HAS_KTH=has_kth, BLOCK=block, SPLITS=splits,
                                     FAST=logits.is_cuda, num_warps=num_warps)
     done = torch.empty(n, dtype=torch.int8, device=dev)
     _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, *parts, out, done,
