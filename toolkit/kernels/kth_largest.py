@@ -6,9 +6,10 @@ Group filter (`kth_largest`, when k is small next to V, the usual top-k): cut ea
 groups of G tokens and take each group's max. The k-th largest group max T is a lower bound of
 the answer (the top k group maxima are k distinct tokens >= T), and fewer than k groups hold a
 token above T, so fewer than k * G tokens lie strictly above it. One pass writes the group
-maxima, a second gathers the tokens > T (at most k * G) into a short buffer, and the k-th
-largest of that buffer is the answer, or T itself when fewer than k lie above it (ties at T).
-The two short selections run in registers, one program per row (`_kth_in_block`).
+maxima; a second reads only the groups whose max is above T and gathers their tokens > T into a
+short buffer (a slot each, by atomics); the k-th largest of that buffer is the answer, or T
+itself when fewer than k lie above it (ties at T). The two short selections (T, then the
+answer) are the radix select below run by one program a row over memory (`_kth_in_memory`).
 
 Radix select (`kth_largest_radix`, any k): a float32's bits map to an unsigned key of the
 same order, and the k-th largest key is found one byte at a time, most significant first.
