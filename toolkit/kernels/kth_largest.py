@@ -37,16 +37,30 @@ def _key(x):
 
 
 @triton.jit
+def _unkey(key):
+    """The inverse of `_key`: uint32 -> float32."""
+    bits = tl.where((key >> 31) == 1, key ^ 0x80000000, ~key)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pick(h, k, prefix):
+    """One radix pass decided: h int32 [256] the pass's histogram with bins high to low
+    (bin i = byte 255 - i). -> (prefix with the answer's byte appended, k within it)."""
+    bins = tl.arange(0, 256)
+    i = tl.sum((tl.cumsum(h, axis=0) < k).to(tl.int32), axis=0)           # first bin reaching k
+    k = k - tl.sum(tl.where(bins < i, h, 0), axis=0)                      # minus those above
+    return (prefix << 8) | (255 - i).to(tl.uint32), k
+
+
+@triton.jit
 def _replay(hist_ptr, r, n_sel, k, PASSES: tl.constexpr):
     """(prefix of the answer's key, its first PASSES bytes; k within that prefix)."""
     prefix = tl.full([], 0, tl.uint32)
     bins = tl.arange(0, 256)
     for p in tl.static_range(PASSES):
         h = tl.load(hist_ptr + (p * n_sel + r) * 256 + 255 - bins)       # bins high to low
-        seen = tl.cumsum(h, axis=0)                                       # count of bins >= 255-i
-        i = tl.sum((seen < k).to(tl.int32), axis=0)                       # first i reaching k
-        k = k - tl.sum(tl.where(bins < i, h, 0), axis=0)                  # minus those above
-        prefix = (prefix << 8) | (255 - i).to(tl.uint32)
+        prefix, k = _pick(h, k, prefix)
     return prefix, k
 
 
@@ -79,8 +93,14 @@ def _answer_kernel(rows_ptr, top_k_ptr, hist_ptr, n_sel, out_ptr):
     r = tl.program_id(0)
     row = tl.load(rows_ptr + r).to(tl.int64)
     key, _ = _replay(hist_ptr, r, n_sel, tl.load(top_k_ptr + row).to(tl.int32), 4)
-    bits = tl.where((key >> 31) == 1, key ^ 0x80000000, ~key)
-    tl.store(out_ptr + row, bits.to(tl.float32, bitcast=True))
+    tl.store(out_ptr + row, _unkey(key))
+
+
+def _prepare(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the output float32 [N] of -inf, rows int64 contiguous, top_k contiguous)."""
+    return (torch.full((x.shape[0],), float("-inf"), device=x.device),
+            rows.to(torch.int64).contiguous(), top_k.contiguous())
 
 
 def kth_largest_radix(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k: int,
@@ -91,12 +111,10 @@ def kth_largest_radix(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, 
     if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
     n, v = x.shape
-    out = torch.full((n,), float("-inf"), device=x.device)
+    out, rows, top_k = _prepare(x, top_k, rows)
     sel = rows.numel()
     if sel == 0:
         return out
-    rows = rows.to(torch.int64).contiguous()
-    top_k = top_k.contiguous()
     block = min(block, triton.next_power_of_2(v))
     chunk = triton.cdiv(max(chunk, block), block) * block
     hist = torch.zeros(4, sel, 256, dtype=torch.int32, device=x.device)
@@ -124,11 +142,8 @@ def _kth_in_memory(ptr, n, k, BLOCK: tl.constexpr):
             # bins high to low: bin 255 - digit; lanes that do not match were counted in bin 0
             rev = tl.where(match, 255 - ((key >> (24 - 8 * p)) & 0xFF), 0).to(tl.int32)
             h += tl.histogram(rev, 256) - tl.where(bins == 0, tl.sum((~match).to(tl.int32), axis=0), 0)
-        i = tl.sum((tl.cumsum(h, axis=0) < k).to(tl.int32), axis=0)       # first bin reaching k
-        k = k - tl.sum(tl.where(bins < i, h, 0), axis=0)                  # minus those above
-        prefix = (prefix << 8) | (255 - i).to(tl.uint32)
-    bits = tl.where((prefix >> 31) == 1, prefix ^ 0x80000000, ~prefix)
-    return bits.to(tl.float32, bitcast=True)
+        prefix, k = _pick(h, k, prefix)
+    return _unkey(prefix)
 
 
 @triton.jit
@@ -215,12 +230,10 @@ def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k:
         return kth_largest_radix(x, top_k, rows, max_k)
     if block & (block - 1) or block < g:
         raise ValueError(f"block must be a power of two >= {g}, got {block}")
-    out = torch.full((n,), float("-inf"), device=x.device)
+    out, rows, top_k = _prepare(x, top_k, rows)
     sel = rows.numel()
     if sel == 0:
         return out
-    rows = rows.to(torch.int64).contiguous()
-    top_k = top_k.contiguous()
     block = min(block, max(g, triton.next_power_of_2(v)))
     n_groups = triton.cdiv(v, g)
     cap = min(max_k * g, v)                            # > the tokens above T: (k - 1) * G
