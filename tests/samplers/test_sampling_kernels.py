@@ -95,6 +95,24 @@ def test_bitmask_kernel_matches_twin(v: int) -> None:
     assert torch.equal(torch.isinf(a), ~unpacked)
 
 
+@given(n=st.integers(1, 6), m=st.integers(1, 4), v=st.integers(1, 100), seed=st.integers(0, 99))
+@settings(max_examples=15, deadline=None)
+def test_bitmask_kernel_reads_table_rows(n: int, m: int, v: int, seed: int) -> None:
+    """Logits row r reads table row rows[r] (grammar states shared by rows), as the twin does,
+    and as the expanded [N, W] bitmask does."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randint(-2**31, 2**31 - 1, (m, (v + 31) // 32), generator=g, dtype=torch.int64)
+    table = table.to(torch.int32)
+    rows = torch.randint(0, m, (n,), generator=g, dtype=torch.int32)
+    x = torch.randn(n, v, generator=g)
+    a, b, c = x.clone(), x.clone(), x.clone()
+    apply_token_bitmask(a, table, rows)
+    twin.apply_token_bitmask(b, table, rows)
+    apply_token_bitmask(c, table[rows.long()])
+    assert torch.equal(a, b) and torch.equal(a, c)
+    assert torch.equal(torch.isinf(a), ~unpack_token_bitmask(table, v)[rows.long()])
+
+
 def _mixed(n: int, v: int):
     params = [SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=i) if i % 3 == 0 else
               SamplingParams(temperature=1.0, top_p=0.8, min_p=0.02, seed=i) if i % 3 == 1 else

@@ -49,6 +49,18 @@ def test_metadata_rejects_bad_shapes() -> None:
         SamplingMetadata.build([p], [[0]], [[]], 10, "cpu", eos_token_ids=[10])
     with pytest.raises(ValueError, match=r"bitmask must be int32 of shape \(1, 1\)"):
         SamplingMetadata.build([p], [[0]], [[]], 10, "cpu", bitmask=torch.zeros(1, 2, dtype=torch.int32))
+    table = torch.zeros(3, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"bitmask_rows needs one index in \[0, 3\) per row"):
+        SamplingMetadata.build([p, p], [[0]] * 2, [[]] * 2, 10, "cpu", bitmask=table,
+                               bitmask_rows=[0, 3])
+    with pytest.raises(ValueError, match="bitmask_rows needs one index"):
+        SamplingMetadata.build([p, p], [[0]] * 2, [[]] * 2, 10, "cpu", bitmask=table,
+                               bitmask_rows=[0])
+    with pytest.raises(ValueError, match="pass bitmask too"):
+        SamplingMetadata.build([p], [[0]], [[]], 10, "cpu", bitmask_rows=[0])
+    meta = SamplingMetadata.build([p, p], [[0]] * 2, [[]] * 2, 10, "cpu", bitmask=table,
+                                  bitmask_rows=[2, 0])
+    assert meta.bitmask_rows.tolist() == [2, 0] and meta.bitmask.shape == (3, 1)
     with pytest.raises(ValueError, match="params must be SamplingParams"):
         SamplingMetadata.build([{"temperature": 0}], [[0]], [[]], 10, "cpu")
     meta = SamplingMetadata.build([p], [[0]], [[]], 10, "cpu")

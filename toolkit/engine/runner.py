@@ -53,7 +53,7 @@ class Runner:
         self.generator = generator
         self._rejection = None
         self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
-        self._mask_host: torch.Tensor | None = None   # int32 [rows, W] grammar bitmask buffer
+        self._masks = None            # MaskTable: grammar mask rows on the device, made on first use
 
     def enable_cuda_graphs(self, max_tokens: int) -> bool:
         """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
@@ -171,10 +171,11 @@ class Runner:
                 # drafts before a row count as output (no copy for a plain row)
                 outputs.append(req.output_token_ids + d[:j] if j else req.output_token_ids)
                 eos.append(req.eos_token_id)
-        bitmask = self._bitmask(batch, grammars) if grammars else None
+        slots = self._mask_slots(batch, grammars) if grammars else None
         meta = SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
-                                      eos_token_ids=eos, bitmask=bitmask,
-                                      check_ids=False)        # checked at add_request
+                                      eos_token_ids=eos, check_ids=False,  # checked at add_request
+                                      bitmask=self._masks.table if slots else None,
+                                      bitmask_rows=slots)
         none: list[dict[int, float] | None] = [None] * len(batch.sampling)
         if not any(batch.drafts):
             # the step's own logits: the toolkit's Sampler may process them in place
@@ -196,21 +197,18 @@ class Runner:
                                         draft_probs=probs if any(p is not None for p in probs) else None)
         return self._rejection(logits, meta, spec, self.generator).tolist(), none
 
-    def _bitmask(self, batch: Batch, grammars: Mapping[str, object]) -> torch.Tensor | None:
-        from toolkit.samplers.grammar.batch import allocate_token_bitmask, fill_batch_bitmask
+    def _mask_slots(self, batch: Batch, grammars: Mapping[str, object]) -> list[int] | None:
+        """Each logits row's slot in the device table of grammar mask rows (None: no row of
+        this step is constrained). Rows in one grammar state share a slot; only states not
+        seen before are filled on the host and uploaded."""
+        from toolkit.samplers.grammar.mask_cache import MaskTable
 
         per_req = [grammars.get(r.request_id) for r in batch.sampling]
         if not any(g is not None for g in per_req):
             return None
-        # one host buffer reused every step (pinned on CUDA: the copy overlaps, and pinned
-        # allocations are slow); safe because every step ends with a device->host sync
-        rows = batch.num_rows
-        if self._mask_host is None or self._mask_host.shape[0] < rows:
-            self._mask_host = allocate_token_bitmask(max(rows, 64), self.model.vocab_size,
-                                                     pin_memory=self.device.type == "cuda")
-        mask = self._mask_host[:rows]
-        fill_batch_bitmask(mask, per_req, batch.drafts)
-        return mask.to(self.device, non_blocking=True) if self.device.type == "cuda" else mask.clone()
+        if self._masks is None:
+            self._masks = MaskTable(self.model.vocab_size, self.device)
+        return self._masks.rows(per_req, batch.drafts)
 
 
 def _logprob_dicts(reqs: list[Request], values: list[list[float]], ids: list[list[int]],

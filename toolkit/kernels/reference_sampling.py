@@ -148,12 +148,15 @@ def apply_penalties(logits: Tensor, prompt_tokens: Tensor, output_tokens: Tensor
     return logits.scatter_(1, toks, x)
 
 
-def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> None:
-    """In place: logits[r, v] = -inf where bit v of row r is 0 (bit v%32 of word v//32).
+def apply_token_bitmask(logits: Tensor, bitmask: Tensor, rows: Tensor | None = None) -> None:
+    """In place: logits[r, v] = -inf where bit v of mask row r (or rows[r]) is 0.
 
-    logits float [N, V]; bitmask int32 [N, ceil(V/32)] (bit set = allowed).
+    logits float [N, V]; bitmask int32 [N, ceil(V/32)], or [M, ceil(V/32)] with rows int [N]
+    in [0, M) (bit v%32 of word v//32 set = allowed).
     """
     n, v = logits.shape
+    if rows is not None:
+        bitmask = bitmask[rows.long()]                                   # [N, W]
     shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
     bits = (bitmask[:, :, None] >> shifts) & 1                          # [N, W, 32]
     allowed = bits.reshape(n, -1)[:, :v].bool()                          # [N, V]

@@ -147,7 +147,9 @@ class SamplingMetadata:
     allowed_bitmask: Tensor | None       # int32 [N, ceil(V/32)], rows without a list: all ones
     bad_words: tuple[Tensor, Tensor] | None           # (rows, tokens) int64 [B] banned now
     min_tokens: tuple[Tensor, Tensor] | None          # (rows, tokens) int64 [B] banned now
-    bitmask: Tensor | None               # int32 [N, ceil(V/32)] from a grammar (bit set = allowed)
+    bitmask: Tensor | None               # int32 [N, ceil(V/32)] from a grammar (bit set = allowed),
+                                         # or [M, ceil(V/32)], a table read through bitmask_rows
+    bitmask_rows: Tensor | None          # int32 [N]: row i's mask is bitmask[bitmask_rows[i]]
     seeded: Tensor                       # bool [N]
     seed_keys: Tensor                    # int64 [N], seed_key(seed, len(output)); 0 if unseeded
     any_seeded: bool
@@ -163,10 +165,15 @@ class SamplingMetadata:
     def build(cls, params: list[SamplingParams], prompt_token_ids: Sequence[Sequence[int]],
               output_token_ids: list[list[int]], vocab_size: int, device: Any,
               eos_token_ids: list[int | None] | None = None,
-              bitmask: Tensor | None = None, check_ids: bool = True) -> "SamplingMetadata":
+              bitmask: Tensor | None = None, check_ids: bool = True,
+              bitmask_rows: Sequence[int] | None = None) -> "SamplingMetadata":
         """One row per logits row. Token ids outside [0, vocab_size) raise ValueError
         (check_ids=False: the params' ids were checked already, as the engine does at
-        add_request; this is per-step host time at large batches)."""
+        add_request; this is per-step host time at large batches).
+
+        bitmask: a grammar's int32 [N, ceil(V/32)] (row i for logits row i), or with
+        bitmask_rows (one index a row) a table [M, ceil(V/32)] whose row bitmask_rows[i] is
+        logits row i's (`MaskTable`: rows in the same grammar state share one)."""
         n = len(params)
         device = torch.device(device)
         if len(prompt_token_ids) != n or len(output_token_ids) != n:
@@ -179,11 +186,20 @@ class SamplingMetadata:
                              f"got {len(eos_token_ids)}")
         if not (isinstance(vocab_size, int) and vocab_size >= 1):
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        if bitmask_rows is not None and bitmask is None:
+            raise ValueError("bitmask_rows index a bitmask table: pass bitmask too")
         if bitmask is not None:
-            want = (n, (vocab_size + 31) // 32)
-            if bitmask.dtype != torch.int32 or tuple(bitmask.shape) != want:
-                raise ValueError(f"bitmask must be int32 of shape {want} (bit set = allowed), "
-                                 f"got {bitmask.dtype} {tuple(bitmask.shape)}")
+            words = (vocab_size + 31) // 32
+            m = bitmask.shape[0] if bitmask_rows is not None and bitmask.dim() == 2 else n
+            if bitmask.dtype != torch.int32 or tuple(bitmask.shape) != (m, words):
+                raise ValueError(f"bitmask must be int32 of shape ({n if bitmask_rows is None else 'M'}, "
+                                 f"{words}) (bit set = allowed), got {bitmask.dtype} "
+                                 f"{tuple(bitmask.shape)}")
+            if bitmask_rows is not None and (len(bitmask_rows) != n or (
+                    n and not 0 <= min(bitmask_rows) <= max(bitmask_rows) < m)):
+                raise ValueError(f"bitmask_rows needs one index in [0, {m}) per row ({n} rows), "
+                                 f"got {len(bitmask_rows)} in "
+                                 f"[{min(bitmask_rows, default=0)}, {max(bitmask_rows, default=0)}]")
             bitmask = to_device(bitmask, device)     # pinned by the engine: no host wait
         checked: set[int] = set()      # rows usually share a few params objects: check each once
         for i, p in enumerate(params):
@@ -258,6 +274,8 @@ class SamplingMetadata:
         if asked and len(asked) < n:
             cpu["logprob_rows"] = torch.tensor(
                 [i for i, p in enumerate(params) if p.logprobs is not None], dtype=torch.int64)
+        if bitmask_rows is not None:
+            cpu["bitmask_rows"] = torch.tensor(bitmask_rows, dtype=torch.int32)
         dev = upload(cpu, device)
         pair = lambda a, b: (dev[a], dev[b]) if a in dev else None  # noqa: E731
         return cls(
@@ -273,6 +291,7 @@ class SamplingMetadata:
             bias=(dev["bias_rows"], dev["bias_tokens"], dev["bias_values"]) if bias_pairs else None,
             allowed_bitmask=dev.get("allowed_bitmask"), bad_words=pair("bad_rows", "bad_tokens"),
             min_tokens=pair("min_rows", "min_tokens"), bitmask=bitmask,
+            bitmask_rows=dev.get("bitmask_rows"),
             seeded=dev["seeded"], seed_keys=dev["seed_keys"], any_seeded=any(seeded_l),
             max_num_logprobs=max(asked) if asked else None, logprob_rows=dev.get("logprob_rows"),
             # the caller's lists, not copies (copying 256 prompts costs milliseconds a step):

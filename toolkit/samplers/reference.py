@@ -114,7 +114,8 @@ class ReferenceSampler:
         x = apply_bans(x, banned_bad_words(p.bad_words or [], out))
         x = apply_bans(x, min_tokens_banned(p, len(out), meta.eos_token_ids[i]))
         if meta.bitmask is not None:
-            allowed = unpack_token_bitmask(meta.bitmask[i:i + 1].cpu(), x.numel())[0]
+            r = i if meta.bitmask_rows is None else int(meta.bitmask_rows[i])
+            allowed = unpack_token_bitmask(meta.bitmask[r:r + 1].cpu(), x.numel())[0]
             x = x.masked_fill(~allowed, NEG_INF)
         x = apply_temperature(x, p)
         if p.greedy:

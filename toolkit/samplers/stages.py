@@ -87,10 +87,13 @@ class LogitBias(_KernelStage):
 class _MaskStage(_KernelStage):
     """-inf where the bit of the packed int32 bitmask `meta.<field>` is 0."""
 
+    rows_field: str | None = None        # meta.<rows_field>: per-row indices into the mask
+
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
         mask = getattr(meta, self.field)
         if mask is not None:
-            kernel("apply_token_bitmask", logits, self.use_triton)(logits, mask)
+            rows = getattr(meta, self.rows_field) if self.rows_field else None
+            kernel("apply_token_bitmask", logits, self.use_triton)(logits, mask, rows)
         return logits
 
 
@@ -126,10 +129,12 @@ class MinTokens(_BanStage):
 
 
 class GrammarBitmask(_MaskStage):
-    """The grammar's packed bitmask (meta.bitmask): -inf where the bit is 0."""
+    """The grammar's packed bitmask (meta.bitmask, through meta.bitmask_rows when it is a
+    table of grammar-state rows): -inf where the bit is 0."""
 
     name = "bitmask"
     field = "bitmask"
+    rows_field = "bitmask_rows"
 
 
 class Temperature(_KernelStage):

@@ -5,6 +5,10 @@ the GPU runs the forward; after sampling, `accept` advances over the sampled tok
 Speculative decoding accepts drafts and `rollback`s the rejected ones. A grammar that no
 token can continue (`can_continue() is False` before it terminated) ends the request with
 finish reason "grammar".
+
+Optional: `mask_key() -> Hashable` names the row `fill_bitmask` would write now (equal keys,
+equal rows; e.g. (compiled grammar, DFA state)). The engine then keeps each distinct row on
+the device once (`MaskTable`) instead of filling and uploading every row every step.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ all-ones rows, so constrained and free requests share one bitmask and one kernel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -22,6 +22,30 @@ def allocate_token_bitmask(num_rows: int, vocab_size: int, *, pin_memory: bool =
                       pin_memory=pin_memory)
 
 
+def walk_drafts(grammar: Grammar, draft_tokens: Sequence[int],
+                emit: Callable[[int], None]) -> int:
+    """Visit the states a step's rows need: emit(i) while the grammar stands where row i's mask
+    comes from (i = 0: now; i > 0: after draft_tokens[:i]), in order of i.
+
+    Returns how many leading drafts the grammar accepts (rows past that many + 1, or past an
+    accepted EOS, are not emitted: the caller makes them all ones). The grammar ends where
+    it began.
+    """
+    emit(0)
+    if not draft_tokens:
+        return 0                                  # the common row: nothing to try or undo
+    n = 0
+    for t in draft_tokens:
+        if grammar.is_terminated() or not grammar.accept([t]):
+            break
+        n += 1
+        if grammar.is_terminated():
+            break
+        emit(n)
+    grammar.rollback(n)
+    return n
+
+
 def fill_grammar_rows(bitmask: Tensor, row: int, grammar: Grammar | None,
                       draft_tokens: Sequence[int] = ()) -> int:
     """Fill rows [row, row + len(draft_tokens) + 1): row + i = the mask after draft_tokens[:i].
@@ -34,20 +58,14 @@ def fill_grammar_rows(bitmask: Tensor, row: int, grammar: Grammar | None,
     if grammar is None:
         bitmask[row:row + k + 1] = -1
         return k
-    grammar.fill_bitmask(bitmask, row)
-    if not k:
-        return 0                                  # the common row: nothing to try or undo
-    n = 0
-    for t in draft_tokens:
-        if grammar.is_terminated() or not grammar.accept([t]):
-            break
-        n += 1
-        if grammar.is_terminated():
-            break
-        grammar.fill_bitmask(bitmask, row + n)
-    first_free = row + n + (0 if grammar.is_terminated() else 1)
-    bitmask[first_free:row + k + 1] = -1
-    grammar.rollback(n)
+    filled = [0]                                  # rows written so far
+
+    def fill(i: int) -> None:
+        grammar.fill_bitmask(bitmask, row + i)
+        filled[0] = i + 1
+
+    n = walk_drafts(grammar, draft_tokens, fill)
+    bitmask[row + filled[0]:row + k + 1] = -1
     return n
 
 

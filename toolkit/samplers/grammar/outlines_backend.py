@@ -78,6 +78,11 @@ class OutlinesGrammar:
         # through numpy: a row assignment costs a third of torch's indexing + copy_
         bitmask.numpy()[row] = self.compiled.state_words(self._guide.get_state(), self._guide)
 
+    def mask_key(self) -> tuple[CompiledGrammar, int]:
+        # equal keys write equal rows: every request of one compiled grammar shares its
+        # states' rows (-1: terminated, all zeros)
+        return self.compiled, -1 if self._terminated else self._guide.get_state()
+
     def is_terminated(self) -> bool:
         return self._terminated
 
