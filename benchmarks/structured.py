@@ -125,8 +125,31 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+# host phases of a step, timed by wrapping the engine's methods (about 0.2 us a call)
+PHASES = (("runner", "prepare"), ("runner", "forward"), ("engine", "_advance_grammars"),
+          ("runner", "_mask_slots"), ("runner", "sample"))
+
+
+def _timed_phases(eng, acc: dict[str, float]) -> list[tuple[object, str]]:
+    """Wrap PHASES' methods (instance attributes) so each call adds its seconds to acc."""
+    wrapped = []
+    for owner, name in PHASES:
+        obj = eng if owner == "engine" else eng.runner
+        fn = getattr(obj, name)
+
+        def timed(*a, _fn=fn, _name=name, **k):
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                acc[_name] = acc.get(_name, 0.0) + time.perf_counter() - t
+        setattr(obj, name, timed)
+        wrapped.append((obj, name))
+    return wrapped
+
+
 def decode_window(llm, prompt: list[int], params, b: int, max_steps: int,
-                  profile: bool) -> list[float]:
+                  profile: bool, phases: dict[str, float] | None = None) -> list[float]:
     """Wall seconds of each decode step of b requests, over the steps after every prompt is
     computed and before any request finishes (at most max_steps): the per-step cost, with the
     same batch size on both sides, whatever lengths the grammar lets the outputs reach. Each
@@ -140,12 +163,17 @@ def decode_window(llm, prompt: list[int], params, b: int, max_steps: int,
     prof = cProfile.Profile() if profile else None
     _sync()
     times: list[float] = []
+    wrapped = _timed_phases(eng, phases) if phases is not None else []
     if prof is not None:
         prof.enable()
     while len(times) < max_steps and all(r is not None for r in live()):
         t = time.perf_counter()
         eng.step()
         times.append(time.perf_counter() - t)
+    for obj, name in wrapped:
+        delattr(obj, name)
+    if phases is not None:
+        phases["steps"] = phases.get("steps", 0) + len(times)
     if prof is not None:
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
@@ -170,6 +198,7 @@ def throughput(tokenizer, batches: list[int], max_tokens: int, profile: bool = F
     res = {}
     for b in batches:
         steps: dict[str, list[float]] = {"json": [], "free": []}
+        phases: dict[str, dict[str, float]] = {"json": {}, "free": {}}
         for rep in range(repeats):
             window = max_tokens
             # JSON first: its requests end first, and the free run is timed over as many
@@ -182,7 +211,8 @@ def throughput(tokenizer, batches: list[int], max_tokens: int, profile: bool = F
                 prof = profile and b == max(batches) and rep == 0
                 if prof:
                     print(f"--- batch {b} {label}: where the host time goes (cProfile, tottime)")
-                times = decode_window(llm, prompt, params, b, window, prof)
+                times = decode_window(llm, prompt, params, b, window, prof,
+                                      None if prof else phases[label])
                 window = len(times)
                 if not prof:                              # a profiled window runs slower
                     steps[label] += times
@@ -193,6 +223,9 @@ def throughput(tokenizer, batches: list[int], max_tokens: int, profile: bool = F
                         f"{label}_mean_ms_per_step": float(np.mean(ts)) * 1e3,
                         f"{label}_steps": len(ts)})
         row["ratio"] = row["json"] / row["free"]
+        for label, acc in phases.items():      # host microseconds a step, by phase
+            n = max(acc.pop("steps", 0), 1)
+            row[f"{label}_host_us"] = {k: round(v / n * 1e6, 1) for k, v in acc.items()}
         res[str(b)] = row
     return res
 
@@ -236,6 +269,11 @@ def main() -> None:
                   f"{r['free_ms_per_step']:>10.2f}/{r['json_ms_per_step']:.2f}"
                   f"{r['free_steps']:>10}/{r['json_steps']}"
                   f"{r['free_mean_ms_per_step']:>12.2f}/{r['json_mean_ms_per_step']:.2f}")
+        print("host microseconds a step (mean), by phase; `sample` includes the wait for the GPU:")
+        for b, r in result["throughput"].items():
+            for label in ("free", "json"):
+                print(f"  batch {b:>3} {label:<5}" + "  ".join(
+                    f"{k} {v:.0f}" for k, v in r[f"{label}_host_us"].items()))
     compiler.close()
     if args.out:
         pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)

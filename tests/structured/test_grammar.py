@@ -75,6 +75,11 @@ def test_accept_is_atomic_and_validate_counts(compiler) -> None:
     assert g.validate(ids("a", "c", "b")) == 2
     s0 = g.state
     assert not g.accept(ids("a", "c", "b")) and g.state == s0      # nothing advanced
+    assert not g.accept(ids("c")) and g.state == s0                # one token: the same
+    assert not g.accept([EOS]) and g.state == s0 and not g.is_terminated()
+    assert g.accept(ids("a")) and g.accept(ids("c"))
+    g.rollback(2)
+    assert g.state == s0
     assert g.accept(ids("ab", "c"))
     assert set(row_ids(g)) == {TOKENS.index("c"), EOS, EOS2}     # final: every EOS id allowed
     assert g.validate([EOS, TOKENS.index("c")]) == 1             # nothing after EOS

@@ -68,10 +68,14 @@ class MaskTable:
         self._begin(sum(1 + len(d) for d in drafts))
         out: list[int] = []
         for g, d in zip(grammars, drafts):
-            start = len(out)
-            if g is not None:
+            if g is None:
+                out.extend([ALL_ONES] * (1 + len(d)))
+            elif not d:
+                out.append(self._slot(g))                     # the common row
+            else:
+                start = len(out)
                 walk_drafts(g, d, lambda i, g=g: out.append(self._slot(g)))
-            out.extend([ALL_ONES] * (start + 1 + len(d) - len(out)))
+                out.extend([ALL_ONES] * (start + 1 + len(d) - len(out)))
         self._upload()
         return out
 

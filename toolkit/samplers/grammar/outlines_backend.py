@@ -43,6 +43,17 @@ class OutlinesGrammar:
         return len(tokens)
 
     def accept(self, tokens: Sequence[int]) -> bool:
+        if len(tokens) == 1 and not self._terminated and tokens[0] not in self._eos:
+            # the engine's call, one token a step: the Guide checks it (and raises, unmoved,
+            # when no transition exists), so the validate walk is not needed
+            try:
+                self._guide.advance(int(tokens[0]), return_tokens=False)
+            except ValueError:
+                return False
+            self._history.append(True)
+            if len(self._history) > self.max_rollback:
+                del self._history[0]
+            return True
         if self.validate(tokens) < len(tokens):
             return False
         for t in tokens:
