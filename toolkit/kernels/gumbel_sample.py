@@ -44,20 +44,6 @@ def _log(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _hash(cols, k1, k2):
-    """uint32 hash of token ids `cols` under the row key (k1, k2): u = (h + 0.5) / 2**32."""
-    return _fmix32(_fmix32(cols.to(tl.uint32) * 0x9E3779B9 + k1) ^ k2)
-
-
-@triton.jit
-def _hash_floor(t):
-    """The least hash h whose noise G(u(h)) can reach t (G is increasing in h): int64 in
-    [0, 2**32]; 2**32 = none. t float32 scalar (-inf: every h). In float64: u = exp(-exp(-t))."""
-    u = tl.exp(-tl.exp(-t.to(tl.float64)))
-    return tl.minimum(tl.maximum(tl.ceil(u * 4294967296.0 - 0.5), 0.0), 4294967296.0).to(tl.int64)
-
-
-@triton.jit
 def _gumbel_fast(cols, k1, k2, FAST: tl.constexpr):
     """The same noise in float32 arithmetic, within about 3e-5 of `_gumbel` (bound: 1e-3).
 
@@ -66,12 +52,7 @@ def _gumbel_fast(cols, k1, k2, FAST: tl.constexpr):
     its series w + w^2/2 + w^3/3 + w^4/4 below w = 2**-6 (truncation < 1e-8 relative) and
     as -log(1 - w) above (error < 3e-5 relative, E >= 0.0156). Two logs a token.
     """
-    return _gumbel_fast_h(_hash(cols, k1, k2), FAST)
-
-
-@triton.jit
-def _gumbel_fast_h(h, FAST: tl.constexpr):
-    """`_gumbel_fast` of a hash already computed."""
+    h = _fmix32(_fmix32(cols.to(tl.uint32) * 0x9E3779B9 + k1) ^ k2)
     hi = h >= 0x80000000                                     # u >= 1/2
     u = (h.to(tl.float32) + 0.5) * 2.3283064365386963e-10
     w = ((~h).to(tl.float32) + 0.5) * 2.3283064365386963e-10
@@ -86,24 +67,15 @@ def _race_block(y, cols, k1, k2, live, best, best_idx, bound, FAST: tl.constexpr
 
     The exact float64 noise is costly, so a block first scores with `_gumbel_fast`; only a
     block whose fast score comes within a margin of the best exact score so far (`bound`)
-    can hold the winner, and only such blocks pay for the exact noise. Even the fast noise
-    (two logs) is computed only for lanes whose hash alone can reach the bound: G grows with
-    the hash, so one integer compare against `_hash_floor` rules out nearly every lane of a
-    flat row once a record stands. Rows usually pass a few blocks (each new record), so the
-    race costs about one float32 pass and a hash a token; a block whose largest logit is more
-    than the largest possible noise below the record skips even the hash (most of a peaked
-    row).
+    can hold the winner, and only such blocks pay for the exact noise. Rows usually pass
+    a few blocks (each new record), so the race costs about one float32 pass; a block whose
+    largest logit is more than the largest possible noise below the record skips even that
+    (most of a peaked row).
     """
     margin = 1e-3 + 1e-6 * tl.abs(bound)                 # noise error + two float32 roundings
     # no noise at all where even the largest the hash can give (u = 1 - 2**-33: G < 23) loses
-    ymax = tl.max(tl.where(live, y, float("-inf")), axis=0)
-    if ymax + 23.0 >= bound - margin:
-        # the logs only where some lane's hash can reach the bound (see _race_block_top)
-        h = _hash(cols, k1, k2)
-        cand = live & (h.to(tl.int64) >= _hash_floor(bound - margin - ymax))
-        fast = tl.where(cand, y, float("-inf"))
-        if tl.max(cand.to(tl.int32), axis=0) > 0:
-            fast = tl.where(cand, y + _gumbel_fast_h(h, FAST), float("-inf"))
+    if tl.max(tl.where(live, y, float("-inf")), axis=0) + 23.0 >= bound - margin:
+        fast = tl.where(live, y + _gumbel_fast(cols, k1, k2, FAST), float("-inf"))
         if tl.max(fast, axis=0) >= bound - margin:
             s = tl.where(live, y + _gumbel(cols, k1, k2), float("-inf"))
             upd = s > best                                              # strict: earlier id wins
@@ -125,14 +97,7 @@ def _race_block_top(y, cols, k1, k2, live, best, best_idx, FAST: tl.constexpr):
     ymax = tl.max(tl.where(live, y, float("-inf")), axis=0)
     margin = 1e-3 + 1e-6 * tl.abs(best)                  # noise error + two float32 roundings
     if (ymax > float("-inf")) & (ymax + 23.0 >= best - margin):         # G < 23: see above
-        # a lane needs y + G >= best - margin, so G >= best - margin - ymax at least: a hash
-        # compare (G increases with h) rules out most lanes once a record stands, and a
-        # block with no lane left skips the logs of the noise
-        h = _hash(cols, k1, k2)
-        cand = live & (h.to(tl.int64) >= _hash_floor(best - margin - ymax))
-        fast = tl.where(cand, y, float("-inf"))                # no candidate: all -inf
-        if tl.max(cand.to(tl.int32), axis=0) > 0:
-            fast = tl.where(cand, y + _gumbel_fast_h(h, FAST), float("-inf"))
+        fast = tl.where(live, y + _gumbel_fast(cols, k1, k2, FAST), float("-inf"))
         fmax = tl.max(fast, axis=0)
         if fmax >= best - margin:
             i = tl.min(tl.where(fast == fmax, cols, 2147483647), axis=0)
