@@ -205,6 +205,26 @@ def test_truncated_sample_kernel_matches_twin(v: int, seed: int, split: int) -> 
                 assert torch.equal(truncated_sample(x, t, greedy, mp, k, p, keys, kth, **kw), want)
 
 
+def test_truncated_sample_near_ties_are_decided_by_the_exact_noise() -> None:
+    """Two live tokens whose exact scores y + G differ by about 1e-6, less than the float32
+    noise's error: the fast scores may rank them either way, the exact noise decides (the
+    kernel keeps every token within two margins of the fast winner for the exact check)."""
+    v, n = 300, 64
+    keys = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(7))
+    g = twin.gumbel_noise(keys, v).double()                        # [N, V], the exact noise
+    x = torch.full((n, v), float("-inf"), dtype=torch.float64)
+    a, b = 10, 200                                                 # different lanes
+    d = torch.linspace(-1e-6, 1e-6, n, dtype=torch.float64)
+    x[:, a] = 5.0 - g[:, a]
+    x[:, b] = 5.0 - g[:, b] + d
+    x, keys = x.float().to(DEV), keys.to(DEV)                       # on a GPU: its fast logs
+    ones = torch.ones(n, device=DEV)
+    no = torch.zeros(n, dtype=torch.bool, device=DEV)
+    want = twin.truncated_sample(x, ones, no, None, None, None, keys)
+    assert set(want.tolist()) == {a, b}                             # both sides occur
+    assert torch.equal(truncated_sample(x, ones, no, None, None, None, keys), want)
+
+
 def test_truncated_sample_rejects_until_inside_the_cut() -> None:
     # a flat row and top_k = 1: only the (unique) max may come out, whatever the noise
     v = 500

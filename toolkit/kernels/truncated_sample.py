@@ -13,7 +13,9 @@ leaves most of the GPU idle and waits on its slowest row, so here a row is cut i
 `chunk` tokens, one program each, and the loop is unrolled into a fixed number of launches:
 
   round 0  each chunk: its max (and lowest argmax), and the race over its tokens above the
-           cuts known beforehand (the caller's k-th largest value for top-k rows).
+           cuts known beforehand (the caller's k-th largest value for top-k rows): float32
+           noise with per-lane records through the chunk, the exact noise for the few
+           tokens that can win at the end (`_race_lanes_exact`).
   round r  each chunk first replays the row's history from the partial results of rounds
            < r (the same fixed-order reductions in every program, so every program agrees):
            the max m, hence the min-p cut; the pivot s_r, the race winner of round r-1; and
@@ -34,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.kernels.gumbel_sample import _race_block_top, _row_key
+from toolkit.kernels.gumbel_sample import _gumbel, _gumbel_fast, _race_block_top, _row_key
 from toolkit.kernels.truncated_sample_row import _argmax_lowest, _truncated_sample_row_kernel
 
 _NO_TOKEN = tl.constexpr(2147483647)
@@ -78,6 +80,39 @@ def _scaled(x, temp):
 @triton.jit
 def _y_at(row_ptr, tok, n_cols, temp):
     return tl.div_rn(tl.load(row_ptr + tl.maximum(tl.minimum(tok, n_cols - 1), 0)), temp)
+
+
+@triton.jit
+def _race_lanes_exact(row_ptr, start0, end0, temp, lo_pre, k1, k2, f1, f1_i, f2,
+                      BLOCK: tl.constexpr, FAST: tl.constexpr):
+    """The exact race winner (score, id) of tokens [start0, end0) from per-lane fast records.
+
+    A token's fast and exact scores differ by less than a margin, so only tokens whose fast
+    score is within two margins of the top F can win: each lane's record f1, unless some
+    lane's runner-up f2 is that close too (rare), and then every token is scored exactly."""
+    top_f = tl.max(f1, axis=0)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.full([], _NO_TOKEN, tl.int32)
+    if top_f > float("-inf"):
+        near = top_f - (2e-3 + 2e-6 * tl.abs(top_f))
+        if tl.max(f2, axis=0) >= near:
+            for start in range(start0, end0, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
+                y = _scaled(x, temp)
+                s = tl.where((x > float("-inf")) & (y >= lo_pre), y + _gumbel(cols, k1, k2),
+                             float("-inf"))
+                top, top_i = _argmax_lowest(s, cols)
+                if top > best:                                   # strict: lower ids win ties
+                    best = top
+                    best_i = top_i
+        else:
+            cand = f1 >= near
+            ids = tl.where(cand, f1_i, 0)
+            y = _scaled(tl.load(row_ptr + ids, mask=cand, other=float("-inf")), temp)
+            s = tl.where(cand, y + _gumbel(ids, k1, k2), float("-inf"))
+            best, best_i = _argmax_lowest(s, tl.where(cand, f1_i, _NO_TOKEN))
+    return best, best_i
 
 
 @triton.jit
@@ -142,6 +177,11 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
         best_x = tl.full([BLOCK], float("-inf"), tl.float32)
         best_xi = tl.full([BLOCK], _NO_TOKEN, tl.int32)
         race = ~greedy & ~unsupported
+        # the race over the whole chunk: per-lane records of the fast score (best f1 with its
+        # id, runner-up f2), no block reductions in the loop; the exact noise at the end
+        f1 = tl.full([BLOCK], float("-inf"), tl.float32)
+        f1_i = tl.full([BLOCK], _NO_TOKEN, tl.int32)
+        f2 = tl.full([BLOCK], float("-inf"), tl.float32)
         for start in range(start0, end0, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
@@ -150,8 +190,15 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
             best_xi = tl.where(upd, cols, best_xi)
             if race:
                 y = _scaled(x, temp)
-                best, best_i = _race_block_top(y, cols, k1, k2, (x > float("-inf")) & (y >= lo_pre),
-                                               best, best_i, FAST)
+                live = (x > float("-inf")) & (y >= lo_pre)
+                f = tl.where(live, y + _gumbel_fast(cols, k1, k2, FAST), float("-inf"))
+                new = f > f1
+                f2 = tl.where(new, f1, tl.maximum(f2, f))
+                f1 = tl.where(new, f, f1)
+                f1_i = tl.where(new, cols, f1_i)
+        if race:
+            best, best_i = _race_lanes_exact(row_ptr, start0, end0, temp, lo_pre, k1, k2,
+                                             f1, f1_i, f2, BLOCK, FAST)
         m, m_tok = _argmax_lowest(best_x, best_xi)
         tl.store(fa_ptr + out, m)
         tl.store(ia_ptr + out, m_tok)
