@@ -26,8 +26,8 @@ leaves most of the GPU idle and waits on its slowest row, so here a row is cut i
 
 Rows still undecided (pivots rejected in every round: rare, since a race's winner falls
 outside a top-p set with probability about 1 - top_p; or top-k with top-p and no k-th value
-given) are finished by the one-program-per-row kernel, which skips the decided ones. The
-twin is `reference_sampling.truncated_sample` (the stages materialised, then the race).
+given) are finished by the finalize program itself, with the one-program-per-row race of
+`truncated_sample_row` (one launch for both). The twin is `reference_sampling.truncated_sample` (the stages materialised, then the race).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from toolkit.kernels.gumbel_sample import _gumbel, _gumbel_fast, _race_block_top, _row_key
-from toolkit.kernels.truncated_sample_row import _argmax_lowest, _truncated_sample_row_kernel
+from toolkit.kernels.truncated_sample_row import _argmax_lowest, _one_row
 
 _NO_TOKEN = tl.constexpr(2147483647)
 
@@ -242,17 +242,23 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
 
 @triton.jit
 def _finalize_kernel(x_ptr, stride, n_cols, n_rows, n_split, temp_ptr, greedy_ptr, log_min_p_ptr,
-                     top_k_ptr, top_p_ptr, kth_ptr, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
-                     out_ptr, done_ptr, ROUNDS: tl.constexpr, HAS_KTH: tl.constexpr,
-                     SPLITS: tl.constexpr):
+                     top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
+                     z_ptr, out_ptr, ROUNDS: tl.constexpr, HAS_KTH: tl.constexpr,
+                     SPLITS: tl.constexpr, BLOCK: tl.constexpr, NUM_PROBES: tl.constexpr,
+                     FAST: tl.constexpr):
+    """One program per row: replay every round and write a decided row's token; a row left
+    undecided is finished here by the one-program-per-row race (`_one_row`)."""
     row = tl.program_id(0).to(tl.int64)
     greedy, temp, log_min_p, k, k_on, p, p_on, lo_pre, unsupported = _row_params(
         row, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, HAS_KTH)
     decided, tok, _, _, _, _ = _replay(
         x_ptr + row * stride, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
         z_ptr, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUNDS + 1, SPLITS)
-    tl.store(out_ptr + row, tl.where(tok >= n_cols, 0, tok).to(tl.int64))   # only -inf: 0
-    tl.store(done_ptr + row, decided.to(tl.int8))
+    if decided:
+        tl.store(out_ptr + row, tl.where(tok >= n_cols, 0, tok).to(tl.int64))   # only -inf: 0
+    else:
+        _one_row(x_ptr, stride, n_cols, row, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr,
+                 top_p_ptr, kth_ptr, keys_ptr, out_ptr, HAS_KTH, BLOCK, NUM_PROBES, FAST)
 
 
 def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
@@ -273,7 +279,8 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     Temperature, MinP, TopK, TopP and `gumbel_sample` run one after another (see the twin).
 
     Tuning: chunk tokens per program (block at a time, num_warps warps), `rounds` pivot
-    checks before the row kernel (row_block, row_warps, num_probes) takes the rows left.
+    checks before the finalize kernel's row race (row_block, row_warps, num_probes) takes the
+    rows left.
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
     if rounds < 0 or block & (block - 1) or row_block & (row_block - 1):
@@ -308,11 +315,8 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
         _round_kernel[(n, n_split)](logits, logits.stride(0), v, n, n_split, chunk, *rows, keys,
                                     *parts, flag, ROUND=r, HAS_KTH=has_kth, BLOCK=block, SPLITS=splits,
                                     FAST=logits.is_cuda, num_warps=num_warps)
-    done = torch.empty(n, dtype=torch.int8, device=dev)
-    _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, *parts, out, done,
-                           ROUNDS=rounds, HAS_KTH=has_kth, SPLITS=splits)
-    _truncated_sample_row_kernel[(n,)](
-        logits, logits.stride(0), v, *rows, keys, done, out, HAS_KTH=has_kth,
-        BLOCK=min(row_block, triton.next_power_of_2(v)), NUM_PROBES=num_probes,
-        FAST=logits.is_cuda, num_warps=row_warps)
+    _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, keys, *parts, out,
+                           ROUNDS=rounds, HAS_KTH=has_kth, SPLITS=splits,
+                           BLOCK=min(row_block, triton.next_power_of_2(v)), NUM_PROBES=num_probes,
+                           FAST=logits.is_cuda, num_warps=row_warps)
     return out
