@@ -115,6 +115,25 @@ def gpu_share(eng, steps: int) -> None:
     print(f"GPU kernel time of {steps} decode steps: {total / steps / 1e3:.3f} ms a step, of "
           f"which the sampling step launched {sampling / steps / 1e3:.3f} ms "
           f"({sampling / max(total, 1e-9) * 100:.1f}%)")
+    # the same sampling step replayed alone on one step's inputs, kernel by kernel
+    from benchmarks.sampling import kernel_table
+
+    caught = {}
+
+    def catch(batch, logits, grammars=None):
+        caught.update(batch=batch, logits=logits.clone(), grammars=grammars)
+        return sample(batch, logits, grammars)
+    eng.runner.sample = catch
+    try:
+        eng.step()
+    finally:
+        del eng.runner.sample
+    buf = torch.empty_like(caught["logits"])
+    rows = kernel_table(lambda: sample(caught["batch"], buf.copy_(caught["logits"]),
+                                       caught["grammars"]))
+    print(f"the sampling step's GPU work, one step (us, launch order; the first row is the "
+          f"benchmark's refill of the logits; total {sum(v for _, v in rows):.0f}):\n  "
+          + "\n  ".join(f"{v:8.1f}  {k}" for k, v in rows))
 
 
 def _device_us(event, self_only: bool) -> float:
