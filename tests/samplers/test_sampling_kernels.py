@@ -289,6 +289,16 @@ def test_penalties_kernel_matches_twin(v: int, seed: int) -> None:
     want = twin.apply_penalties(x.clone(), prompt, output, rep, freq, pres)
     assert torch.equal(got, want)
     assert torch.equal(got[4], x[4])
+    # lists of some rows only (the metadata's compact layout): the same as full lists whose
+    # other rows list nothing
+    rows = torch.tensor([5, 0, 3, 2])
+    got = apply_penalties(x.clone(), prompt[rows], output[rows], rep, freq, pres, rows)
+    assert torch.equal(got, twin.apply_penalties(x.clone(), prompt[rows], output[rows], rep, freq,
+                                                 pres, rows))
+    none = torch.full_like(prompt, v), torch.full_like(output, v)
+    full = none[0].index_copy(0, rows, prompt[rows]), none[1].index_copy(0, rows, output[rows])
+    assert torch.equal(got, twin.apply_penalties(x.clone(), *full, rep, freq, pres))
+    assert torch.equal(got[1], x[1]) and not torch.equal(got[0], x[0])
 
 
 @settings(max_examples=15, deadline=None)

@@ -120,3 +120,5 @@ def test_metadata_from_numpy_prompts_is_the_same() -> None:
         got = SamplingMetadata.build(params, given, outputs, v, "cpu")
         assert torch.equal(got.prompt_tokens, want.prompt_tokens)
         assert torch.equal(got.output_tokens, want.output_tokens)
+        assert got.penalty_rows.tolist() == [0, 1, 2]              # only the penalising rows
+        assert got.prompt_tokens.tolist() == [[1, 2, 3, 2], [v] * 4, [7, 8, v, v]]

@@ -126,11 +126,17 @@ def truncated_sample(logits: Tensor, temperature: Tensor, greedy: Tensor, min_p:
 
 
 def apply_penalties(logits: Tensor, prompt_tokens: Tensor, output_tokens: Tensor,
-                    repetition: Tensor, frequency: Tensor, presence: Tensor) -> Tensor:
+                    repetition: Tensor, frequency: Tensor, presence: Tensor,
+                    rows: Tensor | None = None) -> Tensor:
     """In place on logits float32 [N, V] (returned): repetition (prompt + output tokens; divide
     positive logits, multiply negative ones), then frequency (x count in the output) and
-    presence (once if in the output). Token lists int64 padded with V. Sparse: only listed
-    tokens are read and written (a sort and two searchsorted count them in the output)."""
+    presence (once if in the output). Token lists int64 [R, L] padded with V, list row r for
+    logits row rows[r] (None: R = N, row r). Sparse: only listed tokens are read and written
+    (a sort and two searchsorted count them in the output)."""
+    if rows is not None:                                  # the listed rows, then back in place
+        sub = apply_penalties(logits.index_select(0, rows), prompt_tokens, output_tokens,
+                              repetition[rows], frequency[rows], presence[rows])
+        return logits.index_copy_(0, rows, sub)
     v = logits.shape[1]
     toks = torch.cat([prompt_tokens, output_tokens], dim=1)              # [N, L], pad = V
     first = toks.amin(dim=1, keepdim=True)                               # a real token, if any

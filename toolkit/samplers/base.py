@@ -141,8 +141,9 @@ class SamplingMetadata:
     repetition_penalty: Tensor | None    # float32 [N] } all three set when any row penalises
     presence_penalty: Tensor | None      # float32 [N] }
     frequency_penalty: Tensor | None     # float32 [N] }
-    prompt_tokens: Tensor | None         # int64 [N, Lp], padded with vocab_size (repetition rows)
-    output_tokens: Tensor | None         # int64 [N, Lo], padded with vocab_size (penalising rows)
+    prompt_tokens: Tensor | None         # int64 [R, Lp], padded with vocab_size (repetition rows)
+    output_tokens: Tensor | None         # int64 [R, Lo], padded with vocab_size (penalising rows)
+    penalty_rows: Tensor | None          # int64 [R]: the rows those lists belong to (None: all N)
     bias: tuple[Tensor, Tensor, Tensor] | None        # rows int64 [B], tokens int64 [B], values f32 [B]
     allowed_bitmask: Tensor | None       # int32 [N, ceil(V/32)], rows without a list: all ones
     bad_words: tuple[Tensor, Tensor] | None           # (rows, tokens) int64 [B] banned now
@@ -240,12 +241,13 @@ class SamplingMetadata:
             cpu["presence_penalty"] = f32([p.presence_penalty for p in params])
             cpu["frequency_penalty"] = f32([p.frequency_penalty for p in params])
             # only penalising rows need their tokens (repetition: prompt + output; the others:
-            # output), so the lists copied each step are those rows' alone
-            cpu["prompt_tokens"] = _pad([pr if p.repetition_penalty != 1.0 else []
-                                         for p, pr in zip(params, prompt_token_ids)], vocab_size)
-            cpu["output_tokens"] = _pad([out if pen else []
-                                         for pen, out in zip(penalised, output_token_ids)],
-                                        vocab_size)
+            # output), so the lists copied each step hold those rows alone
+            rows = [i for i, pen in enumerate(penalised) if pen]
+            if len(rows) < n:
+                cpu["penalty_rows"] = torch.tensor(rows, dtype=torch.int64)
+            cpu["prompt_tokens"] = _pad([prompt_token_ids[i] if params[i].repetition_penalty != 1.0
+                                         else [] for i in rows], vocab_size)
+            cpu["output_tokens"] = _pad([output_token_ids[i] for i in rows], vocab_size)
 
         bias_pairs = [(i, t, b) for i, p in enumerate(params)
                       for t, b in (p.logit_bias or {}).items()]
@@ -288,6 +290,7 @@ class SamplingMetadata:
             presence_penalty=dev.get("presence_penalty"),
             frequency_penalty=dev.get("frequency_penalty"),
             prompt_tokens=dev.get("prompt_tokens"), output_tokens=dev.get("output_tokens"),
+            penalty_rows=dev.get("penalty_rows"),
             bias=(dev["bias_rows"], dev["bias_tokens"], dev["bias_values"]) if bias_pairs else None,
             allowed_bitmask=dev.get("allowed_bitmask"), bad_words=pair("bad_rows", "bad_tokens"),
             min_tokens=pair("min_rows", "min_tokens"), bitmask=bitmask,

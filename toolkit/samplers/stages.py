@@ -70,7 +70,7 @@ class Penalties(_KernelStage):
             return logits
         return kernel("apply_penalties", logits, self.use_triton)(
             logits, meta.prompt_tokens, meta.output_tokens, meta.repetition_penalty,
-            meta.frequency_penalty, meta.presence_penalty)
+            meta.frequency_penalty, meta.presence_penalty, meta.penalty_rows)
 
 
 class LogitBias(_KernelStage):
