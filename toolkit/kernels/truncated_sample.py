@@ -266,7 +266,7 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
                      top_p: torch.Tensor | None, keys: torch.Tensor,
                      kth_largest: torch.Tensor | None = None,
                      *, chunk: int = 8192, block: int = 512, num_warps: int = 4,
-                     rounds: int = 3, row_block: int = 4096, row_warps: int = 16,
+                     rounds: int = 5, row_block: int = 4096, row_warps: int = 16,
                      num_probes: int = 16) -> torch.Tensor:
     """The token of each row: temperature, min-p, top-k, top-p, then the exponential race.
 
