@@ -6,7 +6,8 @@ unsynchronised steps and prints the top functions. GPU only.
     python benchmarks/profile_step.py --batch 256 --prompt 512
     python -m benchmarks.profile_step --batch 256 --compare   # + whole steps: greedy vs mixed
 
-It also gives the sampling step's share of the GPU kernel time of whole steps (`gpu_share`).
+It also replays one step's sampling alone, kernel by kernel (`sampling_kernels`), against the
+forward's GPU time.
 --compare also times whole unsynchronised engine steps (median wall time) of the same batch
 with greedy parameters and with the mixed ones, so the difference is what the mixed sampling
 step adds to a decode step as the engine runs it (host work overlapping the GPU included).
@@ -80,7 +81,7 @@ def main() -> None:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         eng.runner.forward(batch); sync()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
-    gpu_share(eng, args.steps)
+    sampling_kernels(eng, e0.elapsed_time(e1) / 5)
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(args.steps):
@@ -90,34 +91,13 @@ def main() -> None:
     pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
-def gpu_share(eng, steps: int) -> None:
-    """GPU kernel time of `steps` whole engine steps (torch.profiler, CUPTI) and the part the
-    sampling step launched (`runner.sample` inside a record_function range): the sampler's
-    share of a decode step's GPU work, whatever the host's speed."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    sample = eng.runner.sample
-
-    def ranged(*a, **k):
-        with record_function("sampling step"):
-            return sample(*a, **k)
-    eng.runner.sample = ranged
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                eng.step()
-            torch.cuda.synchronize()
-    finally:
-        del eng.runner.sample
-    rows = prof.key_averages()
-    total = sum(_device_us(e, self_only=True) for e in rows)           # every kernel once
-    sampling = sum(_device_us(e, self_only=False) for e in rows if e.key == "sampling step")
-    print(f"GPU kernel time of {steps} decode steps: {total / steps / 1e3:.3f} ms a step, of "
-          f"which the sampling step launched {sampling / steps / 1e3:.3f} ms "
-          f"({sampling / max(total, 1e-9) * 100:.1f}%)")
-    # the same sampling step replayed alone on one step's inputs, kernel by kernel
+def sampling_kernels(eng, forward_ms: float) -> None:
+    """The sampling step's GPU work, kernel by kernel: one engine step's own inputs (batch,
+    logits, grammars) caught, then `runner.sample` replayed alone on them (torch.profiler), and
+    its total against the forward's GPU time."""
     from benchmarks.sampling import kernel_table
 
+    sample = eng.runner.sample
     caught = {}
 
     def catch(batch, logits, grammars=None):
@@ -131,20 +111,11 @@ def gpu_share(eng, steps: int) -> None:
     buf = torch.empty_like(caught["logits"])
     rows = kernel_table(lambda: sample(caught["batch"], buf.copy_(caught["logits"]),
                                        caught["grammars"]))
+    total = sum(v for _, v in rows[1:])            # rows[0]: the refill of the logits buffer
     print(f"the sampling step's GPU work, one step (us, launch order; the first row is the "
-          f"benchmark's refill of the logits; total {sum(v for _, v in rows):.0f}):\n  "
+          f"benchmark's refill of the logits, not counted): {total:.0f} us = "
+          f"{total / 1e3 / forward_ms * 100:.1f}% of the forward's {forward_ms:.2f} ms\n  "
           + "\n  ".join(f"{v:8.1f}  {k}" for k, v in rows))
-
-
-def _device_us(event, self_only: bool) -> float:
-    """A key_averages row's GPU microseconds (the attribute names changed across torch versions)."""
-    names = (("self_device_time_total", "self_cuda_time_total") if self_only
-             else ("device_time_total", "cuda_time_total"))
-    for name in names:
-        value = getattr(event, name, None)
-        if value is not None:
-            return float(value)
-    return 0.0
 
 
 def step_times(eng, params: list, vocab: int, args) -> list[float]:
