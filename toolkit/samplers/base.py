@@ -217,36 +217,42 @@ class SamplingMetadata:
         # every per-row tensor is made on the CPU, then all go to the device in one copy
         cpu: dict[str, Tensor] = {}
 
-        def f32(vals: list[float]) -> Tensor:
-            return torch.tensor(vals, dtype=torch.float32)
+        def f32(vals: Sequence[float] | np.ndarray) -> Tensor:   # rounded as torch rounds
+            return torch.from_numpy(np.asarray(vals, dtype=np.float32))
 
-        cpu["temperature"] = f32([p.temperature for p in params])
-        cpu["greedy"] = torch.tensor([p.greedy for p in params], dtype=torch.bool)
-        sampled = [p for p in params if not p.greedy]   # top-k/p, min_p only matter when sampling
-        if any(0 < p.top_k < vocab_size for p in sampled):
-            cpu["top_k"] = torch.tensor([p.top_k if p.top_k < vocab_size else 0 for p in params],
-                                        dtype=torch.int64)
-        if any(p.top_p < 1.0 for p in sampled):
-            cpu["top_p"] = f32([p.top_p for p in params])
-        if any(p.min_p > 0.0 for p in sampled):
-            cpu["min_p"] = f32([p.min_p for p in params])
-        k_rows = [i for i, p in enumerate(params) if not p.greedy and 0 < p.top_k < vocab_size]
-        if k_rows:
-            cpu["top_k_rows"] = torch.tensor(k_rows, dtype=torch.int64)
+        # the per-row numbers in one pass over the params, as columns [N] (float64 holds each
+        # value exactly, top_k included)
+        cols = np.array([(p.temperature, p.top_p, p.min_p, p.top_k, p.repetition_penalty,
+                          p.presence_penalty, p.frequency_penalty) for p in params],
+                        dtype=np.float64).reshape(n, 7).T
+        temp, top_p, min_p, top_k, rep, pres, freq = cols
+        greedy = temp == 0.0
+        sampled = ~greedy                               # top-k/p, min_p only matter when sampling
+        cpu["temperature"] = f32(temp)
+        cpu["greedy"] = torch.from_numpy(greedy)
+        k_on = sampled & (top_k > 0) & (top_k < vocab_size)
+        if k_on.any():
+            cpu["top_k"] = torch.from_numpy(np.where(top_k < vocab_size, top_k, 0).astype(np.int64))
+        if (sampled & (top_p < 1.0)).any():
+            cpu["top_p"] = f32(top_p)
+        if (sampled & (min_p > 0.0)).any():
+            cpu["min_p"] = f32(min_p)
+        k_rows = np.flatnonzero(k_on)
+        if k_rows.size:
+            cpu["top_k_rows"] = torch.from_numpy(k_rows.astype(np.int64))
 
-        penalised = [p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                     or p.frequency_penalty != 0.0 for p in params]
-        if any(penalised):
-            cpu["repetition_penalty"] = f32([p.repetition_penalty for p in params])
-            cpu["presence_penalty"] = f32([p.presence_penalty for p in params])
-            cpu["frequency_penalty"] = f32([p.frequency_penalty for p in params])
+        penalised = (rep != 1.0) | (pres != 0.0) | (freq != 0.0)
+        if penalised.any():
+            cpu["repetition_penalty"] = f32(rep)
+            cpu["presence_penalty"] = f32(pres)
+            cpu["frequency_penalty"] = f32(freq)
             # only penalising rows need their tokens (repetition: prompt + output; the others:
             # output), so the lists copied each step hold those rows alone
-            rows = [i for i, pen in enumerate(penalised) if pen]
+            rows = np.flatnonzero(penalised).tolist()
             if len(rows) < n:
                 cpu["penalty_rows"] = torch.tensor(rows, dtype=torch.int64)
-            cpu["prompt_tokens"] = _pad([prompt_token_ids[i] if params[i].repetition_penalty != 1.0
-                                         else [] for i in rows], vocab_size)
+            cpu["prompt_tokens"] = _pad([prompt_token_ids[i] if rep[i] != 1.0 else [] for i in rows],
+                                        vocab_size)
             cpu["output_tokens"] = _pad([output_token_ids[i] for i in rows], vocab_size)
 
         bias_pairs = [(i, t, b) for i, p in enumerate(params)
@@ -263,29 +269,32 @@ class SamplingMetadata:
             cpu["bad_rows"], cpu["bad_tokens"] = _coo(bad)
         min_tok = [(i, t) for i, (p, out, e)
                    in enumerate(zip(params, output_token_ids, eos_token_ids))
-                   for t in min_tokens_banned(p, len(out), e)]
+                   if len(out) < p.min_tokens for t in min_tokens_banned(p, len(out), e)]
         if min_tok:
             cpu["min_rows"], cpu["min_tokens"] = _coo(min_tok)
 
-        seeded_l = [p.seed is not None for p in params]
+        seeds = [p.seed for p in params]
+        seeded_l = [s is not None for s in seeds]
         cpu["seeded"] = torch.tensor(seeded_l, dtype=torch.bool)
-        cpu["seed_keys"] = torch.tensor([seed_key(p.seed, len(out)) if p.seed is not None else 0
-                                         for p, out in zip(params, output_token_ids)],
-                                        dtype=torch.int64)
-        asked = [p.logprobs for p in params if p.logprobs is not None]
+        keys = np.zeros(n, dtype=np.int64)                       # 63-bit keys: int64 holds them
+        for i in (i for i, s in enumerate(seeded_l) if s):
+            keys[i] = seed_key(seeds[i], len(output_token_ids[i]))
+        cpu["seed_keys"] = torch.from_numpy(keys)
+        lp = [p.logprobs for p in params]
+        asked = [k for k in lp if k is not None]
         if asked and len(asked) < n:
-            cpu["logprob_rows"] = torch.tensor(
-                [i for i, p in enumerate(params) if p.logprobs is not None], dtype=torch.int64)
+            cpu["logprob_rows"] = torch.tensor([i for i, k in enumerate(lp) if k is not None],
+                                               dtype=torch.int64)
         if bitmask_rows is not None:
             cpu["bitmask_rows"] = torch.tensor(bitmask_rows, dtype=torch.int32)
         dev = upload(cpu, device)
         pair = lambda a, b: (dev[a], dev[b]) if a in dev else None  # noqa: E731
         return cls(
             num_rows=n, vocab_size=vocab_size, device=device,
-            temperature=dev["temperature"], greedy=dev["greedy"], all_greedy=len(sampled) == 0,
+            temperature=dev["temperature"], greedy=dev["greedy"], all_greedy=not sampled.any(),
             top_k=dev.get("top_k"), top_p=dev.get("top_p"), min_p=dev.get("min_p"),
             top_k_rows=dev.get("top_k_rows"),
-            max_top_k=max((params[i].top_k for i in k_rows), default=0),
+            max_top_k=int(top_k[k_rows].max()) if k_rows.size else 0,
             repetition_penalty=dev.get("repetition_penalty"),
             presence_penalty=dev.get("presence_penalty"),
             frequency_penalty=dev.get("frequency_penalty"),
