@@ -27,7 +27,8 @@ leaves most of the GPU idle and waits on its slowest row, so here a row is cut i
 Rows still undecided (pivots rejected in every round: rare, since a race's winner falls
 outside a top-p set with probability about 1 - top_p; or top-k with top-p and no k-th value
 given) are finished by the finalize program itself, with the one-program-per-row race of
-`truncated_sample_row` (one launch for both). The twin is `reference_sampling.truncated_sample` (the stages materialised, then the race).
+`truncated_sample_row` (one launch for both). The twin is
+`reference_sampling.truncated_sample` (the stages materialised, then the race).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _y_at(row_ptr, tok, n_cols, temp):
 
 @triton.jit
 def _race_lanes_exact(row_ptr, start0, end0, temp, lo_pre, k1, k2, f1, f1_i, f2,
-                      BLOCK: tl.constexpr, FAST: tl.constexpr):
+                      BLOCK: tl.constexpr):
     """The exact race winner (score, id) of tokens [start0, end0) from per-lane fast records.
 
     A token's fast and exact scores differ by less than a margin, so only tokens whose fast
@@ -198,7 +199,7 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
                 f1_i = tl.where(new, cols, f1_i)
         if race:
             best, best_i = _race_lanes_exact(row_ptr, start0, end0, temp, lo_pre, k1, k2,
-                                             f1, f1_i, f2, BLOCK, FAST)
+                                             f1, f1_i, f2, BLOCK)
         m, m_tok = _argmax_lowest(best_x, best_xi)
         tl.store(fa_ptr + out, m)
         tl.store(ia_ptr + out, m_tok)

@@ -1,9 +1,9 @@
-"""The fused tail for one row per program: the exact fallback of the split kernel.
+"""The fused tail for one row in one program (`_one_row`): the exact fallback of the split kernel.
 
 `truncated_sample` (kernels/truncated_sample.py) spreads each row over many programs and
 decides nearly every row in a fixed number of rounds; a row it leaves undecided (a rare long
-chain of rejected pivots, or top-k with top-p and no k-th value given) is finished here, by
-the same pivot race run to the end inside one program.
+chain of rejected pivots, or top-k with top-p and no k-th value given) is finished by its
+finalize program with `_one_row`: the same pivot race run to the end inside one program.
 
 The race by pivots. Pass 1 reads the row once for its max m (the greedy answer) and for
 s = argmax_v (y_v + g_v) over every token. K is "upward closed" (y_v >= y_s and s in K imply
@@ -41,18 +41,6 @@ def _race_start(BLOCK: tl.constexpr):
     """Per-lane running maxima (-inf) with their ids (none yet), and the race's bound."""
     return (tl.full([BLOCK], float("-inf"), tl.float32), tl.full([BLOCK], _NO_TOKEN, tl.int32),
             tl.full([], float("-inf"), tl.float32))
-
-
-@triton.jit
-def _truncated_sample_row_kernel(x_ptr, stride, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr,
-                                 top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, done_ptr, out_ptr,
-                                 HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
-                                 NUM_PROBES: tl.constexpr, FAST: tl.constexpr):
-    """One program per row; rows with done[row] != 0 are left as they are."""
-    row = tl.program_id(0).to(tl.int64)
-    if tl.load(done_ptr + row) == 0:
-        _one_row(x_ptr, stride, n_cols, row, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr,
-                 top_p_ptr, kth_ptr, keys_ptr, out_ptr, HAS_KTH, BLOCK, NUM_PROBES, FAST)
 
 
 @triton.jit
