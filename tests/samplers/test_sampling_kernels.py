@@ -111,6 +111,10 @@ def test_bitmask_kernel_reads_table_rows(n: int, m: int, v: int, seed: int) -> N
     apply_token_bitmask(c, table[rows.long()])
     assert torch.equal(a, b) and torch.equal(a, c)
     assert torch.equal(torch.isinf(a), ~unpack_token_bitmask(table, v)[rows.long()])
+    strided = torch.stack([rows, rows], dim=1)[:, 0]              # a non-contiguous view
+    d = x.clone()
+    apply_token_bitmask(d, table, strided)
+    assert (n == 1 or not strided.is_contiguous()) and torch.equal(d, a)
 
 
 def _mixed(n: int, v: int):
@@ -299,6 +303,9 @@ def test_penalties_kernel_matches_twin(v: int, seed: int) -> None:
     full = none[0].index_copy(0, rows, prompt[rows]), none[1].index_copy(0, rows, output[rows])
     assert torch.equal(got, twin.apply_penalties(x.clone(), *full, rep, freq, pres))
     assert torch.equal(got[1], x[1]) and not torch.equal(got[0], x[0])
+    strided = torch.stack([rows, rows], dim=1)[:, 0]              # a non-contiguous view
+    assert torch.equal(apply_penalties(x.clone(), prompt[rows], output[rows], rep, freq, pres,
+                                       strided), got)
 
 
 @settings(max_examples=15, deadline=None)

@@ -40,6 +40,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
     if n:
         block = min(block, triton.next_power_of_2(v))
         bitmask = bitmask.contiguous()
+        rows_arg = rows.contiguous() if rows is not None else bitmask   # read only with HAS_ROWS
         _apply_bitmask_kernel[(n, triton.cdiv(v, block))](
-            logits, bitmask, rows if rows is not None else bitmask, v, logits.stride(0),
-            bitmask.stride(0), HAS_ROWS=rows is not None, BLOCK=block)
+            logits, bitmask, rows_arg, v, logits.stride(0), bitmask.stride(0),
+            HAS_ROWS=rows is not None, BLOCK=block)

@@ -90,6 +90,6 @@ def apply_penalties(logits: torch.Tensor, prompt_tokens: torch.Tensor, output_to
         _penalties_kernel[(r,)](logits, logits.stride(0), p, p.stride(0), p.shape[1], o,
                                 o.stride(0), o.shape[1], repetition.float().contiguous(),
                                 frequency.float().contiguous(), presence.float().contiguous(),
-                                scratch, rows if rows is not None else p, v,
+                                scratch, rows.contiguous() if rows is not None else p, v,
                                 HAS_ROWS=rows is not None, BL=32, BO=64, num_warps=4)
     return logits

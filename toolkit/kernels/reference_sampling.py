@@ -97,9 +97,10 @@ def top_k_top_p_threshold(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tenso
 
 def kth_largest(x: Tensor, top_k: Tensor, rows: Tensor, max_k: int) -> Tensor:
     """float32 [N]: the top_k[r]-th largest value of x[r] for r in rows (-inf elsewhere).
-    torch.topk(max_k) over the listed rows; twin of the radix select `kernels.kth_largest`."""
+    torch.topk(max_k) over the listed rows; twin of `kernels.kth_largest` (the group filter,
+    or the radix select `kth_largest_radix` for wide k)."""
     sub = x.index_select(0, rows).topk(max_k, dim=1).values              # [R, max_k], descending
-    vals = sub.gather(1, (top_k.index_select(0, rows) - 1)[:, None]).squeeze(1)
+    vals = sub.gather(1, (top_k.index_select(0, rows).long() - 1)[:, None]).squeeze(1)
     return torch.full((x.shape[0],), float("-inf"), device=x.device).index_copy_(0, rows, vals)
 
 
