@@ -205,7 +205,7 @@ def _answer_small_kernel(rows_ptr, top_k_ptr, floor_ptr, count_ptr, cand_ptr, ca
     tl.store(out_ptr + row, kth)
 
 
-def _group_size(v: int, max_k: int, limit: int) -> int | None:
+def _group_size(max_k: int, limit: int) -> int | None:
     """The largest G in 256 .. 16 with max_k * G <= limit (None: none): G tokens a group."""
     for g in (256, 128, 64, 32, 16):
         if max_k * g <= limit:
@@ -225,7 +225,7 @@ def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k:
     """
     assert x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
     n, v = x.shape
-    g = _group_size(v, max_k, limit)
+    g = _group_size(max_k, limit)
     if g is None:
         return kth_largest_radix(x, top_k, rows, max_k)
     if block & (block - 1) or block < g:

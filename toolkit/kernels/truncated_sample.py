@@ -38,9 +38,7 @@ import triton
 import triton.language as tl
 
 from toolkit.kernels.gumbel_sample import _gumbel, _gumbel_fast, _race_block_top, _row_key
-from toolkit.kernels.truncated_sample_row import _argmax_lowest, _one_row
-
-_NO_TOKEN = tl.constexpr(2147483647)
+from toolkit.kernels.truncated_sample_row import _NO_TOKEN, _argmax_lowest, _one_row
 
 
 @triton.jit
@@ -65,8 +63,7 @@ def _best(score_ptr, idx_ptr, base, offs, live):
     """(max score, lowest id holding it) over one row's chunk results."""
     s = tl.load(score_ptr + base + offs, mask=live, other=float("-inf"))
     i = tl.load(idx_ptr + base + offs, mask=live, other=_NO_TOKEN)
-    top = tl.max(s, axis=0)
-    return top, tl.min(tl.where(s == top, i, _NO_TOKEN), axis=0)
+    return _argmax_lowest(s, i)
 
 
 @triton.jit
@@ -275,8 +272,8 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     greedy); greedy bool [N] (argmax, lowest id on ties); min_p float32 [N] (0 = off) / top_k
     int [N] (<= 0 or >= V = off) / top_p float32 [N] (1 = off), or None when no row uses it;
     keys int64 [N]; kth_largest float32 [N] (optional): the k-th largest logit of each row
-    with top-k on (others: anything), when the caller has it (`kernels.kth_largest`, a radix
-    select over those rows): the top-k cut then costs no rounds -> int64 [N]. Equals the stages
+    with top-k on (others: anything), when the caller has it (`kernels.kth_largest`: a group
+    filter over those rows): the top-k cut then costs no rounds -> int64 [N]. Equals the stages
     Temperature, MinP, TopK, TopP and `gumbel_sample` run one after another (see the twin).
 
     Tuning: chunk tokens per program (block at a time, num_warps warps), `rounds` pivot
@@ -311,7 +308,7 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     parts = (f32[0], i32[0], f32[1], i32[1], f32[2])
     rows = (temperature, greedy, log_min_p, top_k, top_p, kth)
     has_kth = kth_largest is not None
-    flag = torch.empty(n, dtype=torch.int8, device=dev)       # per row: decided (rounds >= 1)
+    flag = torch.empty(n, dtype=torch.int8, device=dev)  # per row: decided, or left to the row race
     for r in range(rounds + 1):
         _round_kernel[(n, n_split)](logits, logits.stride(0), v, n, n_split, chunk, *rows, keys,
                                     *parts, flag, ROUND=r, HAS_KTH=has_kth, BLOCK=block, SPLITS=splits,

@@ -28,6 +28,7 @@ _KERNEL_MODULE = {
     "truncated_sample": "toolkit.kernels.truncated_sample",
     "kth_largest": "toolkit.kernels.kth_largest",
     "apply_penalties": "toolkit.kernels.penalties",
+    "gather_logprobs": "toolkit.kernels.logprobs",
 }
 
 
