@@ -199,7 +199,7 @@ def test_fused_tail_only_where_the_order_allows_and_same_tokens() -> None:
 @given(batch=mixed_batches(max_v=200, greedy=False))
 def test_consumed_logits_give_the_same_tokens(batch) -> None:
     """consume_logits (the engine's own logits): processed in place, no copy, same tokens;
-    a batch asking for logprobs keeps its raw logits (they are read after the stages)."""
+    the logprobs are still the raw logits' (rows a stage changes are saved first)."""
     logits, rows = batch
     meta = _meta(logits, rows)
     want = Sampler(generator=torch.Generator().manual_seed(0))(logits.clone(), meta)
@@ -207,6 +207,43 @@ def test_consumed_logits_give_the_same_tokens(batch) -> None:
     got = Sampler(generator=torch.Generator().manual_seed(0))(x, meta, consume_logits=True)
     assert torch.equal(got.token_ids, want.token_ids)
     if meta.max_num_logprobs is not None:
-        assert torch.equal(x, logits)
         torch.testing.assert_close(got.logprobs, want.logprobs, equal_nan=True)
+        assert torch.equal(got.logprob_token_ids, want.logprob_token_ids)
+        assert torch.equal(got.ranks, want.ranks)
+
+
+class _Shift:
+    """A user's stage: changes every row (the sampler cannot know which)."""
+
+    name = "shift"
+
+    def __call__(self, logits, meta):
+        logits[:, 0] += 3.0
+        return logits
+
+
+@pytest.mark.parametrize("user_stage", [False, True])
+@pytest.mark.parametrize("all_ask", [False, True])
+def test_consumed_logits_keep_raw_logprobs(user_stage: bool, all_ask: bool) -> None:
+    """In place with logprobs: rows asking for them whose logits a stage changes (penalties,
+    bias, bans, allowed lists; with a user's stage, every row) are saved raw first, the others
+    are read in place; every logprob equals the raw log_softmax."""
+    v, n = 50, 6
+    x0 = torch.randn(n, v, generator=torch.Generator().manual_seed(3)) * 2
+    kinds = [dict(repetition_penalty=1.5), dict(logit_bias={0: 5.0}), dict(bad_words=[[1]]),
+             dict(allowed_token_ids=[0, 1, 2]), dict(), dict(min_tokens=3)]
+    params = [SamplingParams(temperature=1.0, seed=i, logprobs=2 if all_ask or i % 2 else None,
+                             stop_token_ids=[0], **kinds[i]) for i in range(n)]
+    meta = SamplingMetadata.build(params, [[0, 1, 2]] * n, [[4]] * n, v, "cpu")
+    changed = meta.logprob_changed_rows.tolist()
+    assert changed == ([0, 1, 2, 3, 5] if all_ask else [1, 3, 5])  # row 4 changes nothing
+    sampler = Sampler(generator=torch.Generator().manual_seed(0))
+    if user_stage:
+        sampler.insert_before("temperature", _Shift())
+    x = x0.clone()
+    got = sampler(x, meta, consume_logits=True)
+    assert not torch.equal(x, x0)                                   # processed in place
+    want = reference_sampling.gather_logprobs(x0, got.token_ids, 2, meta.logprob_rows)
+    torch.testing.assert_close(got.logprobs, want[0], equal_nan=True)
+    assert torch.equal(got.logprob_token_ids, want[1]) and torch.equal(got.ranks, want[2])
 

@@ -176,9 +176,9 @@ def _tail_params(n: int, v: int, seed: int):
 
 
 # (chunk, block, rounds): one chunk per row; several chunks with 0 (the row kernel decides
-# every row with a cut), 1 and 3 rounds of pivot checks
+# every row with a cut), 1 and 3 rounds of pivot checks; noise in every block (skip off)
 _SPLITS = [dict(), dict(chunk=64, block=32, rounds=0), dict(chunk=64, block=32, rounds=1),
-           dict(chunk=96, block=32, rounds=3)]
+           dict(chunk=96, block=32, rounds=3), dict(chunk=64, block=32, rounds=2, skip=False)]
 
 
 @pytest.mark.parametrize("v", [2, 7, 300, 2500])
@@ -209,24 +209,41 @@ def test_truncated_sample_kernel_matches_twin(v: int, seed: int, split: int) -> 
                 assert torch.equal(truncated_sample(x, t, greedy, mp, k, p, keys, kth, **kw), want)
 
 
-def test_truncated_sample_near_ties_are_decided_by_the_exact_noise() -> None:
+@pytest.mark.parametrize("b", [200, 522])                          # lane 200, or a's lane
+@pytest.mark.parametrize("above_a_pivot", [False, True])
+def test_truncated_sample_near_ties_are_decided_by_the_exact_noise(b: int,
+                                                                   above_a_pivot: bool) -> None:
     """Two live tokens whose exact scores y + G differ by about 1e-6, less than the float32
     noise's error: the fast scores may rank them either way, the exact noise decides (the
-    kernel keeps every token within two margins of the fast winner for the exact check)."""
-    v, n = 300, 64
+    kernel keeps every token within two margins of the fast winner for the exact check; a
+    lane's runner-up that close sends the chunk to the exact noise). above_a_pivot: the
+    first race's winner c (a lower logit, a larger noise) falls outside top-k = 2 (counted:
+    no k-th value given), so the tie is raced in round 1, above c."""
+    v, n, a = 600, 64, 10                                          # 512-token blocks
     keys = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(7))
     g = twin.gumbel_noise(keys, v).double()                        # [N, V], the exact noise
     x = torch.full((n, v), float("-inf"), dtype=torch.float64)
-    a, b = 10, 200                                                 # different lanes
     d = torch.linspace(-1e-6, 1e-6, n, dtype=torch.float64)
     x[:, a] = 5.0 - g[:, a]
     x[:, b] = 5.0 - g[:, b] + d
+    top_k = None
+    if above_a_pivot:                         # c: score 6 (wins round 0), y below a's and b's
+        others = g.clone()
+        others[:, [a, b]] = float("-inf")
+        c = others.argmax(dim=1)
+        gc = g[torch.arange(n), c]
+        ok = gc > torch.maximum(g[:, a], g[:, b]) + 1.5
+        x[torch.arange(n)[ok], c[ok]] = 6.0 - gc[ok]
+        assert ok.sum() > n // 2
+        top_k = torch.full((n,), 2, device=DEV)
     x, keys = x.float().to(DEV), keys.to(DEV)                       # on a GPU: its fast logs
     ones = torch.ones(n, device=DEV)
     no = torch.zeros(n, dtype=torch.bool, device=DEV)
-    want = twin.truncated_sample(x, ones, no, None, None, None, keys)
+    want = twin.truncated_sample(x, ones, no, None, top_k, None, keys)
     assert set(want.tolist()) == {a, b}                             # both sides occur
-    assert torch.equal(truncated_sample(x, ones, no, None, None, None, keys), want)
+    # rounds=2: c rejected in round 1, whose race above c is checked in round 2 (with fewer
+    # rounds the row kernel would finish the row)
+    assert torch.equal(truncated_sample(x, ones, no, None, top_k, None, keys, rounds=2), want)
 
 
 def test_truncated_sample_rejects_until_inside_the_cut() -> None:
@@ -293,6 +310,9 @@ def test_penalties_kernel_matches_twin(v: int, seed: int) -> None:
     want = twin.apply_penalties(x.clone(), prompt, output, rep, freq, pres)
     assert torch.equal(got, want)
     assert torch.equal(got[4], x[4])
+    for block in (16, 256):                    # many list blocks; one block for every list
+        assert torch.equal(apply_penalties(x.clone(), prompt, output, rep, freq, pres,
+                                           block=block), want)
     # lists of some rows only (the metadata's compact layout): the same as full lists whose
     # other rows list nothing
     rows = torch.tensor([5, 0, 3, 2])
@@ -328,12 +348,14 @@ def test_truncated_sample_kernel_matches_twin_on_generated_rows(rows, data) -> N
         nudged = twin.truncated_sample(x, t, greedy, (min_p * f).clamp(max=1.0), top_k,
                                        (top_p * f).clamp(max=1.0), keys)
         assume(torch.equal(nudged, want))
-    split = dict(chunk=64, block=32, rounds=data.draw(st.integers(0, 2)))   # several chunks
+    split = dict(chunk=64, block=32, rounds=data.draw(st.integers(0, 3)),      # several chunks
+                 skip=data.draw(st.booleans()))
     assert torch.equal(truncated_sample(x, t, greedy, min_p, top_k, top_p, keys, **split), want)
     rows_k = torch.nonzero((top_k > 0) & (top_k < v)).flatten()
     if rows_k.numel():
         kth = kth_largest(x, top_k, rows_k, int(top_k[rows_k].max()))
-        assert torch.equal(truncated_sample(x, t, greedy, min_p, top_k, top_p, keys, kth), want)
+        assert torch.equal(truncated_sample(x, t, greedy, min_p, top_k, top_p, keys, kth, **split),
+                           want)
 
 
 @settings(max_examples=12, deadline=None)
@@ -401,8 +423,9 @@ def _check_logprobs(got, want) -> None:
 @given(rows=st.lists(logits_rows(max_v=300), min_size=1, max_size=4), data=st.data())
 def test_logprobs_kernel_matches_twin(rows, data) -> None:
     """Logprobs, ranks and the top-k (ties, -inf, huge and tiny values; k up to past V) of
-    the listed rows, rows cut into several blocks, in place or from the compact copy; the
-    unlisted rows get NaN / -1 / 0."""
+    the listed rows, rows cut into several blocks, some rows read from their saved raw copy
+    (the logits' own rows poisoned with NaN, as a stage's in-place change); the unlisted rows
+    get NaN / -1 / 0."""
     v = min(r.numel() for r in rows)
     x = torch.stack([r[:v] for r in rows])
     x[0, : v // 2] = x[0, v // 2: 2 * (v // 2)]                       # many exact ties
@@ -414,9 +437,12 @@ def test_logprobs_kernel_matches_twin(rows, data) -> None:
     rows_t = torch.arange(n)[torch.tensor(listed)] if data.draw(st.booleans()) else None
     want = twin.gather_logprobs(x, tok, k, rows_t)
     _check_logprobs(fast_logprobs(x, tok, k, rows_t, block=block), want)
-    if rows_t is not None:
-        compact = x.index_select(0, rows_t)
-        _check_logprobs(fast_logprobs(compact, tok, k, rows_t, compact=True, block=block), want)
+    saved_rows = torch.tensor(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)),
+                              dtype=torch.int64)
+    changed = x.index_fill(0, saved_rows, float("nan"))
+    saved = dict(saved=x.index_select(0, saved_rows), saved_rows=saved_rows)
+    _check_logprobs(twin.gather_logprobs(changed, tok, k, rows_t, **saved), want)
+    _check_logprobs(fast_logprobs(changed, tok, k, rows_t, block=block, **saved), want)
 
 
 @pytest.mark.gpu
@@ -428,7 +454,9 @@ def test_logprobs_kernel_at_qwen_vocab_on_gpu() -> None:
     rows = torch.arange(1, n, 3, device="cuda")
     for k in (0, 5, 20):
         _check_logprobs(fast_logprobs(x, tok, k), twin.gather_logprobs(x, tok, k))
-        _check_logprobs(fast_logprobs(x.index_select(0, rows), tok, k, rows, compact=True),
+        changed = x.index_fill(0, rows[::2], float("nan"))              # saved raw: every other
+        _check_logprobs(fast_logprobs(changed, tok, k, rows, saved=x.index_select(0, rows[::2]),
+                                      saved_rows=rows[::2]),
                         twin.gather_logprobs(x, tok, k, rows))
     xb = x.to(torch.bfloat16)                                                # model dtype
     _check_logprobs(fast_logprobs(xb, tok, 5), twin.gather_logprobs(xb, tok, 5))

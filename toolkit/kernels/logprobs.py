@@ -25,15 +25,28 @@ def _row_of(rows_ptr, r, HAS_ROWS: tl.constexpr):
 
 
 @triton.jit
+def _source(x_ptr, stride, row, saved_ptr, saved_stride, saved_rows_ptr, n_saved,
+            SP: tl.constexpr):
+    """The raw logits of `row`: its saved copy when saved_rows lists it (SP >= n_saved; SP = 0:
+    none saved), else the logits' row."""
+    src = x_ptr + row * stride
+    if SP > 0:
+        sel = tl.arange(0, SP)
+        hit = tl.load(saved_rows_ptr + sel, mask=sel < n_saved, other=-1) == row
+        if tl.max(hit.to(tl.int32), axis=0) > 0:
+            src = saved_ptr + tl.sum(tl.where(hit, sel, 0), axis=0).to(tl.int64) * saved_stride
+    return src
+
+
+@triton.jit
 def _block_kernel(x_ptr, stride, n_cols, rows_ptr, tok_ptr, bmax_ptr, bsum_ptr, brank_ptr,
-                  bval_ptr, bid_ptr, n_blocks, K: tl.constexpr, KP: tl.constexpr,
-                  HAS_ROWS: tl.constexpr, COMPACT: tl.constexpr, BLOCK: tl.constexpr):
+                  bval_ptr, bid_ptr, n_blocks, saved_ptr, saved_stride, saved_rows_ptr, n_saved,
+                  K: tl.constexpr, KP: tl.constexpr, HAS_ROWS: tl.constexpr, SP: tl.constexpr,
+                  BLOCK: tl.constexpr):
     r = tl.program_id(0)
     b = tl.program_id(1)
     row = _row_of(rows_ptr, r, HAS_ROWS)
-    src = x_ptr + row * stride                                           # the logits' row
-    if COMPACT:
-        src = x_ptr + r.to(tl.int64) * stride
+    src = _source(x_ptr, stride, row, saved_ptr, saved_stride, saved_rows_ptr, n_saved, SP)
     xt = tl.load(src + tl.load(tok_ptr + row)).to(tl.float32)
     cols = b * BLOCK + tl.arange(0, BLOCK)
     valid = cols < n_cols
@@ -57,8 +70,9 @@ def _block_kernel(x_ptr, stride, n_cols, rows_ptr, tok_ptr, bmax_ptr, bsum_ptr, 
 @triton.jit
 def _merge_kernel(x_ptr, stride, rows_ptr, n_rows_sel, tok_ptr, bmax_ptr, bsum_ptr, brank_ptr,
                   bval_ptr, bid_ptr, n_blocks, val_out_ptr, id_out_ptr, rank_out_ptr,
+                  saved_ptr, saved_stride, saved_rows_ptr, n_saved,
                   K: tl.constexpr, KP: tl.constexpr, KO: tl.constexpr, RP: tl.constexpr,
-                  BP: tl.constexpr, HAS_ROWS: tl.constexpr, COMPACT: tl.constexpr):
+                  BP: tl.constexpr, HAS_ROWS: tl.constexpr, SP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     if HAS_ROWS:                                       # which listed row is this one, if any
         sel = tl.arange(0, RP)
@@ -80,9 +94,7 @@ def _merge_kernel(x_ptr, stride, rows_ptr, n_rows_sel, tok_ptr, bmax_ptr, bsum_p
         bms = tl.where(bm == float("-inf"), 0.0, bm)
         log_z = tl.log(tl.sum(bs * tl.exp(bms - ms), axis=0))           # lse - ms
         tok = tl.load(tok_ptr + row)
-        src = x_ptr + row * stride
-        if COMPACT:
-            src = x_ptr + r * stride
+        src = _source(x_ptr, stride, row, saved_ptr, saved_stride, saved_rows_ptr, n_saved, SP)
         xt = tl.load(src + tok).to(tl.float32)
         tl.store(rank_out_ptr + row,
                  tl.sum(tl.load(brank_ptr + r * n_blocks + offs, mask=live, other=0), axis=0).to(tl.int64))
@@ -109,22 +121,26 @@ def _merge_kernel(x_ptr, stride, rows_ptr, n_rows_sel, tok_ptr, bmax_ptr, bsum_p
 
 
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
-                    rows: torch.Tensor | None = None, *, compact: bool = False,
-                    block: int = 2048, max_k: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits float [N, V] (raw; or [R, V] holding rows `rows` when compact), token_ids int64
-    [N], k >= 0 -> (logprobs float32 [N, k+1], ids int64 [N, k+1], ranks int64 [N]).
+                    rows: torch.Tensor | None = None, *, saved: torch.Tensor | None = None,
+                    saved_rows: torch.Tensor | None = None, block: int = 2048,
+                    max_k: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits float [N, V] (raw), token_ids int64 [N], k >= 0 -> (logprobs float32 [N, k+1],
+    ids int64 [N, k+1], ranks int64 [N]).
 
     Column 0 is the given token, columns 1..k the k most likely tokens (k capped at V; ties
     to the lowest id); rank = #{tokens whose logit >= the given token's}. rows int64 [R]
-    (unique): compute only these rows; the others get logprob NaN, id -1, rank 0. Above
-    max_k alternatives (k rounds of argmax get slow) the twin's torch path runs instead.
-    Two launches.
+    (unique): compute only these rows; the others get logprob NaN, id -1, rank 0. saved
+    float [S, V] with saved_rows int64 [S] (unique): the raw logits of those rows, read
+    instead of logits' rows (which a stage changed in place). Above max_k alternatives
+    (k rounds of argmax get slow) the twin's torch path runs instead. Two launches.
     """
     n, v = token_ids.shape[0], logits.shape[1]
     k = min(k, v)
+    if (saved is None) != (saved_rows is None):
+        raise ValueError("saved and saved_rows go together: the raw rows and which rows they are")
     if k > max_k:
         from toolkit.kernels.reference_sampling import gather_logprobs as twin
-        return twin(logits, token_ids, k, rows, compact=compact)
+        return twin(logits, token_ids, k, rows, saved=saved, saved_rows=saved_rows)
     dev = logits.device
     vals = torch.empty(n, k + 1, dtype=torch.float32, device=dev)
     ids = torch.empty(n, k + 1, dtype=torch.int64, device=dev)
@@ -137,6 +153,14 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
     sel = rows.numel() if has_rows else n
     rows_t = rows.to(torch.int64).contiguous() if has_rows else token_ids     # unread if none
     tok = token_ids.contiguous()
+    n_saved = saved_rows.numel() if saved_rows is not None else 0
+    if n_saved:
+        saved = saved if saved.stride(-1) == 1 else saved.contiguous()
+        saved_rows = saved_rows.to(torch.int64).contiguous()
+    else:
+        saved, saved_rows = logits, tok                                       # unread
+    sv = (saved, saved.stride(0), saved_rows, n_saved)
+    sp = triton.next_power_of_2(n_saved) if n_saved else 0
     block = min(block, triton.next_power_of_2(v))
     n_blocks = triton.cdiv(v, block)
     kp = triton.next_power_of_2(max(k, 1))
@@ -148,10 +172,10 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
     bid = torch.empty(max(sel, 1), n_blocks, kp, dtype=torch.int32, device=dev)
     if sel:
         _block_kernel[(sel, n_blocks)](logits, logits.stride(0), v, rows_t, tok, bmax, bsum, brank,
-                                       bval, bid, n_blocks, K=k, KP=kp, HAS_ROWS=has_rows,
-                                       COMPACT=compact, BLOCK=block, num_warps=4)
+                                       bval, bid, n_blocks, *sv, K=k, KP=kp, HAS_ROWS=has_rows,
+                                       SP=sp, BLOCK=block, num_warps=4)
     _merge_kernel[(n,)](logits, logits.stride(0), rows_t, sel, tok, bmax, bsum, brank, bval, bid,
-                        n_blocks, vals, ids, ranks, K=k, KP=kp, KO=triton.next_power_of_2(k + 1),
-                        RP=triton.next_power_of_2(max(sel, 1)), BP=triton.next_power_of_2(n_blocks),
-                        HAS_ROWS=has_rows, COMPACT=compact, num_warps=4)
+                        n_blocks, vals, ids, ranks, *sv, K=k, KP=kp,
+                        KO=triton.next_power_of_2(k + 1), RP=triton.next_power_of_2(max(sel, 1)),
+                        BP=triton.next_power_of_2(n_blocks), HAS_ROWS=has_rows, SP=sp, num_warps=4)
     return vals, ids, ranks

@@ -171,21 +171,26 @@ def apply_token_bitmask(logits: Tensor, bitmask: Tensor, rows: Tensor | None = N
 
 
 def gather_logprobs(logits: Tensor, token_ids: Tensor, k: int, rows: Tensor | None = None,
-                    *, compact: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """logits float [N, V] (raw; or [R, V] holding rows `rows` when compact), token_ids int64
-    [N], k >= 0 -> (logprobs float32 [N, k+1], ids int64 [N, k+1], ranks int64 [N]).
+                    *, saved: Tensor | None = None, saved_rows: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """logits float [N, V] (raw), token_ids int64 [N], k >= 0 -> (logprobs float32 [N, k+1],
+    ids int64 [N, k+1], ranks int64 [N]).
 
     Column 0 is the given token, columns 1..k the k most likely tokens (k capped at V; ties to
     the lowest id, by a stable sort); rank = #{tokens whose logit >= the given token's}
     (1-based; vLLM's rule, so a tie shares the worse rank). Ranks and the top-k come from the
     logits themselves, not from rounded logprobs, so they are exact. Usable for prompt
     logprobs too (token_ids = the next token). rows int64 [R]: compute only these rows (the
-    others get logprob NaN, id -1, rank 0).
+    others get logprob NaN, id -1, rank 0). saved float [S, V] with saved_rows int64 [S]: the
+    raw logits of those rows, read instead of logits' rows (which a stage changed in place).
     """
+    if (saved is None) != (saved_rows is None):
+        raise ValueError("saved and saved_rows go together: the raw rows and which rows they are")
+    if saved is not None and saved_rows.numel():
+        logits = logits.index_copy(0, saved_rows, saved.to(logits.dtype))
     if rows is not None:
         n, k = token_ids.shape[0], min(k, logits.shape[1])
-        sub = gather_logprobs(logits if compact else logits.index_select(0, rows),
-                              token_ids.index_select(0, rows), k)
+        sub = gather_logprobs(logits.index_select(0, rows), token_ids.index_select(0, rows), k)
         full = (torch.full((n, k + 1), float("nan"), device=logits.device),
                 torch.full((n, k + 1), -1, dtype=torch.int64, device=logits.device),
                 torch.zeros(n, dtype=torch.int64, device=logits.device))

@@ -14,15 +14,20 @@ leaves most of the GPU idle and waits on its slowest row, so here a row is cut i
 
   round 0  each chunk: its max (and lowest argmax), and the race over its tokens above the
            cuts known beforehand (the caller's k-th largest value for top-k rows): float32
-           noise with per-lane records through the chunk, the exact noise for the few
-           tokens that can win at the end (`_race_lanes_exact`).
-  round r  each chunk first replays the row's history from the partial results of rounds
-           < r (the same fixed-order reductions in every program, so every program agrees):
-           the max m, hence the min-p cut; the pivot s_r, the race winner of round r-1; and
-           whether the pivot of round r-1 was kept. A decided row returns at once. Otherwise
-           the chunk adds up, above s_r, the count (top-k) and the mass (top-p), the kept
-           mass Z (round 1), and races above s_r for the next pivot.
-  finalize one program per row replays every round and writes the decided rows' tokens.
+           noise with per-lane records through the chunk (a top-k row's blocks with no token
+           above the cut skip it), the exact noise for the few tokens that can win at the
+           end (`_race_lanes_exact`: usually one, scored alone).
+  round r  each chunk first derives the row's state after rounds < r: round 1 from round 0's
+           chunk results (the max m, hence the min-p cut; the pivot s_1, round 0's winner),
+           round r >= 2 from the state stored by round r-1's first chunk plus round r-1's
+           chunk results (was the pivot kept? if not, its race winner is the next pivot).
+           Every program derives it by the same fixed-order reductions, so all agree, and
+           the round's first chunk stores it for the next. A decided row returns at once.
+           Otherwise the chunk adds up, above s_r, the count (top-k) and the mass (top-p),
+           the kept mass Z (round 1), and races above s_r for the next pivot (per-lane
+           records again).
+  finalize one program per row: the stored state plus the last round's results; it writes
+           the decided rows' tokens.
 
 Rows still undecided (pivots rejected in every round: rare, since a race's winner falls
 outside a top-p set with probability about 1 - top_p; or top-k with top-p and no k-th value
@@ -37,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.kernels.gumbel_sample import _gumbel, _gumbel_fast, _race_block_top, _row_key
+from toolkit.kernels.gumbel_sample import _gumbel, _gumbel_fast, _row_key
 from toolkit.kernels.truncated_sample_row import _NO_TOKEN, _argmax_lowest, _one_row
 
 
@@ -81,9 +86,10 @@ def _y_at(row_ptr, tok, n_cols, temp):
 
 
 @triton.jit
-def _race_lanes_exact(row_ptr, start0, end0, temp, lo_pre, k1, k2, f1, f1_i, f2,
+def _race_lanes_exact(row_ptr, start0, end0, temp, lo, piv, k1, k2, f1, f1_i, f2,
                       BLOCK: tl.constexpr):
-    """The exact race winner (score, id) of tokens [start0, end0) from per-lane fast records.
+    """The exact race winner (score, id) over the tokens of [start0, end0) with lo <= y, piv < y
+    (y = x / T, x > -inf), from per-lane records of their fast scores (`_lane_records`).
 
     A token's fast and exact scores differ by less than a margin, so only tokens whose fast
     score is within two margins of the top F can win: each lane's record f1, unless some
@@ -98,68 +104,134 @@ def _race_lanes_exact(row_ptr, start0, end0, temp, lo_pre, k1, k2, f1, f1_i, f2,
                 cols = start + tl.arange(0, BLOCK)
                 x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
                 y = _scaled(x, temp)
-                s = tl.where((x > float("-inf")) & (y >= lo_pre), y + _gumbel(cols, k1, k2),
-                             float("-inf"))
+                live = (y >= lo) & (y > piv)                   # y > piv: not -inf
+                s = tl.where(live, y + _gumbel(cols, k1, k2), float("-inf"))
                 top, top_i = _argmax_lowest(s, cols)
                 if top > best:                                   # strict: lower ids win ties
                     best = top
                     best_i = top_i
         else:
             cand = f1 >= near
-            ids = tl.where(cand, f1_i, 0)
-            y = _scaled(tl.load(row_ptr + ids, mask=cand, other=float("-inf")), temp)
-            s = tl.where(cand, y + _gumbel(ids, k1, k2), float("-inf"))
-            best, best_i = _argmax_lowest(s, tl.where(cand, f1_i, _NO_TOKEN))
+            if tl.sum(cand.to(tl.int32), axis=0) == 1:     # usual: one candidate, one lane's
+                best_i = tl.min(tl.where(cand, f1_i, _NO_TOKEN), axis=0)   # float64 noise
+                best = _scaled(tl.load(row_ptr + best_i), temp) + _gumbel(best_i, k1, k2)
+            else:
+                ids = tl.where(cand, f1_i, 0)
+                y = _scaled(tl.load(row_ptr + ids, mask=cand, other=float("-inf")), temp)
+                s = tl.where(cand, y + _gumbel(ids, k1, k2), float("-inf"))
+                best, best_i = _argmax_lowest(s, tl.where(cand, f1_i, _NO_TOKEN))
     return best, best_i
 
 
 @triton.jit
-def _replay(row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
-            temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported,
-            UPTO: tl.constexpr, SPLITS: tl.constexpr):
-    """The row's state after rounds 0 .. UPTO-1, from their chunk results [round, row, chunk]:
-    (decided, token, pivot valid, pivot y, kept cut lo, max y). Rounds after a decision wrote
-    nothing for the row, so their values are read but never used."""
-    offs = tl.arange(0, SPLITS)
-    live = offs < n_split
-    m, m_tok = _best(fa_ptr, ia_ptr, row * SPLITS, offs, live)
-    _, piv = _best(score_ptr, sidx_ptr, row * SPLITS, offs, live)
+def _lane_records(y, cols, live, k1, k2, f1, f1_i, f2, FAST: tl.constexpr):
+    """Per-lane records of the fast race score y + G over the `live` tokens: the best f1 with
+    its id f1_i (strict: the lane's lowest id on ties) and the runner-up f2. No reductions."""
+    f = tl.where(live, y + _gumbel_fast(cols, k1, k2, FAST), float("-inf"))
+    new = f > f1
+    f2 = tl.where(new, f1, tl.maximum(f2, f))
+    return tl.where(new, f, f1), tl.where(new, cols, f1_i), f2
+
+
+@triton.jit
+def _first_state(row_ptr, n_cols, base, offs, live, score_ptr, sidx_ptr, fa_ptr, ia_ptr, temp,
+                 greedy, log_min_p, k_on, p_on, lo_pre, unsupported):
+    """The row's state after round 0, from its chunk results (max and race winner a chunk):
+    (decided, token, pivot, pivot valid, pivot y, kept cut lo, max y)."""
+    m, m_tok = _best(fa_ptr, ia_ptr, base, offs, live)
+    _, piv = _best(score_ptr, sidx_ptr, base, offs, live)
     my = tl.div_rn(m, temp)
     lo = tl.maximum(lo_pre, my + log_min_p)                            # min-p and top-k cuts
     my = tl.where(m == float("-inf"), 0.0, my)                         # exp(y - my) finite
-    checks = k_on | p_on
     y_piv = _y_at(row_ptr, piv, n_cols, temp)
     piv_ok = (piv < n_cols) & (y_piv >= lo)
-    decided = greedy | (~unsupported & piv_ok & ~checks)
+    decided = greedy | (~unsupported & piv_ok & ~(k_on | p_on))
     tok = tl.where(greedy, m_tok, piv)
-    z = tl.full([], 0.0, tl.float32)
-    for r in tl.static_range(1, UPTO):
-        base = (r * n_rows + row) * SPLITS
-        if r == 1:
-            z = tl.sum(tl.load(z_ptr + base + offs, mask=live, other=0.0), axis=0)
-        above_mass = tl.sum(tl.load(fa_ptr + base + offs, mask=live, other=0.0), axis=0)
-        above_n = tl.sum(tl.load(ia_ptr + base + offs, mask=live, other=0), axis=0)
-        _, nxt = _best(score_ptr, sidx_ptr, base, offs, live)
-        running = ~decided & ~unsupported
-        kept = piv_ok & (~k_on | (above_n < k)) & (~p_on | (above_mass < p * z))
-        nxt_ok = nxt < n_cols                    # nothing above a rejected pivot: only -inf
-        take_piv = running & kept
-        take_nxt = running & ~kept & (~nxt_ok | ~checks)
-        tok = tl.where(take_piv, piv, tl.where(take_nxt, nxt, tok))
-        decided = decided | take_piv | take_nxt
-        moved = running & ~kept
-        y_piv = tl.where(moved, _y_at(row_ptr, nxt, n_cols, temp), y_piv)
-        piv = tl.where(moved, nxt, piv)
-        piv_ok = tl.where(moved, nxt_ok, piv_ok)
-    return decided, tok, piv_ok, y_piv, lo, my
+    return decided, tok, piv, piv_ok, y_piv, lo, my
+
+
+@triton.jit
+def _next_state(row_ptr, n_cols, base, offs, live, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
+                temp, k, k_on, p, p_on, unsupported, decided, tok, piv, piv_ok, y_piv, z,
+                FIRST: tl.constexpr):
+    """The state after one more round r >= 1, from round r's chunk results (count and mass
+    above the pivot, Z when FIRST, the race above the pivot): the pivot is kept, or the race
+    winner above it is the next pivot (or the answer, when no check remains)."""
+    if FIRST:
+        z = tl.sum(tl.load(z_ptr + base + offs, mask=live, other=0.0), axis=0)
+    above_mass = tl.sum(tl.load(fa_ptr + base + offs, mask=live, other=0.0), axis=0)
+    above_n = tl.sum(tl.load(ia_ptr + base + offs, mask=live, other=0), axis=0)
+    _, nxt = _best(score_ptr, sidx_ptr, base, offs, live)
+    checks = k_on | p_on
+    running = ~decided & ~unsupported
+    kept = piv_ok & (~k_on | (above_n < k)) & (~p_on | (above_mass < p * z))
+    nxt_ok = nxt < n_cols                        # nothing above a rejected pivot: only -inf
+    take_piv = running & kept
+    take_nxt = running & ~kept & (~nxt_ok | ~checks)
+    tok = tl.where(take_piv, piv, tl.where(take_nxt, nxt, tok))
+    decided = decided | take_piv | take_nxt
+    moved = running & ~kept
+    y_piv = tl.where(moved, _y_at(row_ptr, nxt, n_cols, temp), y_piv)
+    piv = tl.where(moved, nxt, piv)
+    piv_ok = tl.where(moved, nxt_ok, piv_ok)
+    return decided, tok, piv, piv_ok, y_piv, z
+
+
+@triton.jit
+def _state_at(st_i, st_f, r, n_rows, row):
+    """The state stored after rounds < r (by round r's first chunk)."""
+    bi = st_i + r * 4 * n_rows + row
+    bf = st_f + r * 4 * n_rows + row
+    return (tl.load(bi) != 0, tl.load(bi + n_rows), tl.load(bi + 2 * n_rows),
+            tl.load(bi + 3 * n_rows) != 0, tl.load(bf), tl.load(bf + n_rows),
+            tl.load(bf + 2 * n_rows), tl.load(bf + 3 * n_rows))
+
+
+@triton.jit
+def _store_state(st_i, st_f, r, n_rows, row, decided, tok, piv, piv_ok, y_piv, lo, my, z):
+    bi = st_i + r * 4 * n_rows + row
+    bf = st_f + r * 4 * n_rows + row
+    tl.store(bi, decided.to(tl.int32))
+    tl.store(bi + n_rows, tok)
+    tl.store(bi + 2 * n_rows, piv)
+    tl.store(bi + 3 * n_rows, piv_ok.to(tl.int32))
+    tl.store(bf, y_piv)
+    tl.store(bf + n_rows, lo)
+    tl.store(bf + 2 * n_rows, my)
+    tl.store(bf + 3 * n_rows, z)
+
+
+@triton.jit
+def _state_after(row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
+                 z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre,
+                 unsupported, UPTO: tl.constexpr, SPLITS: tl.constexpr):
+    """The row's state after rounds 0 .. UPTO-1 (UPTO >= 1): round 0's results, or the state
+    stored after rounds < UPTO-1 and round UPTO-1's results (every program of a round derives
+    the same state by the same fixed-order reductions; its first chunk stores it)."""
+    offs = tl.arange(0, SPLITS)
+    live = offs < n_split
+    if UPTO == 1:
+        decided, tok, piv, piv_ok, y_piv, lo, my = _first_state(
+            row_ptr, n_cols, row * SPLITS, offs, live, score_ptr, sidx_ptr, fa_ptr, ia_ptr, temp,
+            greedy, log_min_p, k_on, p_on, lo_pre, unsupported)
+        z = tl.full([], 0.0, tl.float32)
+    else:
+        decided, tok, piv, piv_ok, y_piv, lo, my, z = _state_at(st_i, st_f, UPTO - 1, n_rows, row)
+        if ~decided & ~unsupported:
+            decided, tok, piv, piv_ok, y_piv, z = _next_state(
+                row_ptr, n_cols, ((UPTO - 1) * n_rows + row) * SPLITS, offs, live, score_ptr,
+                sidx_ptr, fa_ptr, ia_ptr, z_ptr, temp, k, k_on, p, p_on, unsupported, decided,
+                tok, piv, piv_ok, y_piv, z, UPTO - 1 == 1)
+    return decided, tok, piv, piv_ok, y_piv, lo, my, z
 
 
 @triton.jit
 def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greedy_ptr,
                   log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr,
-                  score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr, flag_ptr,
+                  score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr, st_i, st_f,
                   ROUND: tl.constexpr, HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
-                  SPLITS: tl.constexpr, FAST: tl.constexpr):
+                  SPLITS: tl.constexpr, SKIP: tl.constexpr, STAGES: tl.constexpr,
+                  FAST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     row_ptr = x_ptr + row * stride
@@ -169,18 +241,17 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
     start0 = split * chunk
     end0 = tl.minimum(start0 + chunk, n_cols)
     out = (ROUND * n_rows + row) * SPLITS + split
-    best = tl.full([], float("-inf"), tl.float32)
-    best_i = tl.full([], _NO_TOKEN, tl.int32)
+    # the race: per-lane records of the fast score (best f1 with its id, runner-up f2), no
+    # block reductions in the loop; the exact noise at the end (`_race_lanes_exact`)
+    f1 = tl.full([BLOCK], float("-inf"), tl.float32)
+    f1_i = tl.full([BLOCK], _NO_TOKEN, tl.int32)
+    f2 = tl.full([BLOCK], float("-inf"), tl.float32)
     if ROUND == 0:
         best_x = tl.full([BLOCK], float("-inf"), tl.float32)
         best_xi = tl.full([BLOCK], _NO_TOKEN, tl.int32)
         race = ~greedy & ~unsupported
-        # the race over the whole chunk: per-lane records of the fast score (best f1 with its
-        # id, runner-up f2), no block reductions in the loop; the exact noise at the end
-        f1 = tl.full([BLOCK], float("-inf"), tl.float32)
-        f1_i = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-        f2 = tl.full([BLOCK], float("-inf"), tl.float32)
-        for start in range(start0, end0, BLOCK):
+        cut = lo_pre > float("-inf")            # a top-k row: few tokens race, most blocks none
+        for start in tl.range(start0, end0, BLOCK, num_stages=STAGES):
             cols = start + tl.arange(0, BLOCK)
             x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
             upd = x > best_x                                               # strict: lowest id
@@ -188,70 +259,75 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
             best_xi = tl.where(upd, cols, best_xi)
             if race:
                 y = _scaled(x, temp)
-                live = (x > float("-inf")) & (y >= lo_pre)
-                f = tl.where(live, y + _gumbel_fast(cols, k1, k2, FAST), float("-inf"))
-                new = f > f1
-                f2 = tl.where(new, f1, tl.maximum(f2, f))
-                f1 = tl.where(new, f, f1)
-                f1_i = tl.where(new, cols, f1_i)
+                live = (y > float("-inf")) & (y >= lo_pre)
+                if SKIP & cut:
+                    if tl.max(live.to(tl.int32), axis=0) > 0:
+                        f1, f1_i, f2 = _lane_records(y, cols, live, k1, k2, f1, f1_i, f2, FAST)
+                else:
+                    f1, f1_i, f2 = _lane_records(y, cols, live, k1, k2, f1, f1_i, f2, FAST)
+        best = tl.full([], float("-inf"), tl.float32)
+        best_i = tl.full([], _NO_TOKEN, tl.int32)
         if race:
-            best, best_i = _race_lanes_exact(row_ptr, start0, end0, temp, lo_pre, k1, k2,
-                                             f1, f1_i, f2, BLOCK)
+            best, best_i = _race_lanes_exact(row_ptr, start0, end0, temp, lo_pre,
+                                             float("-inf"), k1, k2, f1, f1_i, f2, BLOCK)
         m, m_tok = _argmax_lowest(best_x, best_xi)
         tl.store(fa_ptr + out, m)
         tl.store(ia_ptr + out, m_tok)
         tl.store(score_ptr + out, best)
         tl.store(sidx_ptr + out, best_i)
     else:
-        # a row decided before round ROUND - 1 skips even the replay (split 0 of each round
-        # records what its replay found; a newer record is as good: decisions are final)
-        flag = tl.full([], 0, tl.int8)
-        if ROUND >= 2:
-            flag = tl.load(flag_ptr + row)
-        if flag == 0:
-            decided, _, piv_ok, y_piv, lo, my = _replay(
-                row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
-                temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUND, SPLITS)
-            if split == 0:
-                tl.store(flag_ptr + row, (decided | unsupported).to(tl.int8))
-            if ~decided & ~unsupported:
-                piv = tl.where(piv_ok, y_piv, float("-inf"))
-                z = tl.zeros([BLOCK], dtype=tl.float32)
-                above_mass = tl.zeros([BLOCK], dtype=tl.float32)
-                above_n = tl.zeros([BLOCK], dtype=tl.int32)
-                for start in range(start0, end0, BLOCK):
-                    cols = start + tl.arange(0, BLOCK)
-                    x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
-                    y = _scaled(x, temp)
-                    keep = y >= lo
-                    e = tl.where(keep, tl.exp(y - my), 0.0)
-                    if ROUND == 1:
-                        z += e
-                    above = keep & (y > piv)
-                    above_mass += tl.where(above, e, 0.0)
-                    above_n += above.to(tl.int32)
-                    best, best_i = _race_block_top(y, cols, k1, k2, above, best, best_i, FAST)
-                tl.store(fa_ptr + out, tl.sum(above_mass, axis=0))
-                tl.store(ia_ptr + out, tl.sum(above_n, axis=0))
-                tl.store(z_ptr + out, tl.sum(z, axis=0))
-                tl.store(score_ptr + out, best)
-                tl.store(sidx_ptr + out, best_i)
+        decided, tok, piv, piv_ok, y_piv, lo, my, z_row = _state_after(
+            row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
+            st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUND,
+            SPLITS)
+        if split == 0:                  # for the next round, which then adds one round's step
+            _store_state(st_i, st_f, ROUND, n_rows, row, decided, tok, piv, piv_ok, y_piv, lo,
+                         my, z_row)
+        if ~decided & ~unsupported:
+            piv_y = tl.where(piv_ok, y_piv, float("-inf"))
+            z = tl.zeros([BLOCK], dtype=tl.float32)
+            above_mass = tl.zeros([BLOCK], dtype=tl.float32)
+            above_n = tl.zeros([BLOCK], dtype=tl.int32)
+            for start in tl.range(start0, end0, BLOCK, num_stages=STAGES):
+                cols = start + tl.arange(0, BLOCK)
+                x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
+                y = _scaled(x, temp)
+                keep = y >= lo
+                e = tl.where(keep, tl.exp(y - my), 0.0)
+                if ROUND == 1:
+                    z += e
+                above = keep & (y > piv_y)                 # the tokens racing: not -inf
+                above_mass += tl.where(above, e, 0.0)
+                above_n += above.to(tl.int32)
+                if SKIP:
+                    if tl.max(above.to(tl.int32), axis=0) > 0:
+                        f1, f1_i, f2 = _lane_records(y, cols, above, k1, k2, f1, f1_i, f2, FAST)
+                else:
+                    f1, f1_i, f2 = _lane_records(y, cols, above, k1, k2, f1, f1_i, f2, FAST)
+            best, best_i = _race_lanes_exact(row_ptr, start0, end0, temp, lo, piv_y, k1, k2,
+                                             f1, f1_i, f2, BLOCK)
+            tl.store(fa_ptr + out, tl.sum(above_mass, axis=0))
+            tl.store(ia_ptr + out, tl.sum(above_n, axis=0))
+            tl.store(z_ptr + out, tl.sum(z, axis=0))
+            tl.store(score_ptr + out, best)
+            tl.store(sidx_ptr + out, best_i)
 
 
 @triton.jit
 def _finalize_kernel(x_ptr, stride, n_cols, n_rows, n_split, temp_ptr, greedy_ptr, log_min_p_ptr,
                      top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
-                     z_ptr, out_ptr, ROUNDS: tl.constexpr, HAS_KTH: tl.constexpr,
+                     z_ptr, st_i, st_f, out_ptr, ROUNDS: tl.constexpr, HAS_KTH: tl.constexpr,
                      SPLITS: tl.constexpr, BLOCK: tl.constexpr, NUM_PROBES: tl.constexpr,
                      FAST: tl.constexpr):
-    """One program per row: replay every round and write a decided row's token; a row left
-    undecided is finished here by the one-program-per-row race (`_one_row`)."""
+    """One program per row: the state after every round; a decided row's token is written, a
+    row left undecided is finished here by the one-program-per-row race (`_one_row`)."""
     row = tl.program_id(0).to(tl.int64)
     greedy, temp, log_min_p, k, k_on, p, p_on, lo_pre, unsupported = _row_params(
         row, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, HAS_KTH)
-    decided, tok, _, _, _, _ = _replay(
+    decided, tok, _, _, _, _, _, _ = _state_after(
         x_ptr + row * stride, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
-        z_ptr, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUNDS + 1, SPLITS)
+        z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported,
+        ROUNDS + 1, SPLITS)
     if decided:
         tl.store(out_ptr + row, tl.where(tok >= n_cols, 0, tok).to(tl.int64))   # only -inf: 0
     else:
@@ -264,7 +340,8 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
                      top_p: torch.Tensor | None, keys: torch.Tensor,
                      kth_largest: torch.Tensor | None = None,
                      *, chunk: int = 8192, block: int = 512, num_warps: int = 4,
-                     rounds: int = 5, row_block: int = 4096, row_warps: int = 16,
+                     rounds: int = 5, skip: bool = True, stages: int = 3,
+                     row_block: int = 4096, row_warps: int = 16,
                      num_probes: int = 16) -> torch.Tensor:
     """The token of each row: temperature, min-p, top-k, top-p, then the exponential race.
 
@@ -276,9 +353,10 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     filter over those rows): the top-k cut then costs no rounds -> int64 [N]. Equals the stages
     Temperature, MinP, TopK, TopP and `gumbel_sample` run one after another (see the twin).
 
-    Tuning: chunk tokens per program (block at a time, num_warps warps), `rounds` pivot
-    checks before the finalize kernel's row race (row_block, row_warps, num_probes) takes the
-    rows left.
+    Tuning: chunk tokens per program (block at a time, num_warps warps, the loop pipelined
+    over `stages`); `rounds` pivot checks before the finalize kernel's row race (row_block,
+    row_warps, num_probes) takes the rows left; skip: a block with no racing token computes
+    no noise.
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
     if rounds < 0 or block & (block - 1) or row_block & (row_block - 1):
@@ -306,15 +384,19 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     f32 = torch.empty(3, rounds + 1, n, splits, dtype=torch.float32, device=dev)
     i32 = torch.empty(2, rounds + 1, n, splits, dtype=torch.int32, device=dev)
     parts = (f32[0], i32[0], f32[1], i32[1], f32[2])
+    # the row's state after rounds < r, stored by round r's first chunk [r, field, row]:
+    # (decided, token, pivot, pivot valid) and (pivot y, cut lo, max y, Z); r = 0 unused
+    state = (torch.empty(rounds + 1, 4, n, dtype=torch.int32, device=dev),
+             torch.empty(rounds + 1, 4, n, dtype=torch.float32, device=dev))
     rows = (temperature, greedy, log_min_p, top_k, top_p, kth)
     has_kth = kth_largest is not None
-    flag = torch.empty(n, dtype=torch.int8, device=dev)  # per row: decided, or left to the row race
     for r in range(rounds + 1):
         _round_kernel[(n, n_split)](logits, logits.stride(0), v, n, n_split, chunk, *rows, keys,
-                                    *parts, flag, ROUND=r, HAS_KTH=has_kth, BLOCK=block, SPLITS=splits,
+                                    *parts, *state, ROUND=r, HAS_KTH=has_kth, BLOCK=block,
+                                    SPLITS=splits, SKIP=skip, STAGES=stages,
                                     FAST=logits.is_cuda, num_warps=num_warps)
-    _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, keys, *parts, out,
-                           ROUNDS=rounds, HAS_KTH=has_kth, SPLITS=splits,
+    _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, keys, *parts, *state,
+                           out, ROUNDS=rounds, HAS_KTH=has_kth, SPLITS=splits,
                            BLOCK=min(row_block, triton.next_power_of_2(v)), NUM_PROBES=num_probes,
                            FAST=logits.is_cuda, num_warps=row_warps)
     return out

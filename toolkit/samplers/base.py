@@ -156,6 +156,8 @@ class SamplingMetadata:
     any_seeded: bool
     max_num_logprobs: int | None         # k of the widest logprobs request; None = none asked
     logprob_rows: Tensor | None          # int64 [R]: the rows that ask, when not all of them do
+    logprob_changed_rows: Tensor | None  # int64 [S]: rows that ask and that a built-in stage may
+                                         # change (penalties, bias, allowed, bans, bitmask); None: none
     # host views (the caller's lists, read-only, this step only), for the reference sampler and users' stages
     params: list[SamplingParams]
     prompt_token_ids: list[Sequence[int]]   # lists, or int64 numpy arrays (the engine's)
@@ -285,6 +287,15 @@ class SamplingMetadata:
         if asked and len(asked) < n:
             cpu["logprob_rows"] = torch.tensor([i for i, k in enumerate(lp) if k is not None],
                                                dtype=torch.int64)
+        if asked:                # their raw logits are saved before the stages change them
+            changed = penalised.copy() if bitmask is None else np.ones(n, dtype=bool)
+            for i in itertools.chain((i for i, _, _ in bias_pairs), (i for i, _ in bad),
+                                     (i for i, _ in min_tok),
+                                     (i for i, p in enumerate(params) if p.allowed_token_ids is not None)):
+                changed[i] = True
+            changed_rows = [i for i, k in enumerate(lp) if k is not None and changed[i]]
+            if changed_rows:
+                cpu["logprob_changed_rows"] = torch.tensor(changed_rows, dtype=torch.int64)
         if bitmask_rows is not None:
             cpu["bitmask_rows"] = torch.tensor(bitmask_rows, dtype=torch.int32)
         dev = upload(cpu, device)
@@ -306,6 +317,7 @@ class SamplingMetadata:
             bitmask_rows=dev.get("bitmask_rows"),
             seeded=dev["seeded"], seed_keys=dev["seed_keys"], any_seeded=any(seeded_l),
             max_num_logprobs=max(asked) if asked else None, logprob_rows=dev.get("logprob_rows"),
+            logprob_changed_rows=dev.get("logprob_changed_rows"),
             # the caller's lists, not copies (copying 256 prompts costs milliseconds a step):
             # read-only for stages, and valid for this step only
             params=list(params), prompt_token_ids=list(prompt_token_ids),

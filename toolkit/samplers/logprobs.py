@@ -12,8 +12,8 @@ from toolkit.samplers.stages import kernel
 
 
 def gather_logprobs(logits: Tensor, token_ids: Tensor, k: int, rows: Tensor | None = None,
-                    *, compact: bool = False, use_triton: bool | None = None
-                    ) -> tuple[Tensor, Tensor, Tensor]:
+                    *, saved: Tensor | None = None, saved_rows: Tensor | None = None,
+                    use_triton: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """See `reference_sampling.gather_logprobs`; use_triton None = on CUDA only."""
     return kernel("gather_logprobs", logits, use_triton)(logits, token_ids, k, rows,
-                                                         compact=compact)
+                                                         saved=saved, saved_rows=saved_rows)

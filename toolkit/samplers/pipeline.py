@@ -19,8 +19,8 @@ from torch import Tensor
 
 from toolkit.samplers.base import SamplerOutput, SamplingMetadata
 from toolkit.samplers.logprobs import gather_logprobs
-from toolkit.samplers.stages import (MinP, Stage, Temperature, TopK, TopP, default_stages,
-                                     fusable_tail, kernel)
+from toolkit.samplers.stages import (ROW_SCOPED, MinP, Stage, Temperature, TopK, TopP,
+                                     default_stages, fusable_tail, kernel)
 
 
 class Sampler:
@@ -107,21 +107,29 @@ class Sampler:
         only if one is), then the fused tail `truncated_sample` when the pipeline ends with
         temperature / min_p / top_k / top_p stages, else the stages and `gumbel_sample`.
         consume_logits: the caller no longer needs `logits` (an engine step's own output), so
-        float32 logits may be processed in place: no copy but of the rows asking for logprobs.
+        float32 logits may be processed in place: no copy but of the rows asking for logprobs
+        that a stage may change (with only built-in stages, `ROW_SCOPED`, the rows their
+        parameters name: `meta.logprob_changed_rows`; with a user's stage, every asking row).
         """
         if tuple(logits.shape) != (meta.num_rows, meta.vocab_size):
             raise ValueError(f"logits must be [num_rows, vocab_size] = "
                              f"[{meta.num_rows}, {meta.vocab_size}], got {list(logits.shape)}")
         cut = fusable_tail(self.stages)
         active = [s for s in self.stages[:cut] if getattr(s, "active", lambda m: True)(meta)]
-        x, raw, compact = logits, logits, False               # raw: what the logprobs read
+        x, raw = logits, logits                               # raw: what the logprobs read
+        saved = saved_rows = None                             # raw copies of rows changed in place
         if active:                                            # the stages work in place
             if not (consume_logits and logits.dtype == torch.float32):
                 x = logits.to(torch.float32, copy=True)
             elif meta.max_num_logprobs is not None:           # keep the asking rows' raw logits
-                rows = meta.logprob_rows
-                raw, compact = ((logits.index_select(0, rows), True) if rows is not None
-                                else (logits.clone(), False))
+                if all(type(s) in ROW_SCOPED for s in active):   # only the rows they may change
+                    saved_rows = meta.logprob_changed_rows
+                elif meta.logprob_rows is not None:
+                    saved_rows = meta.logprob_rows
+                else:
+                    raw = logits.clone()
+                if saved_rows is not None:
+                    saved = logits.index_select(0, saved_rows)
             for stage in active:
                 x = stage(x, meta)
         if x.dtype != torch.float32 or x.stride(-1) != 1:
@@ -146,5 +154,6 @@ class Sampler:
         if meta.max_num_logprobs is None:
             return SamplerOutput(tokens)
         values, ids, ranks = gather_logprobs(raw, tokens, meta.max_num_logprobs, meta.logprob_rows,
-                                             compact=compact, use_triton=self.use_triton)
+                                             saved=saved, saved_rows=saved_rows,
+                                             use_triton=self.use_triton)
         return SamplerOutput(tokens, values, ids, ranks)

@@ -200,6 +200,10 @@ class TopP(_ThresholdStage):
 # the stages the sampler may fuse with the race, in the only order it fuses them
 FUSED_TAIL = (Temperature, MinP, TopK, TopP)
 
+# stages that change only the rows their parameters name, as SamplingMetadata.build counts
+# them for `logprob_changed_rows` (the sampler saves those rows' raw logits alone)
+ROW_SCOPED = (Penalties, LogitBias, AllowedTokens, BadWords, MinTokens, GrammarBitmask)
+
 
 def fusable_tail(stages: list[Stage]) -> int:
     """Index where the pipeline's fusable tail starts (len(stages): none). The tail is a
