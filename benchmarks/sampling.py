@@ -133,12 +133,11 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
                 if gpu is not None:
                     out[f"{label}, GPU only (graph)"] = gpu
 
-        for chunk, block, warps, rounds in [(8192, 1024, 4, 3), (16384, 1024, 8, 3), (8192, 512, 4, 2)]:
+        for knobs in (dict(prefetch=0), dict(prefetch=2), dict(rounds=3), dict(skip=False)):
             gpu = graph_timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
-                                           meta.top_p, keys, kth, chunk=chunk, block=block,
-                                           num_warps=warps, rounds=rounds), iters)
+                                           meta.top_p, keys, kth, **knobs), iters)
             if gpu is not None:
-                out[f"tail c{chunk} b{block} w{warps} r{rounds} (graph)"] = gpu
+                out["tail " + " ".join(f"{k}={v}" for k, v in knobs.items()) + " (graph)"] = gpu
     if meta.max_num_logprobs is not None:
         toks = torch.zeros(meta.num_rows, dtype=torch.int64, device=logits.device)
         out["logprobs"] = timer(lambda: gather_logprobs(logits, toks, meta.max_num_logprobs,

@@ -176,9 +176,11 @@ def _tail_params(n: int, v: int, seed: int):
 
 
 # (chunk, block, rounds): one chunk per row; several chunks with 0 (the row kernel decides
-# every row with a cut), 1 and 3 rounds of pivot checks; noise in every block (skip off)
+# every row with a cut), 1 and 3 rounds of pivot checks; noise in every block (skip off);
+# blocks loaded 0 or 2 ahead
 _SPLITS = [dict(), dict(chunk=64, block=32, rounds=0), dict(chunk=64, block=32, rounds=1),
-           dict(chunk=96, block=32, rounds=3), dict(chunk=64, block=32, rounds=2, skip=False)]
+           dict(chunk=96, block=32, rounds=3, prefetch=2),
+           dict(chunk=64, block=32, rounds=2, skip=False, prefetch=0)]
 
 
 @pytest.mark.parametrize("v", [2, 7, 300, 2500])
@@ -349,7 +351,7 @@ def test_truncated_sample_kernel_matches_twin_on_generated_rows(rows, data) -> N
                                        (top_p * f).clamp(max=1.0), keys)
         assume(torch.equal(nudged, want))
     split = dict(chunk=64, block=32, rounds=data.draw(st.integers(0, 3)),      # several chunks
-                 skip=data.draw(st.booleans()))
+                 skip=data.draw(st.booleans()), prefetch=data.draw(st.integers(0, 2)))
     assert torch.equal(truncated_sample(x, t, greedy, min_p, top_k, top_p, keys, **split), want)
     rows_k = torch.nonzero((top_k > 0) & (top_k < v)).flatten()
     if rows_k.numel():
@@ -392,7 +394,9 @@ def test_kth_largest_group_filter_matches_topk(rows, data) -> None:
     max_k = int(k[sel].max())
     g = data.draw(st.sampled_from([256, 64, 16]))             # limit picks this group size
     limit = max_k * g
-    got = kth_fast(x, k, sel, max_k, block=data.draw(st.sampled_from([256, 512])), limit=limit,
+    block = g * data.draw(st.sampled_from([1, 2]))              # a few groups a block
+    got = kth_fast(x, k, sel, max_k, block=block, limit=limit,           # spans of 1-3 blocks
+                   span=block * data.draw(st.integers(1, 3)),
                    select_block=data.draw(st.sampled_from([16, 1024])))      # 16: several chunks
     assert torch.equal(got, kth_largest(x, k, sel, max_k)), (got, kth_largest(x, k, sel, max_k))
 
@@ -432,17 +436,35 @@ def test_logprobs_kernel_matches_twin(rows, data) -> None:
     n = x.shape[0]
     tok = torch.tensor(data.draw(st.lists(st.integers(0, v - 1), min_size=n, max_size=n)))
     k = data.draw(st.integers(0, 9))
-    block = data.draw(st.sampled_from([16, 64, 2048]))
+    # 16 lanes through chunks of 16 .. 256 tokens (a lane may hold three of a chunk's top k)
+    block = dict(block=data.draw(st.sampled_from([16, 64, 1024])), programs=1,
+                 chunk=data.draw(st.sampled_from([16, 64, 256])),
+                 prefetch=data.draw(st.integers(0, 2)))
     listed = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     rows_t = torch.arange(n)[torch.tensor(listed)] if data.draw(st.booleans()) else None
     want = twin.gather_logprobs(x, tok, k, rows_t)
-    _check_logprobs(fast_logprobs(x, tok, k, rows_t, block=block), want)
+    _check_logprobs(fast_logprobs(x, tok, k, rows_t, **block), want)
     saved_rows = torch.tensor(data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n)),
                               dtype=torch.int64)
     changed = x.index_fill(0, saved_rows, float("nan"))
     saved = dict(saved=x.index_select(0, saved_rows), saved_rows=saved_rows)
     _check_logprobs(twin.gather_logprobs(changed, tok, k, rows_t, **saved), want)
-    _check_logprobs(fast_logprobs(changed, tok, k, rows_t, block=block, **saved), want)
+    _check_logprobs(fast_logprobs(changed, tok, k, rows_t, **block, **saved), want)
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_logprobs_kernel_top_k_held_by_one_lane(k: int) -> None:
+    """A chunk's best tokens all in one lane (ids 16 apart with 16 lanes; a lane keeps two
+    records): its top k needs the exact passes, and ties between lanes go to the lowest id."""
+    v = 200
+    x = torch.randn(3, v, generator=torch.Generator().manual_seed(4))
+    x[0, [3, 19, 35, 51]] = torch.tensor([9.0, 8.0, 7.0, 6.0])        # lane 3 of chunk 0
+    x[1, [3, 19, 35, 51, 67]] = 5.0                                  # five-way tie, one lane
+    x[1, 100] = 5.0
+    x[2, [64, 80, 96, 112]] = torch.tensor([6.0, 9.0, 8.0, 7.0])     # lane 0 of chunk 1
+    tok = torch.tensor([1, 51, 96])
+    _check_logprobs(fast_logprobs(x, tok, k, block=16, chunk=64, programs=1),
+                    twin.gather_logprobs(x, tok, k))
 
 
 @pytest.mark.gpu

@@ -1,11 +1,16 @@
 """Logprobs of the sampled tokens, their ranks and the top-k alternatives, rows split (Triton).
 
-The raw log_softmax without writing it: each row is cut into blocks, one program each, that
-reduce the block to its max, its sum of exp(x - max), the count of tokens >= the sampled
-token's logit (the rank) and its own top k (k rounds of argmax, lowest id on ties). A second
-kernel, one program per batch row, merges the blocks: lse = M + log(sum_b s_b exp(m_b - M)),
-rank = the counts' sum, the top k = the best k of the blocks' candidates (a block's top k
-holds every token of the row's top k that lies in it). Twin: `reference_sampling.gather_logprobs`.
+The raw log_softmax without writing it: each row is cut into chunks, one program each, that
+reduce the chunk to its max, its sum of exp(x - max), the count of tokens >= the sampled
+token's logit (the rank) and its own top k (lowest id on ties). The program keeps per-lane
+state through the chunk and reduces across lanes once, at the end: an online max and sum, a
+count, and the lane's two best tokens as packed int64 keys (the logit's bits made orderable,
+then the id reversed, so one max picks the best value and the lowest id among equals) plus the
+best key that is not among them. The chunk's top k is the best k of the lanes' records, exact
+unless a left-out key reaches the k-th (a lane holding three of them: rare), and then k exact
+passes over the chunk replace it. A second kernel, one program per batch row, merges the
+chunks: lse = M + log(sum_c s_c exp(m_c - M)), rank = the counts' sum, the top k = the best k
+of the chunks' candidates. Twin: `reference_sampling.gather_logprobs`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,26 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.kernels.prefetch import _load_ahead, _next_block
+
 _NO_TOKEN = tl.constexpr(2147483647)
+_NONE = tl.constexpr(-9223372036854775808)            # the packed key below every real one
+
+
+@triton.jit
+def _pack(x, cols):
+    """int64 keys in the order of (x, then the lower id): x's bits made signed-orderable in the
+    high word (-0.0 as +0.0: they compare equal), 2**31 - 1 - id in the low word."""
+    bits = tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True))
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)       # int32 order = float order
+    return (ordered.to(tl.int64) << 32) | (2147483647 - cols).to(tl.int64)
+
+
+@triton.jit
+def _unpack(key):
+    ordered = (key >> 32).to(tl.int32)
+    bits = tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True), (2147483647 - (key & 0x7FFFFFFF)).to(tl.int32)
 
 
 @triton.jit
@@ -39,32 +63,76 @@ def _source(x_ptr, stride, row, saved_ptr, saved_stride, saved_rows_ptr, n_saved
 
 
 @triton.jit
-def _block_kernel(x_ptr, stride, n_cols, rows_ptr, tok_ptr, bmax_ptr, bsum_ptr, brank_ptr,
-                  bval_ptr, bid_ptr, n_blocks, saved_ptr, saved_stride, saved_rows_ptr, n_saved,
-                  K: tl.constexpr, KP: tl.constexpr, HAS_ROWS: tl.constexpr, SP: tl.constexpr,
-                  BLOCK: tl.constexpr):
+def _chunk_kernel(x_ptr, stride, n_cols, rows_ptr, tok_ptr, bmax_ptr, bsum_ptr, brank_ptr,
+                  bval_ptr, bid_ptr, n_chunks, chunk, saved_ptr, saved_stride, saved_rows_ptr,
+                  n_saved, K: tl.constexpr, KP: tl.constexpr, HAS_ROWS: tl.constexpr,
+                  SP: tl.constexpr, BLOCK: tl.constexpr, PREFETCH: tl.constexpr):
     r = tl.program_id(0)
-    b = tl.program_id(1)
+    c = tl.program_id(1)
     row = _row_of(rows_ptr, r, HAS_ROWS)
     src = _source(x_ptr, stride, row, saved_ptr, saved_stride, saved_rows_ptr, n_saved, SP)
     xt = tl.load(src + tl.load(tok_ptr + row)).to(tl.float32)
-    cols = b * BLOCK + tl.arange(0, BLOCK)
-    valid = cols < n_cols
-    x = tl.load(src + cols, mask=valid, other=float("-inf")).to(tl.float32)
-    m = tl.max(x, axis=0)
-    ms = tl.where(m == float("-inf"), 0.0, m)                            # exp finite
-    out = r * n_blocks + b
-    tl.store(bmax_ptr + out, m)
-    tl.store(bsum_ptr + out, tl.sum(tl.exp(x - ms), axis=0))
-    tl.store(brank_ptr + out, tl.sum((valid & (x >= xt)).to(tl.int32), axis=0))
-    avail = valid
-    for j in tl.static_range(K):                                         # the block's top k
-        xa = tl.where(avail, x, float("-inf"))
-        top = tl.max(xa, axis=0)
-        i = tl.min(tl.where(avail & (xa == top), cols, _NO_TOKEN), axis=0)  # none left: _NO_TOKEN
-        tl.store(bval_ptr + out * KP + j, top)
-        tl.store(bid_ptr + out * KP + j, i)
-        avail = avail & (cols != i)
+    start0 = c * chunk
+    end0 = tl.minimum(start0 + chunk, n_cols)
+    # per lane through the chunk: max m and sum of exp(x - m) (online), the rank count, the two
+    # best packed keys k1 > k2 and the best key k3 either pushed out or never in
+    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK], dtype=tl.float32)
+    rank = tl.zeros([BLOCK], dtype=tl.int32)
+    k1 = tl.full([BLOCK], _NONE, tl.int64)
+    k2 = tl.full([BLOCK], _NONE, tl.int64)
+    k3 = tl.full([BLOCK], _NONE, tl.int64)
+    xa, xb = _load_ahead(src, start0, end0, BLOCK, PREFETCH)
+    for start in range(start0, end0, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        valid = cols < end0
+        x, xa, xb = _next_block(src, cols, end0, xa, xb, BLOCK, PREFETCH)
+        m_new = tl.maximum(m, x)
+        none = m_new == float("-inf")                                    # exp finite
+        s = tl.where(none, 0.0, s * tl.exp(m - m_new) + tl.exp(x - m_new))
+        m = m_new
+        rank += (valid & (x >= xt)).to(tl.int32)
+        if K > 0:
+            key = tl.where(valid, _pack(x, cols), _NONE)
+            gt1 = key > k1
+            gt2 = key > k2                                               # k1 > k2: gt1 -> gt2
+            k3 = tl.maximum(k3, tl.where(gt2, k2, key))
+            k2 = tl.where(gt1, k1, tl.where(gt2, key, k2))
+            k1 = tl.where(gt1, key, k1)
+    mx = tl.max(m, axis=0)
+    out = r * n_chunks + c
+    tl.store(bmax_ptr + out, mx)
+    tl.store(bsum_ptr + out, tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - mx)), axis=0))
+    tl.store(brank_ptr + out, tl.sum(rank, axis=0))
+    if K > 0:
+        # the chunk's top k: the best of the lanes' two records, k rounds of an int64 max
+        top = tl.full([], _NONE, tl.int64)
+        for j in tl.static_range(K):
+            top = tl.maximum(tl.max(k1, axis=0), tl.max(k2, axis=0))
+            _store_top(bval_ptr, bid_ptr, out * KP + j, top)
+            k1 = tl.where(k1 == top, _NONE, k1)
+            k2 = tl.where(k2 == top, _NONE, k2)
+        k3_max = tl.max(k3, axis=0)
+        if (k3_max != _NONE) & (k3_max >= top):
+            # a lane held three of the chunk's top k (rare): k exact passes, each the best
+            # key below the last one (keys are distinct: the id is in them)
+            prev = tl.full([], 9223372036854775807, tl.int64)
+            for j in tl.static_range(K):
+                best = tl.full([BLOCK], _NONE, tl.int64)
+                for start in range(start0, end0, BLOCK):
+                    cols = start + tl.arange(0, BLOCK)
+                    x = tl.load(src + cols, mask=cols < end0, other=float("-inf")).to(tl.float32)
+                    key = tl.where(cols < end0, _pack(x, cols), _NONE)
+                    best = tl.maximum(best, tl.where(key < prev, key, _NONE))
+                prev = tl.max(best, axis=0)
+                _store_top(bval_ptr, bid_ptr, out * KP + j, prev)
+
+
+@triton.jit
+def _store_top(bval_ptr, bid_ptr, at, key):
+    val, i = _unpack(key)
+    tl.store(bval_ptr + at, tl.where(key == _NONE, float("-inf"), val))
+    tl.store(bid_ptr + at, tl.where(key == _NONE, _NO_TOKEN, i))
 
 
 @triton.jit
@@ -122,8 +190,10 @@ def _merge_kernel(x_ptr, stride, rows_ptr, n_rows_sel, tok_ptr, bmax_ptr, bsum_p
 
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
                     rows: torch.Tensor | None = None, *, saved: torch.Tensor | None = None,
-                    saved_rows: torch.Tensor | None = None, block: int = 2048,
-                    max_k: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    saved_rows: torch.Tensor | None = None, chunk: int = 16384,
+                    programs: int = 256, block: int = 512, num_warps: int = 4,
+                    prefetch: int = 1, max_k: int = 32
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits float [N, V] (raw), token_ids int64 [N], k >= 0 -> (logprobs float32 [N, k+1],
     ids int64 [N, k+1], ranks int64 [N]).
 
@@ -133,6 +203,10 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
     float [S, V] with saved_rows int64 [S] (unique): the raw logits of those rows, read
     instead of logits' rows (which a stage changed in place). Above max_k alternatives
     (k rounds of argmax get slow) the twin's torch path runs instead. Two launches.
+
+    Tuning: rows are cut into chunks of at most `chunk` tokens, shorter when that gives fewer
+    than `programs` in all, read `block` tokens at a time (num_warps warps, `prefetch` blocks
+    loaded ahead: `kernels.prefetch`).
     """
     n, v = token_ids.shape[0], logits.shape[1]
     k = min(k, v)
@@ -162,20 +236,24 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
     sv = (saved, saved.stride(0), saved_rows, n_saved)
     sp = triton.next_power_of_2(n_saved) if n_saved else 0
     block = min(block, triton.next_power_of_2(v))
-    n_blocks = triton.cdiv(v, block)
+    # chunks of whole blocks, as long as `chunk` but short enough for `programs` in all
+    per_row = triton.cdiv(programs, max(sel, 1))
+    chunk = max(block, min(chunk, triton.cdiv(triton.cdiv(v, per_row), block) * block))
+    n_chunks = triton.cdiv(v, chunk)
     kp = triton.next_power_of_2(max(k, 1))
-    # per (listed row, block): max, sum exp, rank count, top-k values / ids
-    bmax = torch.empty(max(sel, 1), n_blocks, dtype=torch.float32, device=dev)
+    # per (listed row, chunk): max, sum exp, rank count, top-k values / ids
+    bmax = torch.empty(max(sel, 1), n_chunks, dtype=torch.float32, device=dev)
     bsum = torch.empty_like(bmax)
-    brank = torch.empty(max(sel, 1), n_blocks, dtype=torch.int32, device=dev)
-    bval = torch.empty(max(sel, 1), n_blocks, kp, dtype=torch.float32, device=dev)
-    bid = torch.empty(max(sel, 1), n_blocks, kp, dtype=torch.int32, device=dev)
+    brank = torch.empty(max(sel, 1), n_chunks, dtype=torch.int32, device=dev)
+    bval = torch.empty(max(sel, 1), n_chunks, kp, dtype=torch.float32, device=dev)
+    bid = torch.empty(max(sel, 1), n_chunks, kp, dtype=torch.int32, device=dev)
     if sel:
-        _block_kernel[(sel, n_blocks)](logits, logits.stride(0), v, rows_t, tok, bmax, bsum, brank,
-                                       bval, bid, n_blocks, *sv, K=k, KP=kp, HAS_ROWS=has_rows,
-                                       SP=sp, BLOCK=block, num_warps=4)
+        _chunk_kernel[(sel, n_chunks)](logits, logits.stride(0), v, rows_t, tok, bmax, bsum, brank,
+                                       bval, bid, n_chunks, chunk, *sv, K=k, KP=kp,
+                                       HAS_ROWS=has_rows, SP=sp, BLOCK=block, PREFETCH=prefetch,
+                                       num_warps=num_warps)
     _merge_kernel[(n,)](logits, logits.stride(0), rows_t, sel, tok, bmax, bsum, brank, bval, bid,
-                        n_blocks, vals, ids, ranks, *sv, K=k, KP=kp,
+                        n_chunks, vals, ids, ranks, *sv, K=k, KP=kp,
                         KO=triton.next_power_of_2(k + 1), RP=triton.next_power_of_2(max(sel, 1)),
-                        BP=triton.next_power_of_2(n_blocks), HAS_ROWS=has_rows, SP=sp, num_warps=4)
+                        BP=triton.next_power_of_2(n_chunks), HAS_ROWS=has_rows, SP=sp, num_warps=4)
     return vals, ids, ranks

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from toolkit.kernels.gumbel_sample import _gumbel, _gumbel_fast, _row_key
+from toolkit.kernels.prefetch import _load_ahead, _next_block
 from toolkit.kernels.truncated_sample_row import _NO_TOKEN, _argmax_lowest, _one_row
 
 
@@ -231,7 +232,7 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
                   score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr, st_i, st_f,
                   ROUND: tl.constexpr, HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
                   SPLITS: tl.constexpr, SKIP: tl.constexpr, STAGES: tl.constexpr,
-                  FAST: tl.constexpr):
+                  PREFETCH: tl.constexpr, FAST: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     row_ptr = x_ptr + row * stride
@@ -251,9 +252,10 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
         best_xi = tl.full([BLOCK], _NO_TOKEN, tl.int32)
         race = ~greedy & ~unsupported
         cut = lo_pre > float("-inf")            # a top-k row: few tokens race, most blocks none
+        xa, xb = _load_ahead(row_ptr, start0, end0, BLOCK, PREFETCH)
         for start in tl.range(start0, end0, BLOCK, num_stages=STAGES):
             cols = start + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
+            x, xa, xb = _next_block(row_ptr, cols, end0, xa, xb, BLOCK, PREFETCH)
             upd = x > best_x                                               # strict: lowest id
             best_x = tl.where(upd, x, best_x)
             best_xi = tl.where(upd, cols, best_xi)
@@ -288,9 +290,10 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
             z = tl.zeros([BLOCK], dtype=tl.float32)
             above_mass = tl.zeros([BLOCK], dtype=tl.float32)
             above_n = tl.zeros([BLOCK], dtype=tl.int32)
+            xa, xb = _load_ahead(row_ptr, start0, end0, BLOCK, PREFETCH)
             for start in tl.range(start0, end0, BLOCK, num_stages=STAGES):
                 cols = start + tl.arange(0, BLOCK)
-                x = tl.load(row_ptr + cols, mask=cols < end0, other=float("-inf"))
+                x, xa, xb = _next_block(row_ptr, cols, end0, xa, xb, BLOCK, PREFETCH)
                 y = _scaled(x, temp)
                 keep = y >= lo
                 e = tl.where(keep, tl.exp(y - my), 0.0)
@@ -340,7 +343,7 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
                      top_p: torch.Tensor | None, keys: torch.Tensor,
                      kth_largest: torch.Tensor | None = None,
                      *, chunk: int = 8192, block: int = 512, num_warps: int = 4,
-                     rounds: int = 5, skip: bool = True, stages: int = 3,
+                     rounds: int = 5, skip: bool = True, stages: int = 3, prefetch: int = 1,
                      row_block: int = 4096, row_warps: int = 16,
                      num_probes: int = 16) -> torch.Tensor:
     """The token of each row: temperature, min-p, top-k, top-p, then the exponential race.
@@ -353,10 +356,10 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     filter over those rows): the top-k cut then costs no rounds -> int64 [N]. Equals the stages
     Temperature, MinP, TopK, TopP and `gumbel_sample` run one after another (see the twin).
 
-    Tuning: chunk tokens per program (block at a time, num_warps warps, the loop pipelined
-    over `stages`); `rounds` pivot checks before the finalize kernel's row race (row_block,
-    row_warps, num_probes) takes the rows left; skip: a block with no racing token computes
-    no noise.
+    Tuning: chunk tokens per program (block at a time, num_warps warps; the loop pipelined
+    over `stages`, and `prefetch` blocks, 0-2, loaded ahead of the one being worked on);
+    `rounds` pivot checks before the finalize kernel's row race (row_block, row_warps,
+    num_probes) takes the rows left; skip: a block with no racing token computes no noise.
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
     if rounds < 0 or block & (block - 1) or row_block & (row_block - 1):
@@ -393,7 +396,7 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     for r in range(rounds + 1):
         _round_kernel[(n, n_split)](logits, logits.stride(0), v, n, n_split, chunk, *rows, keys,
                                     *parts, *state, ROUND=r, HAS_KTH=has_kth, BLOCK=block,
-                                    SPLITS=splits, SKIP=skip, STAGES=stages,
+                                    SPLITS=splits, SKIP=skip, STAGES=stages, PREFETCH=prefetch,
                                     FAST=logits.is_cuda, num_warps=num_warps)
     _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, keys, *parts, *state,
                            out, ROUNDS=rounds, HAS_KTH=has_kth, SPLITS=splits,
