@@ -394,10 +394,8 @@ def test_kth_largest_group_filter_matches_topk(rows, data) -> None:
     max_k = int(k[sel].max())
     g = data.draw(st.sampled_from([256, 64, 16]))             # limit picks this group size
     limit = max_k * g
-    block = g * data.draw(st.sampled_from([1, 2]))              # a few groups a block
-    got = kth_fast(x, k, sel, max_k, block=block, limit=limit,           # spans of 1-3 blocks
-                   span=block * data.draw(st.integers(1, 3)),
-                   select_block=data.draw(st.sampled_from([16, 1024])))      # 16: several chunks
+    got = kth_fast(x, k, sel, max_k, block=g * data.draw(st.sampled_from([1, 2])),  # few groups
+                   limit=limit, select_block=data.draw(st.sampled_from([16, 1024])))  # a block
     assert torch.equal(got, kth_largest(x, k, sel, max_k)), (got, kth_largest(x, k, sel, max_k))
 
 

@@ -86,36 +86,6 @@ def _race_block(y, cols, k1, k2, live, best, best_idx, bound, FAST: tl.constexpr
 
 
 @triton.jit
-def _race_block_top(y, cols, k1, k2, live, best, best_idx, FAST: tl.constexpr):
-    """`_race_block` with a scalar record (best, best_idx) and the exact noise of one lane.
-
-    The block's fast winner i is its exact winner unless another lane's fast score is within
-    two margins of i's (a lane's fast and exact scores differ by less than one margin), so
-    the float64 noise is computed for lane i alone, and for the whole block only in that rare
-    case. For programs that each race a short span: there every block is a new record.
-    """
-    ymax = tl.max(tl.where(live, y, float("-inf")), axis=0)
-    margin = 1e-3 + 1e-6 * tl.abs(best)                  # noise error + two float32 roundings
-    if (ymax > float("-inf")) & (ymax + 23.0 >= best - margin):         # G < 23: see above
-        fast = tl.where(live, y + _gumbel_fast(cols, k1, k2, FAST), float("-inf"))
-        fmax = tl.max(fast, axis=0)
-        if fmax >= best - margin:
-            i = tl.min(tl.where(fast == fmax, cols, 2147483647), axis=0)
-            second = tl.max(tl.where(cols == i, float("-inf"), fast), axis=0)
-            if second >= fmax - (2e-3 + 2e-6 * tl.abs(fmax)):
-                s = tl.where(live, y + _gumbel(cols, k1, k2), float("-inf"))
-                top = tl.max(s, axis=0)
-                top_i = tl.min(tl.where(s == top, cols, 2147483647), axis=0)
-            else:
-                top = tl.max(tl.where(cols == i, y, float("-inf")), axis=0) + _gumbel(i, k1, k2)
-                top_i = i
-            if top > best:                                      # strict: earlier blocks' ids win
-                best = top
-                best_idx = top_i
-    return best, best_idx
-
-
-@triton.jit
 def _row_key(keys_ptr, row):
     key = tl.load(keys_ptr + row)                                      # int64
     return (key & 0xFFFFFFFF).to(tl.uint32), ((key >> 32) & 0xFFFFFFFF).to(tl.uint32)

@@ -172,26 +172,24 @@ def _floor_kernel(gmax_ptr, n_groups, rows_ptr, top_k_ptr, floor_ptr, BLOCK: tl.
 
 @triton.jit
 def _gather_above_kernel(x_ptr, stride, n_cols, rows_ptr, gmax_ptr, n_groups, floor_ptr,
-                         count_ptr, cand_ptr, cap, span, G: tl.constexpr, BLOCK: tl.constexpr):
-    """The tokens > T of this span's groups into the row's buffer; only groups whose max is
-    above T are read (fewer than k of the row's groups), BLOCK tokens at a time, and a block
-    with none of them is skipped."""
+                         count_ptr, cand_ptr, cap, G: tl.constexpr, BLOCK: tl.constexpr):
+    """The tokens > T of this block's groups into the row's buffer; only groups whose max
+    is above T are read (fewer than k of the row's groups)."""
     r = tl.program_id(0)
+    blk = tl.program_id(1)
     t = tl.load(floor_ptr + r)
-    for start in range(tl.program_id(1) * span, tl.minimum((tl.program_id(1) + 1) * span, n_cols),
-                       BLOCK):
-        groups = start // G + tl.arange(0, BLOCK // G)
-        hot = tl.load(gmax_ptr + r * n_groups + groups, mask=groups < n_groups,
-                      other=float("-inf")) > t                                 # [BLOCK / G]
-        if tl.max(hot.to(tl.int32), axis=0) > 0:
-            row = tl.load(rows_ptr + r).to(tl.int64)
-            cols = tl.reshape(groups[:, None] * G + tl.arange(0, G)[None, :], (BLOCK,))
-            read = tl.reshape(tl.broadcast_to(hot[:, None], (BLOCK // G, G)), (BLOCK,)) & (cols < n_cols)
-            x = tl.load(x_ptr + row * stride + cols, mask=read, other=float("-inf"))
-            above = x > t
-            # a slot per token above T (fewer than k * G of them: no scan, little contention)
-            slot = tl.atomic_add(count_ptr + r + tl.zeros([BLOCK], tl.int32), 1, mask=above)
-            tl.store(cand_ptr + r * cap + slot, x, mask=above)
+    groups = blk * (BLOCK // G) + tl.arange(0, BLOCK // G)
+    hot = tl.load(gmax_ptr + r * n_groups + groups, mask=groups < n_groups,
+                  other=float("-inf")) > t                                 # [BLOCK / G]
+    if tl.max(hot.to(tl.int32), axis=0) > 0:
+        row = tl.load(rows_ptr + r).to(tl.int64)
+        cols = tl.reshape(groups[:, None] * G + tl.arange(0, G)[None, :], (BLOCK,))
+        read = tl.reshape(tl.broadcast_to(hot[:, None], (BLOCK // G, G)), (BLOCK,)) & (cols < n_cols)
+        x = tl.load(x_ptr + row * stride + cols, mask=read, other=float("-inf"))
+        above = x > t
+        # a slot per token above T (fewer than k * G of them: no scan, no contention to speak of)
+        slot = tl.atomic_add(count_ptr + r + tl.zeros([BLOCK], tl.int32), 1, mask=above)
+        tl.store(cand_ptr + r * cap + slot, x, mask=above)
 
 
 @triton.jit
@@ -216,17 +214,14 @@ def _group_size(max_k: int, limit: int) -> int | None:
 
 
 def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k: int,
-                *, block: int = 4096, span: int = 16384, limit: int = 32768,
-                select_block: int = 1024) -> torch.Tensor:
+                *, block: int = 4096, limit: int = 32768, select_block: int = 1024) -> torch.Tensor:
     """float32 [N]: the top_k[r]-th largest value of x[r] for r in rows (-inf elsewhere).
 
     x float32 [N, V] (rows contiguous); top_k int [N], 1 <= top_k[r] <= V for r in rows;
     rows int64 [R]; max_k >= the largest top_k among them. The group filter (one read of the
     listed rows, then of the groups above T; four launches) when max_k * G <= `limit` (the
     most tokens one program may have to select from) for a group size G in 256 .. 16;
-    otherwise `kth_largest_radix`. The group maxima are taken `block` tokens a program; the
-    gather reads `span` tokens a program (whole blocks), block by block. select_block: the
-    lanes of the one-program selections.
+    otherwise `kth_largest_radix`. select_block: the lanes of those one-program selections.
     """
     assert x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1
     n, v = x.shape
@@ -248,9 +243,7 @@ def kth_largest(x: torch.Tensor, top_k: torch.Tensor, rows: torch.Tensor, max_k:
     grid = (sel, triton.cdiv(v, block))
     _group_max_kernel[grid](x, x.stride(0), v, rows, gmax, n_groups, count, G=g, BLOCK=block)
     _floor_kernel[(sel,)](gmax, n_groups, rows, top_k, floor, BLOCK=select_block)
-    span = triton.cdiv(max(span, block), block) * block
-    _gather_above_kernel[(sel, triton.cdiv(v, span))](x, x.stride(0), v, rows, gmax, n_groups,
-                                                       floor, count, cand, cap, span, G=g,
-                                                       BLOCK=block)
+    _gather_above_kernel[grid](x, x.stride(0), v, rows, gmax, n_groups, floor, count, cand, cap,
+                               G=g, BLOCK=block)
     _answer_small_kernel[(sel,)](rows, top_k, floor, count, cand, cap, out, BLOCK=select_block)
     return out

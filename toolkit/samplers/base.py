@@ -156,8 +156,8 @@ class SamplingMetadata:
     any_seeded: bool
     max_num_logprobs: int | None         # k of the widest logprobs request; None = none asked
     logprob_rows: Tensor | None          # int64 [R]: the rows that ask, when not all of them do
-    logprob_changed_rows: Tensor | None  # int64 [S]: rows that ask and that a built-in stage may
-                                         # change (penalties, bias, allowed, bans, bitmask); None: none
+    logprob_changed_rows: Tensor | None  # int64 [S]: asking rows a built-in stage may change
+                                         # (penalties, bias, allowed, bans, bitmask); None: none
     # host views (the caller's lists, read-only, this step only), for the reference sampler and users' stages
     params: list[SamplingParams]
     prompt_token_ids: list[Sequence[int]]   # lists, or int64 numpy arrays (the engine's)
@@ -289,9 +289,9 @@ class SamplingMetadata:
                                                dtype=torch.int64)
         if asked:                # their raw logits are saved before the stages change them
             changed = penalised.copy() if bitmask is None else np.ones(n, dtype=bool)
+            allowed = (i for i, p in enumerate(params) if p.allowed_token_ids is not None)
             for i in itertools.chain((i for i, _, _ in bias_pairs), (i for i, _ in bad),
-                                     (i for i, _ in min_tok),
-                                     (i for i, p in enumerate(params) if p.allowed_token_ids is not None)):
+                                     (i for i, _ in min_tok), allowed):
                 changed[i] = True
             changed_rows = [i for i, k in enumerate(lp) if k is not None and changed[i]]
             if changed_rows:
