@@ -133,7 +133,8 @@ def stage_breakdown(sampler: Sampler, logits: torch.Tensor, meta: SamplingMetada
                 if gpu is not None:
                     out[f"{label}, GPU only (graph)"] = gpu
 
-        for knobs in (dict(prefetch=0), dict(prefetch=2), dict(rounds=3), dict(skip=False)):
+        for knobs in (dict(prefetch=0), dict(rounds=3), dict(skip=False), dict(late_chunk=8192),
+                      dict(late_chunk=4096), dict(late_rows=64)):
             gpu = graph_timer(lambda: tail(x0, meta.temperature, meta.greedy, meta.min_p, meta.top_k,
                                            meta.top_p, keys, kth, **knobs), iters)
             if gpu is not None:

@@ -177,10 +177,11 @@ def _tail_params(n: int, v: int, seed: int):
 
 # (chunk, block, rounds): one chunk per row; several chunks with 0 (the row kernel decides
 # every row with a cut), 1 and 3 rounds of pivot checks; noise in every block (skip off);
-# blocks loaded 0 or 2 ahead
+# blocks loaded 0 or 2 ahead; rounds >= 2 on shorter or longer chunks, two worklist rows at a
+# time (the others wait their turn)
 _SPLITS = [dict(), dict(chunk=64, block=32, rounds=0), dict(chunk=64, block=32, rounds=1),
-           dict(chunk=96, block=32, rounds=3, prefetch=2),
-           dict(chunk=64, block=32, rounds=2, skip=False, prefetch=0)]
+           dict(chunk=96, block=32, rounds=3, prefetch=2, late_chunk=32, late_rows=2),
+           dict(chunk=64, block=32, rounds=2, skip=False, prefetch=0, late_chunk=128)]
 
 
 @pytest.mark.parametrize("v", [2, 7, 300, 2500])
@@ -351,7 +352,9 @@ def test_truncated_sample_kernel_matches_twin_on_generated_rows(rows, data) -> N
                                        (top_p * f).clamp(max=1.0), keys)
         assume(torch.equal(nudged, want))
     split = dict(chunk=64, block=32, rounds=data.draw(st.integers(0, 3)),      # several chunks
-                 skip=data.draw(st.booleans()), prefetch=data.draw(st.integers(0, 2)))
+                 skip=data.draw(st.booleans()), prefetch=data.draw(st.integers(0, 2)),
+                 late_chunk=data.draw(st.sampled_from([32, 96, 256])),
+                 late_rows=data.draw(st.sampled_from([1, 3, 32])))
     assert torch.equal(truncated_sample(x, t, greedy, min_p, top_k, top_p, keys, **split), want)
     rows_k = torch.nonzero((top_k > 0) & (top_k < v)).flatten()
     if rows_k.numel():

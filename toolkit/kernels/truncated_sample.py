@@ -17,15 +17,18 @@ leaves most of the GPU idle and waits on its slowest row, so here a row is cut i
            noise with per-lane records through the chunk (a top-k row's blocks with no token
            above the cut skip it), the exact noise for the few tokens that can win at the
            end (`_race_lanes_exact`: usually one, scored alone).
-  round r  each chunk first derives the row's state after rounds < r: round 1 from round 0's
-           chunk results (the max m, hence the min-p cut; the pivot s_1, round 0's winner),
-           round r >= 2 from the state stored by round r-1's first chunk plus round r-1's
-           chunk results (was the pivot kept? if not, its race winner is the next pivot).
-           Every program derives it by the same fixed-order reductions, so all agree, and
-           the round's first chunk stores it for the next. A decided row returns at once.
-           Otherwise the chunk adds up, above s_r, the count (top-k) and the mass (top-p),
-           the kept mass Z (round 1), and races above s_r for the next pivot (per-lane
-           records again).
+  round 1  each chunk first derives the row's state after round 0 from its chunk results
+           (the max m, hence the min-p cut; the pivot s_1, round 0's winner; every program
+           derives it by the same fixed-order reductions, so all agree; the first chunk
+           stores it). A decided row returns at once. Otherwise the chunk adds up, above s_1,
+           the count (top-k) and the mass (top-p), the kept mass Z, and races above s_1 for
+           the next pivot (per-lane records again).
+  worklist one program a row: the state after round 1 (was s_1 kept? if not, round 1's race
+           winner is the next pivot), stored; the rows still undecided, usually few, go on a
+           worklist (an atomic counter).
+  round r  r >= 2, on the worklist's rows only, in shorter chunks (the time of a round with
+           few rows is one program's): the state after round r-1 (the stored one plus round
+           r-1's results), then round 1's work above the new pivot.
   finalize one program per row: the stored state plus the last round's results; it writes
            the decided rows' tokens.
 
@@ -203,14 +206,18 @@ def _store_state(st_i, st_f, r, n_rows, row, decided, tok, piv, piv_ok, y_piv, l
 
 
 @triton.jit
-def _state_after(row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
-                 z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre,
+def _state_after(row_ptr, n_cols, row, n_rows, n_split, n_late, score_ptr, sidx_ptr, fa_ptr,
+                 ia_ptr, z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre,
                  unsupported, UPTO: tl.constexpr, SPLITS: tl.constexpr):
     """The row's state after rounds 0 .. UPTO-1 (UPTO >= 1): round 0's results, or the state
-    stored after rounds < UPTO-1 and round UPTO-1's results (every program of a round derives
-    the same state by the same fixed-order reductions; its first chunk stores it)."""
+    stored after rounds < UPTO-1 and round UPTO-1's results (rounds 0 and 1 cut the row into
+    n_split chunks, later ones into n_late; every program of a round derives the same state by
+    the same fixed-order reductions, and one of them stores it)."""
     offs = tl.arange(0, SPLITS)
-    live = offs < n_split
+    if UPTO - 1 <= 1:
+        live = offs < n_split
+    else:
+        live = offs < n_late
     if UPTO == 1:
         decided, tok, piv, piv_ok, y_piv, lo, my = _first_state(
             row_ptr, n_cols, row * SPLITS, offs, live, score_ptr, sidx_ptr, fa_ptr, ia_ptr, temp,
@@ -227,12 +234,54 @@ def _state_after(row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_
 
 
 @triton.jit
-def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greedy_ptr,
+def _pivot_chunk(row_ptr, start0, end0, out, temp, lo, my, piv_ok, y_piv, k1, k2, score_ptr,
+                 sidx_ptr, fa_ptr, ia_ptr, z_ptr, ROUND: tl.constexpr, BLOCK: tl.constexpr,
+                 SKIP: tl.constexpr, STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+                 FAST: tl.constexpr):
+    """Round ROUND >= 1 on one chunk of an undecided row: above its pivot, the count (top-k)
+    and the mass (top-p), the kept mass Z (round 1), and the race for the next pivot (per-lane
+    records, the exact noise at the end)."""
+    f1 = tl.full([BLOCK], float("-inf"), tl.float32)
+    f1_i = tl.full([BLOCK], _NO_TOKEN, tl.int32)
+    f2 = tl.full([BLOCK], float("-inf"), tl.float32)
+    piv_y = tl.where(piv_ok, y_piv, float("-inf"))
+    z = tl.zeros([BLOCK], dtype=tl.float32)
+    above_mass = tl.zeros([BLOCK], dtype=tl.float32)
+    above_n = tl.zeros([BLOCK], dtype=tl.int32)
+    xa, xb = _load_ahead(row_ptr, start0, end0, BLOCK, PREFETCH)
+    for start in tl.range(start0, end0, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        x, xa, xb = _next_block(row_ptr, cols, end0, xa, xb, BLOCK, PREFETCH)
+        y = _scaled(x, temp)
+        keep = y >= lo
+        e = tl.where(keep, tl.exp(y - my), 0.0)
+        if ROUND == 1:
+            z += e
+        above = keep & (y > piv_y)                         # the tokens racing: not -inf
+        above_mass += tl.where(above, e, 0.0)
+        above_n += above.to(tl.int32)
+        if SKIP:
+            if tl.max(above.to(tl.int32), axis=0) > 0:
+                f1, f1_i, f2 = _lane_records(y, cols, above, k1, k2, f1, f1_i, f2, FAST)
+        else:
+            f1, f1_i, f2 = _lane_records(y, cols, above, k1, k2, f1, f1_i, f2, FAST)
+    best, best_i = _race_lanes_exact(row_ptr, start0, end0, temp, lo, piv_y, k1, k2, f1, f1_i,
+                                     f2, BLOCK)
+    tl.store(fa_ptr + out, tl.sum(above_mass, axis=0))
+    tl.store(ia_ptr + out, tl.sum(above_n, axis=0))
+    tl.store(z_ptr + out, tl.sum(z, axis=0))
+    tl.store(score_ptr + out, best)
+    tl.store(sidx_ptr + out, best_i)
+
+
+@triton.jit
+def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, chunk, temp_ptr, greedy_ptr,
                   log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr,
-                  score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr, st_i, st_f,
+                  score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr, st_i, st_f, work_ptr,
                   ROUND: tl.constexpr, HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
                   SPLITS: tl.constexpr, SKIP: tl.constexpr, STAGES: tl.constexpr,
                   PREFETCH: tl.constexpr, FAST: tl.constexpr):
+    """Rounds 0 and 1: every row, n_split chunks of `chunk` tokens, a program each."""
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     row_ptr = x_ptr + row * stride
@@ -242,12 +291,14 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
     start0 = split * chunk
     end0 = tl.minimum(start0 + chunk, n_cols)
     out = (ROUND * n_rows + row) * SPLITS + split
-    # the race: per-lane records of the fast score (best f1 with its id, runner-up f2), no
-    # block reductions in the loop; the exact noise at the end (`_race_lanes_exact`)
-    f1 = tl.full([BLOCK], float("-inf"), tl.float32)
-    f1_i = tl.full([BLOCK], _NO_TOKEN, tl.int32)
-    f2 = tl.full([BLOCK], float("-inf"), tl.float32)
     if ROUND == 0:
+        if (row == 0) & (split == 0):
+            tl.store(work_ptr, 0)                       # the later rounds' worklist: empty
+        # the race: per-lane records of the fast score (best f1 with its id, runner-up f2), no
+        # block reductions in the loop; the exact noise at the end (`_race_lanes_exact`)
+        f1 = tl.full([BLOCK], float("-inf"), tl.float32)
+        f1_i = tl.full([BLOCK], _NO_TOKEN, tl.int32)
+        f2 = tl.full([BLOCK], float("-inf"), tl.float32)
         best_x = tl.full([BLOCK], float("-inf"), tl.float32)
         best_xi = tl.full([BLOCK], _NO_TOKEN, tl.int32)
         race = ~greedy & ~unsupported
@@ -278,59 +329,97 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, chunk, temp_ptr, greed
         tl.store(score_ptr + out, best)
         tl.store(sidx_ptr + out, best_i)
     else:
-        decided, tok, piv, piv_ok, y_piv, lo, my, z_row = _state_after(
-            row_ptr, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr,
-            st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported, ROUND,
-            SPLITS)
+        decided, tok, piv, piv_ok, y_piv, lo, my, z = _state_after(
+            row_ptr, n_cols, row, n_rows, n_split, n_late, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
+            z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported,
+            1, SPLITS)
         if split == 0:                  # for the next round, which then adds one round's step
-            _store_state(st_i, st_f, ROUND, n_rows, row, decided, tok, piv, piv_ok, y_piv, lo,
-                         my, z_row)
+            _store_state(st_i, st_f, 1, n_rows, row, decided, tok, piv, piv_ok, y_piv, lo, my, z)
         if ~decided & ~unsupported:
-            piv_y = tl.where(piv_ok, y_piv, float("-inf"))
-            z = tl.zeros([BLOCK], dtype=tl.float32)
-            above_mass = tl.zeros([BLOCK], dtype=tl.float32)
-            above_n = tl.zeros([BLOCK], dtype=tl.int32)
-            xa, xb = _load_ahead(row_ptr, start0, end0, BLOCK, PREFETCH)
-            for start in tl.range(start0, end0, BLOCK, num_stages=STAGES):
-                cols = start + tl.arange(0, BLOCK)
-                x, xa, xb = _next_block(row_ptr, cols, end0, xa, xb, BLOCK, PREFETCH)
-                y = _scaled(x, temp)
-                keep = y >= lo
-                e = tl.where(keep, tl.exp(y - my), 0.0)
-                if ROUND == 1:
-                    z += e
-                above = keep & (y > piv_y)                 # the tokens racing: not -inf
-                above_mass += tl.where(above, e, 0.0)
-                above_n += above.to(tl.int32)
-                if SKIP:
-                    if tl.max(above.to(tl.int32), axis=0) > 0:
-                        f1, f1_i, f2 = _lane_records(y, cols, above, k1, k2, f1, f1_i, f2, FAST)
-                else:
-                    f1, f1_i, f2 = _lane_records(y, cols, above, k1, k2, f1, f1_i, f2, FAST)
-            best, best_i = _race_lanes_exact(row_ptr, start0, end0, temp, lo, piv_y, k1, k2,
-                                             f1, f1_i, f2, BLOCK)
-            tl.store(fa_ptr + out, tl.sum(above_mass, axis=0))
-            tl.store(ia_ptr + out, tl.sum(above_n, axis=0))
-            tl.store(z_ptr + out, tl.sum(z, axis=0))
-            tl.store(score_ptr + out, best)
-            tl.store(sidx_ptr + out, best_i)
+            _pivot_chunk(row_ptr, start0, end0, out, temp, lo, my, piv_ok, y_piv, k1, k2,
+                         score_ptr, sidx_ptr, fa_ptr, ia_ptr, z_ptr, 1, BLOCK, SKIP, STAGES,
+                         PREFETCH, FAST)
 
 
 @triton.jit
-def _finalize_kernel(x_ptr, stride, n_cols, n_rows, n_split, temp_ptr, greedy_ptr, log_min_p_ptr,
-                     top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
-                     z_ptr, st_i, st_f, out_ptr, ROUNDS: tl.constexpr, HAS_KTH: tl.constexpr,
-                     SPLITS: tl.constexpr, BLOCK: tl.constexpr, NUM_PROBES: tl.constexpr,
-                     FAST: tl.constexpr):
+def _worklist_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, temp_ptr, greedy_ptr,
+                     log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, score_ptr, sidx_ptr, fa_ptr,
+                     ia_ptr, z_ptr, st_i, st_f, work_ptr, HAS_KTH: tl.constexpr,
+                     SPLITS: tl.constexpr):
+    """One program a row, after round 1: its state after rounds 0 and 1, stored; a row still
+    undecided (and racing) is appended to the worklist the later rounds run on."""
+    row = tl.program_id(0).to(tl.int64)
+    greedy, temp, log_min_p, k, k_on, p, p_on, lo_pre, unsupported = _row_params(
+        row, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, HAS_KTH)
+    decided, tok, piv, piv_ok, y_piv, lo, my, z = _state_after(
+        x_ptr + row * stride, n_cols, row, n_rows, n_split, n_late, score_ptr, sidx_ptr, fa_ptr,
+        ia_ptr, z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre,
+        unsupported, 2, SPLITS)
+    _store_state(st_i, st_f, 2, n_rows, row, decided, tok, piv, piv_ok, y_piv, lo, my, z)
+    if ~decided & ~unsupported:
+        slot = tl.atomic_add(work_ptr, 1)                 # the order does not matter
+        tl.store(work_ptr + 1 + slot, row.to(tl.int32))
+
+
+@triton.jit
+def _late_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, chunk, temp_ptr, greedy_ptr,
+                 log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, score_ptr, sidx_ptr,
+                 fa_ptr, ia_ptr, z_ptr, st_i, st_f, work_ptr, n_slots,
+                 ROUND: tl.constexpr, HAS_KTH: tl.constexpr, BLOCK: tl.constexpr,
+                 SPLITS: tl.constexpr, SKIP: tl.constexpr, STAGES: tl.constexpr,
+                 PREFETCH: tl.constexpr, FAST: tl.constexpr):
+    """Round ROUND >= 2, on the worklist's rows only (the rows round 1 left undecided; few):
+    program (split, slot) takes the chunk `split` of `chunk` tokens of worklist entries slot,
+    slot + n_slots, ... A row decided since returns after its state (one round's step)."""
+    split = tl.program_id(0)
+    start0 = split * chunk
+    end0 = tl.minimum(start0 + chunk, n_cols)
+    for i in range(tl.program_id(1), tl.load(work_ptr), n_slots):
+        row = tl.load(work_ptr + 1 + i).to(tl.int64)
+        row_ptr = x_ptr + row * stride
+        greedy, temp, log_min_p, k, k_on, p, p_on, lo_pre, unsupported = _row_params(
+            row, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr,
+            HAS_KTH)
+        if ROUND == 2:                                  # stored by the worklist kernel
+            decided, tok, piv, piv_ok, y_piv, lo, my, z = _state_at(st_i, st_f, 2, n_rows, row)
+        else:
+            decided, tok, piv, piv_ok, y_piv, lo, my, z = _state_after(
+                row_ptr, n_cols, row, n_rows, n_split, n_late, score_ptr, sidx_ptr, fa_ptr,
+                ia_ptr, z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre,
+                unsupported, ROUND, SPLITS)
+            if split == 0:
+                _store_state(st_i, st_f, ROUND, n_rows, row, decided, tok, piv, piv_ok, y_piv,
+                             lo, my, z)
+        if ~decided:
+            k1, k2 = _row_key(keys_ptr, row)
+            _pivot_chunk(row_ptr, start0, end0, (ROUND * n_rows + row) * SPLITS + split, temp,
+                         lo, my, piv_ok, y_piv, k1, k2, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
+                         z_ptr, ROUND, BLOCK, SKIP, STAGES, PREFETCH, FAST)
+
+
+@triton.jit
+def _finalize_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, temp_ptr, greedy_ptr,
+                     log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, score_ptr, sidx_ptr,
+                     fa_ptr, ia_ptr, z_ptr, st_i, st_f, out_ptr, ROUNDS: tl.constexpr,
+                     HAS_KTH: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+                     NUM_PROBES: tl.constexpr, FAST: tl.constexpr):
     """One program per row: the state after every round; a decided row's token is written, a
     row left undecided is finished here by the one-program-per-row race (`_one_row`)."""
     row = tl.program_id(0).to(tl.int64)
     greedy, temp, log_min_p, k, k_on, p, p_on, lo_pre, unsupported = _row_params(
         row, n_cols, temp_ptr, greedy_ptr, log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, HAS_KTH)
-    decided, tok, _, _, _, _, _, _ = _state_after(
-        x_ptr + row * stride, n_cols, row, n_rows, n_split, score_ptr, sidx_ptr, fa_ptr, ia_ptr,
-        z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre, unsupported,
-        ROUNDS + 1, SPLITS)
+    if ROUNDS <= 1:
+        decided, tok, _, _, _, _, _, _ = _state_after(
+            x_ptr + row * stride, n_cols, row, n_rows, n_split, n_late, score_ptr, sidx_ptr,
+            fa_ptr, ia_ptr, z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on, lo_pre,
+            unsupported, ROUNDS + 1, SPLITS)
+    else:                       # every row's state after round 1; the worklist's rows go on
+        decided, tok, _, _, _, _, _, _ = _state_at(st_i, st_f, 2, n_rows, row)
+        if ~decided & ~unsupported:
+            decided, tok, _, _, _, _, _, _ = _state_after(
+                x_ptr + row * stride, n_cols, row, n_rows, n_split, n_late, score_ptr, sidx_ptr,
+                fa_ptr, ia_ptr, z_ptr, st_i, st_f, temp, greedy, log_min_p, k, k_on, p, p_on,
+                lo_pre, unsupported, ROUNDS + 1, SPLITS)
     if decided:
         tl.store(out_ptr + row, tl.where(tok >= n_cols, 0, tok).to(tl.int64))   # only -inf: 0
     else:
@@ -342,8 +431,9 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
                      min_p: torch.Tensor | None, top_k: torch.Tensor | None,
                      top_p: torch.Tensor | None, keys: torch.Tensor,
                      kth_largest: torch.Tensor | None = None,
-                     *, chunk: int = 8192, block: int = 512, num_warps: int = 4,
-                     rounds: int = 5, skip: bool = True, stages: int = 3, prefetch: int = 1,
+                     *, chunk: int = 8192, late_chunk: int = 2048, late_rows: int = 32,
+                     block: int = 512, num_warps: int = 4, rounds: int = 5, skip: bool = True,
+                     stages: int = 3, prefetch: int = 1,
                      row_block: int = 4096, row_warps: int = 16,
                      num_probes: int = 16) -> torch.Tensor:
     """The token of each row: temperature, min-p, top-k, top-p, then the exponential race.
@@ -358,6 +448,8 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
 
     Tuning: chunk tokens per program (block at a time, num_warps warps; the loop pipelined
     over `stages`, and `prefetch` blocks, 0-2, loaded ahead of the one being worked on);
+    rounds from 2 on run on the rows round 1 left undecided, late_chunk tokens a program and
+    late_rows rows at a time (more rows wait their turn in the same programs);
     `rounds` pivot checks before the finalize kernel's row race (row_block, row_warps,
     num_probes) takes the rows left; skip: a block with no racing token computes no noise.
     """
@@ -381,25 +473,34 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     keys = keys.contiguous()
     block = min(block, triton.next_power_of_2(v))
     chunk = triton.cdiv(max(chunk, block), block) * block
-    n_split = triton.cdiv(v, chunk)
-    splits = triton.next_power_of_2(n_split)
+    late_chunk = triton.cdiv(max(late_chunk, block), block) * block
+    n_split, n_late = triton.cdiv(v, chunk), triton.cdiv(v, late_chunk)
+    splits = triton.next_power_of_2(max(n_split, n_late))
     # chunk results [round, row, chunk]: race score / id, max or mass above / its id or count, Z
     f32 = torch.empty(3, rounds + 1, n, splits, dtype=torch.float32, device=dev)
     i32 = torch.empty(2, rounds + 1, n, splits, dtype=torch.int32, device=dev)
     parts = (f32[0], i32[0], f32[1], i32[1], f32[2])
-    # the row's state after rounds < r, stored by round r's first chunk [r, field, row]:
-    # (decided, token, pivot, pivot valid) and (pivot y, cut lo, max y, Z); r = 0 unused
+    # the row's state after rounds < r [r, field, row]: (decided, token, pivot, pivot valid)
+    # and (pivot y, cut lo, max y, Z); r = 0 unused
     state = (torch.empty(rounds + 1, 4, n, dtype=torch.int32, device=dev),
              torch.empty(rounds + 1, 4, n, dtype=torch.float32, device=dev))
+    work = torch.empty(n + 1, dtype=torch.int32, device=dev)    # [count, rows] after round 1
     rows = (temperature, greedy, log_min_p, top_k, top_p, kth)
-    has_kth = kth_largest is not None
-    for r in range(rounds + 1):
-        _round_kernel[(n, n_split)](logits, logits.stride(0), v, n, n_split, chunk, *rows, keys,
-                                    *parts, *state, ROUND=r, HAS_KTH=has_kth, BLOCK=block,
-                                    SPLITS=splits, SKIP=skip, STAGES=stages, PREFETCH=prefetch,
-                                    FAST=logits.is_cuda, num_warps=num_warps)
-    _finalize_kernel[(n,)](logits, logits.stride(0), v, n, n_split, *rows, keys, *parts, *state,
-                           out, ROUNDS=rounds, HAS_KTH=has_kth, SPLITS=splits,
+    common = dict(HAS_KTH=kth_largest is not None, BLOCK=block, SPLITS=splits, SKIP=skip,
+                  STAGES=stages, PREFETCH=prefetch, FAST=logits.is_cuda, num_warps=num_warps)
+    sizes = (logits, logits.stride(0), v, n, n_split, n_late)
+    for r in range(min(rounds, 1) + 1):
+        _round_kernel[(n, n_split)](*sizes, chunk, *rows, keys, *parts, *state, work, ROUND=r,
+                                    **common)
+    if rounds >= 2:                 # later rounds: the rows still undecided, shorter chunks
+        _worklist_kernel[(n,)](*sizes, *rows, *parts, *state, work, HAS_KTH=common["HAS_KTH"],
+                               SPLITS=splits)
+        slots = max(1, min(n, late_rows))
+        for r in range(2, rounds + 1):
+            _late_kernel[(n_late, slots)](*sizes, late_chunk, *rows, keys, *parts, *state, work,
+                                          slots, ROUND=r, **common)
+    _finalize_kernel[(n,)](*sizes, *rows, keys, *parts, *state, out, ROUNDS=rounds,
+                           HAS_KTH=common["HAS_KTH"], SPLITS=splits,
                            BLOCK=min(row_block, triton.next_power_of_2(v)), NUM_PROBES=num_probes,
                            FAST=logits.is_cuda, num_warps=row_warps)
     return out
