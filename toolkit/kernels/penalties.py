@@ -30,6 +30,17 @@ def _list_block(prompt_ptr, prompt_stride, n_prompt, out_ptr, out_stride, n_out,
     return j, t
 
 
+@triton.jit
+def _program_row(rows_ptr, rep_ptr, freq_ptr, pres_ptr, HAS_ROWS: tl.constexpr):
+    """(token-list row i, list block b, logits row, rep, freq, pres, whether it penalises)."""
+    i = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + i).to(tl.int64) if HAS_ROWS else i
+    rep = tl.load(rep_ptr + row)
+    freq = tl.load(freq_ptr + row)
+    pres = tl.load(pres_ptr + row)
+    return i, tl.program_id(1), row, rep, freq, pres, (rep != 1.0) | (freq != 0.0) | (pres != 0.0)
+
+
 # the list widths change every step: specialising on them (divisibility by 16) would compile
 # new variants mid-run
 @triton.jit(do_not_specialize=["prompt_stride", "n_prompt", "out_stride", "n_out"])
@@ -39,13 +50,8 @@ def _values_kernel(x_ptr, x_stride, prompt_ptr, prompt_stride, n_prompt, out_ptr
     """Phase A, a block of BL listed tokens a program: each one's penalised value, from the
     original logits, into the scratch (reads only: a token listed twice must not be
     penalised twice)."""
-    i = tl.program_id(0).to(tl.int64)                   # the token lists' row
-    b = tl.program_id(1)
-    row = tl.load(rows_ptr + i).to(tl.int64) if HAS_ROWS else i          # the logits row
-    rep = tl.load(rep_ptr + row)
-    freq = tl.load(freq_ptr + row)
-    pres = tl.load(pres_ptr + row)
-    if (rep != 1.0) | (freq != 0.0) | (pres != 0.0):
+    i, b, row, rep, freq, pres, on = _program_row(rows_ptr, rep_ptr, freq_ptr, pres_ptr, HAS_ROWS)
+    if on:
         j, t = _list_block(prompt_ptr, prompt_stride, n_prompt, out_ptr, out_stride, n_out, i, b,
                            v, BL)
         live = t < v
@@ -67,13 +73,8 @@ def _write_kernel(x_ptr, x_stride, prompt_ptr, prompt_stride, n_prompt, out_ptr,
                   HAS_ROWS: tl.constexpr, BL: tl.constexpr):
     """Phase B (after every read of phase A): scatter the values (a token listed twice
     writes the same value twice)."""
-    i = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1)
-    row = tl.load(rows_ptr + i).to(tl.int64) if HAS_ROWS else i
-    rep = tl.load(rep_ptr + row)
-    freq = tl.load(freq_ptr + row)
-    pres = tl.load(pres_ptr + row)
-    if (rep != 1.0) | (freq != 0.0) | (pres != 0.0):
+    i, b, row, rep, freq, pres, on = _program_row(rows_ptr, rep_ptr, freq_ptr, pres_ptr, HAS_ROWS)
+    if on:
         j, t = _list_block(prompt_ptr, prompt_stride, n_prompt, out_ptr, out_stride, n_out, i, b,
                            v, BL)
         val = tl.load(val_ptr + i * (n_prompt + n_out) + j, mask=t < v)
