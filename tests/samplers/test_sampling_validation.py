@@ -122,3 +122,21 @@ def test_metadata_from_numpy_prompts_is_the_same() -> None:
         assert torch.equal(got.output_tokens, want.output_tokens)
         assert got.penalty_rows.tolist() == [0, 1, 2]              # only the penalising rows
         assert got.prompt_tokens.tolist() == [[1, 2, 3, 2], [v] * 4, [7, 8, v, v]]
+
+
+def test_kernel_knobs_and_saved_rows_are_checked() -> None:
+    """The kernels' tuning knobs and the logprobs' saved rows: errors name what is valid."""
+    from toolkit.kernels import reference_sampling as twin
+    from toolkit.kernels.logprobs import gather_logprobs
+    from toolkit.kernels.truncated_sample import truncated_sample
+
+    x = torch.zeros(2, 8)
+    tok = torch.zeros(2, dtype=torch.int64)
+    ones, no = torch.ones(2), torch.zeros(2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="prefetch 0, 1 or 2"):
+        truncated_sample(x, ones, no, None, None, None, tok, prefetch=3)
+    with pytest.raises(ValueError, match="prefetch must be 0, 1 or 2"):
+        gather_logprobs(x, tok, 1, prefetch=-1)
+    for fn in (gather_logprobs, twin.gather_logprobs):
+        with pytest.raises(ValueError, match="pass both or neither"):
+            fn(x, tok, 1, saved=x[:1])

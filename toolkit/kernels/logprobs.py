@@ -211,7 +211,12 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int,
     n, v = token_ids.shape[0], logits.shape[1]
     k = min(k, v)
     if (saved is None) != (saved_rows is None):
-        raise ValueError("saved and saved_rows go together: the raw rows and which rows they are")
+        raise ValueError(f"saved and saved_rows go together (the raw rows, and which rows they "
+                         f"are): pass both or neither; got saved={saved is not None}, "
+                         f"saved_rows={saved_rows is not None}")
+    if prefetch not in (0, 1, 2) or block & (block - 1):
+        raise ValueError(f"prefetch must be 0, 1 or 2 and block a power of two; got "
+                         f"prefetch={prefetch}, block={block}")
     if k > max_k:
         from toolkit.kernels.reference_sampling import gather_logprobs as twin
         return twin(logits, token_ids, k, rows, saved=saved, saved_rows=saved_rows)

@@ -185,7 +185,9 @@ def gather_logprobs(logits: Tensor, token_ids: Tensor, k: int, rows: Tensor | No
     raw logits of those rows, read instead of logits' rows (which a stage changed in place).
     """
     if (saved is None) != (saved_rows is None):
-        raise ValueError("saved and saved_rows go together: the raw rows and which rows they are")
+        raise ValueError(f"saved and saved_rows go together (the raw rows, and which rows they "
+                         f"are): pass both or neither; got saved={saved is not None}, "
+                         f"saved_rows={saved_rows is not None}")
     if saved is not None and saved_rows.numel():
         logits = logits.index_copy(0, saved_rows, saved.to(logits.dtype))
     if rows is not None:

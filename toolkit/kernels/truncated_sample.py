@@ -454,9 +454,11 @@ def truncated_sample(logits: torch.Tensor, temperature: torch.Tensor, greedy: to
     num_probes) takes the rows left; skip: a block with no racing token computes no noise.
     """
     assert logits.dim() == 2 and logits.dtype == torch.float32 and logits.stride(1) == 1
-    if rounds < 0 or block & (block - 1) or row_block & (row_block - 1):
-        raise ValueError(f"rounds must be >= 0 and block, row_block powers of two; got rounds="
-                         f"{rounds}, block={block}, row_block={row_block}")
+    powers = not (block & (block - 1) or row_block & (row_block - 1))
+    if rounds < 0 or prefetch not in (0, 1, 2) or not powers:
+        raise ValueError(f"rounds must be >= 0, prefetch 0, 1 or 2, and block, row_block powers "
+                         f"of two; got rounds={rounds}, prefetch={prefetch}, block={block}, "
+                         f"row_block={row_block}")
     n, v = logits.shape
     dev = logits.device
     out = torch.empty(n, dtype=torch.int64, device=dev)
