@@ -64,9 +64,8 @@ def main() -> None:
         t = time.perf_counter(); out = eng.scheduler.schedule(); t1 = time.perf_counter()
         batch = eng.runner.prepare(out); sync(); t2 = time.perf_counter()
         logits = eng.runner.forward(batch); sync(); t3 = time.perf_counter()
-        toks, _ = eng.runner.sample(batch, logits, eng.grammars); t4 = time.perf_counter()
-        sampled = {r.request_id: x for r, x in zip(batch.sampling, toks)}
-        eng.output_processor.process(eng.scheduler.update(out, sampled)); t5 = time.perf_counter()
+        result = eng.runner.sample(batch, logits, eng.structured.grammars); t4 = time.perf_counter()
+        eng.output_processor.process(out, eng.scheduler.update(out, result), result); t5 = time.perf_counter()
         for k, v in zip(acc, (t1 - t, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
             acc[k] += v
     print("per step (ms):", {k: round(v / args.steps * 1e3, 2) for k, v in acc.items()})

@@ -40,11 +40,33 @@ class EngineConfig:
     seed: int = 0
     # replay decode steps from piecewise CUDA graphs (CUDA with the Triton backend only)
     cuda_graphs: bool = True
+    # schedule and launch step N + 1 before step N's tokens reach the host (hides the host's
+    # work under the GPU's); None = on for CUDA, off on the CPU. Off with speculative decoding
+    async_scheduling: bool | None = None
+    # compile kernels and capture CUDA graphs inside LLM(...) (CUDA only), not in the first generate
+    warmup: bool = True
     # speculative decoding: proposer name ("ngram", "draft") or None, and draft length k
     speculative: str | None = None
     num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
+        for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
+                           ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
+                           ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
+                           ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
+                           ("cuda_graphs", bool), ("warmup", bool), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
+            v = getattr(self, name)
+            optional = name in ("max_model_len", "kv_cache_bytes", "num_blocks", "speculative",
+                                "async_scheduling")
+            if v is None and optional:
+                continue
+            ok = (isinstance(v, bool) if kind is bool else isinstance(v, str) if kind is str
+                  else isinstance(v, (int, float)) and not isinstance(v, bool) if kind is float
+                  else isinstance(v, int) and not isinstance(v, bool))
+            if not ok:
+                what = {bool: "True or False", str: "a string", float: "a number", int: "an integer"}[kind]
+                raise TypeError(f"EngineConfig.{name} must be {what}{' or None' if optional else ''}, "
+                                f"got {type(v).__name__} {v!r}")
         _check(self.dtype in _DTYPES, "dtype", f"one of {_DTYPES}", self.dtype)
         _check(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
                "block_size", "a power of two in [1, 128]", self.block_size)

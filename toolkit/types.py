@@ -21,6 +21,28 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _real(name: str, value: Any) -> float:
+    """value as a float, or a TypeError (not a number) / ValueError (NaN) naming the field."""
+    import math
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must be a number, got NaN")
+    return value
+
+
+def _int_list(name: str, value: Any) -> None:
+    """A list (or tuple) of ints, or a TypeError naming the field."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of token ids, got {type(value).__name__}")
+
+
+PLACEHOLDER = -1   # a sampled token not yet on the host (async scheduling); never a real id
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling parameters, validated on creation (vLLM's names and meanings).
@@ -53,6 +75,23 @@ class SamplingParams:
     structured: Any = None                       # a grammar spec (see samplers.grammar)
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            setattr(self, name, _real(name, getattr(self, name)))
+        for name in ("n", "top_k", "max_tokens", "min_tokens"):
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.structured is not None:
+            # checked now, not when generate compiles it (the import is deferred: plain data
+            # otherwise needs no grammar package)
+            from toolkit.samplers.grammar.spec import Structured
+
+            self.structured = Structured.coerce(self.structured)
+            self.structured.validate()
         _check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
         _check(self.temperature >= 0.0, "temperature", ">= 0 (0 = greedy)", self.temperature)
         _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "-1, 0 (off) or a positive integer", self.top_k)
@@ -71,9 +110,19 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping):
+                raise TypeError(f"logit_bias must be a dict of token id -> bias, got "
+                                f"{type(self.logit_bias).__name__}")
             _check(all(_is_int(k) and k >= 0 for k in self.logit_bias), "logit_bias",
                    "a dict with non-negative integer token ids as keys", self.logit_bias)
-            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            self.logit_bias = {int(k): _real(f"logit_bias[{k}]", v) for k, v in self.logit_bias.items()}
+        for name in ("allowed_token_ids", "stop_token_ids"):
+            if getattr(self, name) is not None:
+                _int_list(name, getattr(self, name))
+        if self.bad_words is not None:
+            _int_list("bad_words", self.bad_words)
+            for w in self.bad_words:
+                _int_list("bad_words[i]", w)
         if self.allowed_token_ids is not None:
             _check(len(self.allowed_token_ids) > 0 and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids),
                    "allowed_token_ids", "a non-empty list of non-negative token ids", self.allowed_token_ids)
@@ -83,6 +132,9 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None:
+            if not isinstance(self.stop, (list, tuple)):
+                raise TypeError(f"stop must be a string or a list of strings, got {type(self.stop).__name__}")
+            self.stop = list(self.stop)
             _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
         if self.stop_token_ids is not None:
             _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
@@ -147,9 +199,15 @@ class Request:
     _prompt_array: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.request_id, str), "request_id", "a string", self.request_id)
+        # checked here, not where they are first used: a bad value queued would fail every
+        # later step's sort (the queue poisoned), not only this request
+        if not isinstance(self.request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(self.request_id).__name__}")
+        if not _is_int(self.priority):
+            raise TypeError(f"priority must be an integer, got {type(self.priority).__name__} {self.priority!r}")
+        self.arrival_time = _real("arrival_time", self.arrival_time)
+        self.prompt_token_ids = token_id_list(self.prompt_token_ids, "prompt_token_ids")
         _check(len(self.prompt_token_ids) > 0, "prompt_token_ids", "non-empty", self.prompt_token_ids)
-        self.prompt_token_ids = [int(t) for t in self.prompt_token_ids]
 
     @property
     def prompt_array(self) -> Any:
@@ -265,6 +323,10 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
+    """One of a request's n completions, as it stands after a step. `text` only ever grows
+    from one step to the next (a tail that could still become a stop string is held back
+    until it is decided); `new_token_ids` are the tokens this completion gained this step."""
+
     index: int
     text: str
     token_ids: list[int]
@@ -272,6 +334,44 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Any]] | None = None
     cumulative_logprob: float | None = None
+    new_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class StepResult:
+    """Everything one step produced, keyed by request id; the one object both the scheduler
+    (tokens, accepted drafts) and the output processor (logprobs, grammar ends) read.
+
+    A request that verified k draft tokens emits 1 to k + 1 tokens: the accepted drafts,
+    then one sampled (bonus or recovered) token; its number of accepted drafts is
+    len(tokens) - 1.
+    """
+
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    num_draft_tokens: dict[str, int] = field(default_factory=dict)     # drafts verified, per request
+    logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)   # one dict per emitted token
+    # (first position p, [{token at p + 1 and its top-N: logprob}, ...]) for this step's prompt chunk
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
+    finished: dict[str, str] = field(default_factory=dict)   # finish reasons found outside the scheduler
+
+    @classmethod
+    def of(cls, result: "StepResult | Mapping[str, Sequence[int]]") -> "StepResult":
+        """A StepResult from itself or from a plain {request id: tokens} mapping."""
+        if isinstance(result, StepResult):
+            return result
+        if not isinstance(result, Mapping):
+            raise TypeError(f"update() takes a StepResult or a mapping of request id -> token ids, "
+                            f"got {type(result).__name__}")
+        return cls(sampled_token_ids={k: list(v) for k, v in result.items()})
+
+    def num_accepted(self, request_id: str) -> int:
+        if request_id not in self.num_draft_tokens:
+            return 0
+        return max(len(self.sampled_token_ids.get(request_id, ())) - 1, 0)
 
 
 @dataclass
@@ -314,6 +414,28 @@ class RequestOutput:
         return (m.finished_time - m.first_token_time) / (n - 1) if n > 1 else 0.0
 
 
+def token_id_list(ids: Any, name: str = "prompt") -> list[int]:
+    """A prompt of token ids as a list of Python ints: a list or tuple of ints, or an integer
+    numpy array / torch tensor of one dimension. Floats, booleans, strings and None are
+    refused with a TypeError (a float id would otherwise be truncated silently)."""
+    if hasattr(ids, "tolist") and hasattr(ids, "dtype"):      # numpy array or torch tensor
+        kind = str(ids.dtype)
+        if "int" not in kind or getattr(ids, "ndim", 1) != 1:
+            raise TypeError(f"{name} as an array must hold integers in one dimension, "
+                            f"got dtype {kind} with shape {tuple(ids.shape)}")
+        return [int(t) for t in ids.tolist()]
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise TypeError(f"{name} must be a list of token ids (ints), got {type(ids).__name__}")
+    bad = next((t for t in ids if not (_is_int(t) or type(t).__name__ in _NP_INTS)), _NO_BAD)
+    if bad is not _NO_BAD:
+        raise TypeError(f"{name} must hold integer token ids, got {type(bad).__name__} {bad!r}")
+    return [int(t) for t in ids]
+
+
+_NP_INTS = frozenset(f"{u}int{b}" for u in ("", "u") for b in (8, 16, 32, 64))
+_NO_BAD = object()
+
+
 def as_token_lists(x: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]]:
     if len(x) and isinstance(x[0], int):
         return [list(x)]  # type: ignore[arg-type]
@@ -322,5 +444,5 @@ def as_token_lists(x: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]
 
 __all__ = [
     "SamplingParams", "RequestStatus", "Request", "ScheduledRequest", "SchedulerOutput",
-    "RequestMetrics", "CompletionOutput", "RequestOutput", "Mapping",
+    "RequestMetrics", "CompletionOutput", "RequestOutput", "StepResult", "Mapping",
 ]

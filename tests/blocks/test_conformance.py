@@ -81,6 +81,14 @@ class LookupOnlyFirstBlock(PrefixCachingAllocator):
     def lookup(self, block_hashes: Sequence[int]) -> list[int]:
         return super().lookup(block_hashes[:1])
 
+    def peek(self, block_hashes: Sequence[int]) -> int:
+        return super().peek(block_hashes[:1])
+
+
+class PeekMisses(PrefixCachingAllocator):
+    def peek(self, block_hashes: Sequence[int]) -> int:
+        return 0
+
 
 class CachesNothing(FreeListAllocator):
     """A plain allocator claiming prefix caching."""
@@ -90,6 +98,7 @@ class CachesNothing(FreeListAllocator):
     (EvictsMostRecent, "evicted the least recently freed"),
     (PublishReplaces, "allocate took block|lookup hit"),
     (LookupOnlyFirstBlock, "lookup hit 1 blocks"),
+    (PeekMisses, "peek said"),
     (CachesNothing, "num_cached_blocks|lookup hit"),
 ])
 def test_broken_prefix_caching_allocator_fails(broken: type, why: str) -> None:

@@ -83,3 +83,23 @@ def test_sampled_draft_probs_reach_the_verifier(tiny_llama_dir):
         e = llm.engine
     assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
     assert e.spec_drafted > 0 and e.spec_accepted == e.spec_drafted
+
+
+def test_logprobs_of_every_emitted_token_with_drafts(tiny_llama_dir):
+    """With drafts, each emitted token (accepted drafts and the bonus) has its logprobs, and
+    they equal those of the same tokens decoded without speculation."""
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=1)
+    outs = {}
+    for spec in (None, "ngram"):
+        kw = dict(speculative="ngram", num_speculative_tokens=3) if spec else {}
+        with LLM(tiny_llama_dir, dtype="float32", device="cpu", **kw) as llm:
+            outs[spec] = llm.generate(_prompts(2), params, use_tqdm=False)
+            drafted = llm.engine.spec_drafted
+    assert drafted > 0
+    for plain, fast in zip(outs[None], outs["ngram"]):
+        p, f = plain.outputs[0], fast.outputs[0]
+        assert f.token_ids == p.token_ids and len(f.logprobs) == len(f.token_ids) == 20
+        for tok, a, b in zip(f.token_ids, p.logprobs, f.logprobs):
+            assert set(a) == set(b) and tok in b and len(b) <= 2
+            assert all(abs(a[t] - b[t]) < 1e-4 for t in a)
+        assert abs(f.cumulative_logprob - p.cumulative_logprob) < 1e-3

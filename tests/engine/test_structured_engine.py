@@ -82,5 +82,5 @@ def test_grammar_ends_finish_with_their_reason(llm):
     assert outs[0].text in {"yes", "no"} and outs[0].outputs[0].finish_reason == "grammar"
     assert re.fullmatch("[0-9]{2}", outs[1].text) and outs[1].outputs[0].finish_reason == "grammar"
     assert len(outs[2].outputs[0].token_ids) == 12 and outs[2].outputs[0].finish_reason == "length"
-    assert not llm.engine.has_unfinished() and not llm.engine._pending
+    assert not llm.engine.has_unfinished() and not llm.engine.structured._pending
     assert llm.engine.scheduler.allocator.num_free_blocks() == free

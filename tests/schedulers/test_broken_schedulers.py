@@ -31,8 +31,10 @@ class StaleTableOnPreemption(ContinuousBatchingScheduler):
 
 
 class HitsTheLastToken(ContinuousBatchingScheduler):
-    def _block_hashes(self, req: Request, num_blocks: int) -> list[int]:
-        return hash_blocks(req.all_token_ids, self.block_size, req.cache_salt)   # every full block
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        bs = self.block_size        # looks up every full block, the last token's included
+        self.kv._lookup_hashes = lambda req: hash_blocks(req.all_token_ids, bs, req.cache_salt)
 
 
 class NoEOS(ContinuousBatchingScheduler):

@@ -13,6 +13,7 @@ class OutOfBlocks(RuntimeError):
 class BlockAllocator(Protocol):
     block_size: int
     num_blocks: int
+    num_reserved: int        # blocks never handed out (0 for the toolkit's allocators)
 
     def num_free_blocks(self) -> int:
         """Blocks that `allocate` can hand out now (free + evictable cached blocks)."""
@@ -29,5 +30,16 @@ class BlockAllocator(Protocol):
     def lookup(self, block_hashes: Sequence[int]) -> list[int]:
         """Blocks of the longest cached prefix of `block_hashes`, ref += 1 each."""
 
+    def peek(self, block_hashes: Sequence[int]) -> int:
+        """How many leading hashes `lookup` would hit now; no reference is taken, nothing
+        changes (a plain allocator answers 0). Policies look at the cache through this."""
+
     def publish(self, block_id: int, block_hash: int) -> None:
         """A full block's content is final: make it reusable under `block_hash`."""
+
+    def ref_count(self, block_id: int) -> int:
+        """References held on a block (0 when free); sharing (n > 1) copies a block before a
+        request writes into it when this is above 1."""
+
+    def num_cached_blocks(self) -> int:
+        """Blocks that hold a published hash (held or evictable)."""

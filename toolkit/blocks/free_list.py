@@ -57,6 +57,9 @@ class FreeListAllocator:
     def lookup(self, block_hashes: Sequence[int]) -> list[int]:
         return []
 
+    def peek(self, block_hashes: Sequence[int]) -> int:
+        return 0
+
     def publish(self, block_id: int, block_hash: int) -> None:
         check_held(self._ref, [block_id], "publish")
 

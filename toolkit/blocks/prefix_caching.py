@@ -82,6 +82,14 @@ class PrefixCachingAllocator:
             out.append(b)
         return out
 
+    def peek(self, block_hashes: Sequence[int]) -> int:
+        n = 0
+        for h in block_hashes:
+            if h not in self._block_of:
+                break
+            n += 1
+        return n
+
     def publish(self, block_id: int, block_hash: int) -> None:
         check_held(self._ref, [block_id], "publish")
         if block_hash in self._block_of or block_id in self._hash_of:

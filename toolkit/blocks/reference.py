@@ -26,6 +26,8 @@ def check_count(n: object) -> int:
 
 
 class ReferenceAllocator:
+    num_reserved = 0
+
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
@@ -95,6 +97,17 @@ class ReferenceAllocator:
                 self.ref[b] = 1
             out.append(b)
         return out
+
+    def peek(self, block_hashes: Sequence[int]) -> int:
+        """How many leading hashes lookup would hit now; nothing changes."""
+        if not self.prefix_caching:
+            return 0
+        n = 0
+        for h in block_hashes:
+            if h not in self.block_of:
+                break
+            n += 1
+        return n
 
     def publish(self, block_id: int, block_hash: int) -> None:
         if self.ref.get(block_id, 0) < 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from typing import Any
 
 import torch
@@ -19,15 +20,43 @@ log = logging.getLogger(__name__)
 CPU_KV_BUDGET = 512 * 2**20   # bytes of KV cache on the CPU when no budget is given
 
 
+# what each kind of part must have (the contracts in blocks/base.py, schedulers/base.py,
+# samplers/base.py, attention/base.py, samplers/speculative/base.py)
+REQUIRED = {
+    "allocator": ("num_free_blocks", "allocate", "free", "fork", "lookup", "peek", "publish",
+                  "ref_count", "num_cached_blocks"),
+    "scheduler": ("add_request", "abort", "schedule", "update", "has_unfinished"),
+    "sampler": ("__call__",),
+    "attention": ("plan", "write_kv", "run"),
+    "proposer": ("propose", "remove"),
+}
+
+
 def _create(kind: str, spec: Any, **kwargs: Any) -> Any:
-    """registry.create, passing a class only the engine settings its constructor accepts
-    (a static scheduler has no chunked-prefill switch; a user's part may take none)."""
+    """A part from a registered name, a class or a factory (a function or functools.partial:
+    called with the engine settings its signature accepts), or an instance; refused with a
+    message when it lacks what its contract requires."""
+    import functools
+
+    if spec is None or isinstance(spec, (bool, int, float)):
+        raise ValueError(f"{kind}={spec!r}: give a registered name ({sorted(registry.REGISTRY[kind])}), "
+                         f"a class, a factory function or an instance")
     cls = registry.lookup(kind, spec) if isinstance(spec, str) else spec
-    if isinstance(cls, type):
-        sig = inspect.signature(cls.__init__)
+    factory = isinstance(cls, (type, functools.partial)) or inspect.isfunction(cls) or inspect.ismethod(cls)
+    if factory:
+        sig = inspect.signature(cls.__init__ if isinstance(cls, type) else cls)
         if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
-    return registry.create(kind, cls, **kwargs)
+        if isinstance(cls, functools.partial):       # what the user bound wins
+            kwargs = {k: v for k, v in kwargs.items() if k not in cls.keywords}
+        part = cls(**kwargs)
+    else:
+        part = cls
+    missing = [m for m in REQUIRED.get(kind, ()) if not callable(getattr(part, m, None))]
+    if missing:
+        raise ValueError(f"{kind} {part!r} lacks {missing}, which the {kind} contract requires "
+                         f"(see docs/interfaces.md)")
+    return part
 
 
 def _has_tokenizer(folder) -> bool:
@@ -43,6 +72,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                  load_format: str = "auto") -> Engine:
     from toolkit.models import default_model_path, load_model, load_tokenizer
 
+    t0 = time.perf_counter()
     cfg = config or EngineConfig()
     device = torch.device(cfg.resolve_device())
     dtype = cfg.resolve_dtype()
@@ -59,6 +89,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
         tokenizer = load_tokenizer(tokenizer)
     max_model_len = min(cfg.max_model_len or model.max_model_len, model.max_model_len)
+    loaded = time.perf_counter()
 
     # KV cache: sized after the weights are loaded
     shape = dict(num_layers=model.num_layers, block_size=cfg.block_size,
@@ -74,6 +105,11 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if allocator is None:
         allocator = "prefix_caching" if cfg.enable_prefix_caching else "free_list"
     allocator = _create("allocator", allocator, num_blocks=kv_cache.num_blocks, block_size=cfg.block_size)
+    if (allocator.num_blocks, allocator.block_size) != (kv_cache.num_blocks, cfg.block_size):
+        raise ValueError(f"the allocator has {allocator.num_blocks} blocks of {allocator.block_size} tokens "
+                         f"but the KV cache {kv_cache.num_blocks} of {cfg.block_size}; build it with "
+                         f"num_blocks={kv_cache.num_blocks}, block_size={cfg.block_size} (or pass "
+                         f"num_blocks= to LLM, or the allocator's class or name instead)")
     scheduler = _create(
         "scheduler", scheduler, allocator=allocator, block_size=cfg.block_size,
         # a draft model writes its k drafts' KV one step ahead: reserve their slots
@@ -102,9 +138,24 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     k = cfg.num_speculative_tokens if proposer is not None else 0
     if proposer is not None and k < 1:
         raise ValueError("a proposer needs num_speculative_tokens >= 1")
-    return Engine(model, tokenizer, scheduler, runner, block_size=cfg.block_size,
-                  num_blocks=kv_cache.num_blocks, max_model_len=max_model_len, eos_token_id=eos,
-                  proposer=proposer, num_spec_tokens=k)
+    if proposer is not None and not callable(getattr(sampler, "process", None)):
+        raise ValueError(f"speculative decoding verifies drafts against the sampler's distribution, "
+                         f"but sampler {sampler!r} has no process(logits, meta); use the default "
+                         "sampler or add it")
+    startup = dict(load_s=loaded - t0, kv_cache_s=time.perf_counter() - loaded, warmup_s=0.0)
+    if cfg.warmup and device.type == "cuda":
+        from toolkit.engine.warmup import warm_up
+
+        startup["warmup_s"] = warm_up(runner, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                      block_size=cfg.block_size, num_blocks=kv_cache.num_blocks)
+        log.info("warm-up (kernel compiles, CUDA-graph captures): %.1f s", startup["warmup_s"])
+    engine = Engine(model, tokenizer, scheduler, runner, allocator=allocator, block_size=cfg.block_size,
+                    num_blocks=kv_cache.num_blocks, max_model_len=max_model_len, eos_token_id=eos,
+                    proposer=proposer, num_spec_tokens=k,
+                    async_scheduling=(device.type == "cuda" if cfg.async_scheduling is None
+                                      else cfg.async_scheduling))
+    engine.startup = startup
+    return engine
 
 
 def _draft_proposer(draft_model: Any, model: Any, kv_cache: KVCache, attention: Any,

@@ -1,11 +1,15 @@
 """Engine: the step loop. It is the only place where the parts meet.
 
-    out = scheduler.schedule()                     # who runs how many tokens
-    logits = runner.forward(runner.prepare(out))   # one ragged forward over the paged cache
-    tokens = runner.sample(batch, logits, masks)   # grammar masks -> sampler (or draft verifier)
-    outputs = scheduler.update(out, tokens)        # append, token-level stops, free blocks
-    outputs = output_processor.process(outputs)    # text, stop strings, metrics
-    proposer.propose(running)                      # drafts for the next step (speculative)
+    out = scheduler.schedule()                         # who runs how many tokens
+    result = runner.execute(out, structured)           # forward + sample -> StepResult
+    finished = scheduler.update(out, result)           # append, token-level stops, free blocks
+    outputs, stopped = outputs.process(out, finished, result)   # text, stop strings, n > 1 merged
+    proposer.propose(running)                          # drafts for the next step (speculative)
+
+Per-request state lives in one place per concern: the scheduler's Request (tokens, blocks),
+the output processor (text, logprobs, metrics, the n sequences of one user request), the
+structured-output manager (grammars) and the sibling queue (samples 1.. of n waiting for
+sample 0's prompt).
 """
 
 from __future__ import annotations
@@ -13,38 +17,62 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from concurrent.futures import Future
+import time
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import torch
 
-from toolkit.engine.output import OutputProcessor
+from toolkit.engine.inflight import Launched
+from toolkit.engine.observe import StepObserver, step_record
+from toolkit.engine.output import OutputProcessor, sequence_ids
 from toolkit.engine.runner import Runner
+from toolkit.engine.siblings import SiblingQueue
+from toolkit.engine.structured import StructuredOutputManager
 from toolkit.samplers.base import check_token_ids
-from toolkit.types import CompletionOutput, Request, RequestOutput, RequestStatus, SamplingParams
+from toolkit.types import (
+    Request,
+    RequestOutput,
+    RequestStatus,
+    SamplingParams,
+    SchedulerOutput,
+    token_id_list,
+)
 
 log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, model, tokenizer, scheduler, runner: Runner, *, block_size: int,
+    def __init__(self, model, tokenizer, scheduler, runner: Runner, *, allocator, block_size: int,
                  num_blocks: int, max_model_len: int, eos_token_id: int | None,
-                 proposer: Any = None, num_spec_tokens: int = 0) -> None:
+                 proposer: Any = None, num_spec_tokens: int = 0, async_scheduling: bool = False) -> None:
         self.model, self.tokenizer, self.scheduler, self.runner = model, tokenizer, scheduler, runner
+        self.allocator = allocator
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.output_processor = OutputProcessor(tokenizer)
+        self.structured = StructuredOutputManager(
+            tokenizer, vocab_size=model.vocab_size, max_rollback=num_spec_tokens + 1,
+            eos_token_ids=list(model.eos_token_ids or [eos_token_id]))
+        self.siblings = SiblingQueue(scheduler)
         self.proposer, self.num_spec_tokens = proposer, num_spec_tokens
-        self.grammars: dict[str, Any] = {}               # request id -> its Grammar
-        self._pending: dict[str, list[int]] = {}           # tokens a grammar has not taken yet
-        self._compiling: list[tuple[Request, Future]] = []  # waiting for a grammar compile
-        self._compiler = None
-        self._rejected: list[RequestOutput] = []
-        self._held: list[tuple[Request, Request]] = []    # (sibling, leader whose prompt it waits for)
-        self._live: dict[str, Request] = {}                # request id -> request, until finished
+        self.observers: list[StepObserver] = []
+        # async scheduling: step N + 1 is scheduled and launched before step N's tokens reach
+        # the host; off with a proposer (drafts need the tokens) or a scheduler that does not
+        # declare supports_async. Sequences in _host_tokens (grammars, penalties, bad words:
+        # their next step reads the last token's value on the host) run synchronous steps.
+        self.async_scheduling = (bool(async_scheduling) and proposer is None
+                                 and bool(getattr(scheduler, "supports_async", False)))
+        self._inflight: _InFlight | None = None
+        self._host_tokens: set[str] = set()
+        self._rejected: list[RequestOutput] = []         # reported by the next step
         self._ids = itertools.count()
+        self.closed = False
+        self.startup: dict[str, float] = {}              # seconds: load, kv_cache, warmup (build_engine)
         self.num_steps = 0
+        self._num_landed = 0             # steps reported to observers
+        self.num_overlapped_steps = 0    # steps launched before the last one's tokens were taken
         self.num_preemptions = 0
         self.spec_drafted = 0            # draft tokens verified, over all requests
         self.spec_accepted = 0           # of which accepted
@@ -53,23 +81,63 @@ class Engine:
     # -- requests --
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0,
-                    arrival_time: float | None = None, after: str | None = None) -> str:
-        """Validate and queue one request; raises ValueError (nothing queued) on bad input.
+                    arrival_time: float | None = None) -> str:
+        """Validate and queue one request (n > 1: its n samples); returns its id. Bad input
+        raises ValueError / TypeError naming what was wrong, and nothing is queued.
 
-        after: the id of a live request with the same prompt (a sibling sample of n > 1); this
-        one joins the scheduler only once that one has computed its prompt, and is forked onto
-        its blocks (ref += 1; the partial last block is copied on write), or, where the
-        scheduler cannot fork, shares the full blocks through the prefix cache."""
-        params = params if params is not None else SamplingParams()
+        With n > 1 the samples are sequences "<id>#0" ... "<id>#(n-1)" for the scheduler; the
+        outputs merge them into one RequestOutput with n completions. Samples 1.. wait until
+        sample 0 has computed the prompt, then start on its blocks (ref += 1; the partial last
+        block is copied on write), or share its full blocks through the prefix cache."""
+        self._check_open()
+        params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        extra_eos = [t for t in getattr(self.model, "eos_token_ids", None) or () if t != self.eos_token_id]
-        if extra_eos and not params.ignore_eos:
-            # models with several end tokens (Llama 3: <|end_of_text|>, <|eot_id|>, ...) stop on
-            # each; the request holds one eos id, the others stop it as stop token ids
-            params = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids or []) + [
-                t for t in extra_eos if t not in (params.stop_token_ids or [])])
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}"
+                            + (" (build one: SamplingParams(**d))" if isinstance(params, dict) else ""))
+        rid = request_id if request_id is not None else str(next(self._ids))
+        if not isinstance(rid, str):
+            raise TypeError(f"request_id must be a string, got {type(rid).__name__}")
+        if rid in self.output_processor:
+            raise ValueError(f"request id {rid!r} is already in use")
         text, ids = self.tokenize(prompt)
+        self._check_prompt(ids, params)
+        sequences = [self._sequence(rid, j, ids, params, priority, arrival_time) for j in range(params.n)]
+        if params.structured is not None:
+            for seq in sequences:               # cheap grammar errors raise here: nothing kept
+                self.structured.submit(seq)
+        if _needs_host_tokens(params):
+            self._host_tokens.update(s.request_id for s in sequences)
+        self.output_processor.add(rid, text, sequences)
+        if params.structured is None:
+            self.scheduler.add_request(sequences[0])
+            for seq in sequences[1:]:
+                self.siblings.hold(seq, sequences[0])
+        return rid
+
+    def _sequence(self, rid: str, j: int, ids: list[int], params: SamplingParams, priority: int,
+                  arrival_time: float | None) -> Request:
+        """Sample j of a request: its own seed (derived from the request's), n = 1."""
+        sid = sequence_ids(rid, params.n)[j]
+        if params.n > 1:
+            seed = None if params.seed is None else (params.seed * 1_000_003 + j) % 2**63
+            params = dataclasses.replace(params, n=1, seed=seed)
+        params = self._with_model_eos(params)
+        # prompt logprobs need every prompt position computed: no prefix-cache hits (own salt)
+        salt = hash(("prompt_logprobs", sid)) if params.prompt_logprobs is not None else 0
+        return Request(sid, ids, params, eos_token_id=self.eos_token_id, priority=priority,
+                       max_model_len=self.max_model_len, cache_salt=salt,
+                       **({"arrival_time": arrival_time} if arrival_time is not None else {}))
+
+    def _with_model_eos(self, params: SamplingParams) -> SamplingParams:
+        """Models with several end tokens (Llama 3: <|end_of_text|>, <|eot_id|>, ...) stop on
+        each: the request holds one eos id, the others stop it as stop token ids."""
+        extra = [t for t in self.model.eos_token_ids or () if t != self.eos_token_id]
+        have = params.stop_token_ids or []
+        if not extra or params.ignore_eos or all(t in have for t in extra):
+            return params
+        return dataclasses.replace(params, stop_token_ids=list(have) + [t for t in extra if t not in have])
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
         if len(ids) == 0:
             raise ValueError("the prompt is empty; give at least one token")
         if len(ids) >= self.max_model_len:
@@ -79,95 +147,140 @@ class Engine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got [{min(ids)}, {max(ids)}]")
         check_token_ids(params, vocab)         # not later, where it would fail a whole step
-        if -(-(len(ids) + 1) // self.block_size) > self.num_blocks:
-            raise ValueError(f"the prompt needs {-(-(len(ids) + 1) // self.block_size)} KV blocks; the cache "
-                             f"has {self.num_blocks} of {self.block_size} tokens")
-        future = self._compile(params.structured) if params.structured is not None else None
-        rid = request_id if request_id is not None else str(next(self._ids))
-        if rid in self._live:
-            raise ValueError(f"request id {rid!r} is already in use")
-        # prompt logprobs need every prompt position computed: no prefix-cache hits (own salt)
-        salt = hash(("prompt_logprobs", rid)) if params.prompt_logprobs is not None else 0
-        req = Request(rid, ids, params, eos_token_id=self.eos_token_id, priority=priority,
-                      max_model_len=self.max_model_len, cache_salt=salt,
-                      **({"arrival_time": arrival_time} if arrival_time is not None else {}))
-        self._live[rid] = req
-        self.output_processor.add(req, text)
-        leader = self._live.get(after) if after is not None else None
-        if leader is not None and future is None:
-            self._held.append((req, leader))
-        elif future is None:
-            self.scheduler.add_request(req)
-        else:
-            self._compiling.append((req, future))   # joins the scheduler once compiled
-        return rid
+        need = -(-(len(ids) + 1) // self.block_size)
+        if need > self.num_blocks:
+            raise ValueError(f"the prompt needs {need} KV blocks; the cache has {self.num_blocks} "
+                             f"of {self.block_size} tokens")
 
     def abort(self, request_ids: str | Iterable[str]) -> None:
+        """Finish these user requests now (all n samples) and free their blocks; unknown ids
+        are skipped."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        self._compiling = [(r, f) for r, f in self._compiling if r.request_id not in ids]
-        self._held = [(r, lead) for r, lead in self._held if r.request_id not in ids]
-        self.scheduler.abort(ids)
+        seqs = [s for rid in ids for s in self.output_processor.sequence_ids(rid) or [rid]]
+        self.siblings.remove(seqs)
+        self.structured.remove(seqs)
+        self.scheduler.abort(seqs)
+        self.proposer_remove(seqs)
+        self._host_tokens.difference_update(seqs)
         for rid in ids:
             self.output_processor.forget(rid)
-            self.grammars.pop(rid, None)
-            self._pending.pop(rid, None)
-            self._live.pop(rid, None)
-        if hasattr(self.proposer, "remove"):
-            self.proposer.remove(ids)
 
     def has_unfinished(self) -> bool:
-        return (bool(self._compiling) or bool(self._rejected) or bool(self._held)
-                or self.scheduler.has_unfinished())
+        return bool(self.structured.num_compiling or self._rejected or len(self.siblings)
+                    or self._inflight is not None or self.scheduler.has_unfinished())
 
     # -- the step --
     def step(self) -> list[RequestOutput]:
-        self._admit_compiled()
-        self._release_held()
+        """Run one step; returns the outputs of the step whose tokens reached the host: this
+        one (synchronous), or the one before (async scheduling: this step was launched first,
+        so the host's work on the last one overlaps the GPU's on this one)."""
+        self._check_open()
+        start = time.perf_counter()
+        self._admit_waiting()                        # compiled grammars, siblings of a computed prompt
         out = self.scheduler.schedule()
-        sampled: dict[str, list[int]] = {}
-        forced: dict[str, str] = {}
-        if out.scheduled:
-            batch = self.runner.prepare(out)
-            logits = self.runner.forward(batch)
-            # the grammars take last step's tokens now, while the GPU runs the forward
-            ended = self._advance_grammars(batch.sampling)
-            for rid, start, _, _ in batch.prompt_owner or ():
-                self.output_processor.add_prompt_logprobs(rid, start, batch.prompt_logprobs[rid])
-            emitted, logprobs = self.runner.sample(batch, logits, self.grammars)
-            for req, d, toks, lp in zip(batch.sampling, batch.drafts, emitted, logprobs):
-                if req.request_id in ended:
-                    continue             # its grammar ended before this step: its tokens are void
-                sampled[req.request_id] = toks
-                if lp is not None:
-                    self.output_processor.add_logprobs(req.request_id, lp)
-                if d:
-                    self.spec_drafted += len(d)
-                    self.spec_accepted += len(toks) - 1
-                    self.spec_steps += 1
-                    self.output_processor.add_spec(req.request_id, len(d), len(toks) - 1)
-                if req.request_id in self.grammars:
-                    self._pending.setdefault(req.request_id, []).extend(toks)
-            if ended:                    # finished here, with no new tokens
-                self.scheduler.abort(list(ended))
-                forced.update(ended)
+        overlap = (self.async_scheduling and bool(out.scheduled)
+                   and not any(s.request_id in self._host_tokens for s in out.scheduled))
+        outputs = [] if overlap else self._land(start)   # this step needs the last one's tokens
+        launched = self.runner.launch(out, self.structured, self._inflight and self._inflight.launched)
+        outputs += self._land(start)                 # the step before's, while the GPU runs this one
+        provisional = self.scheduler.update(out, launched.placeholders()) if overlap else None
+        self._inflight = _InFlight(out, launched, provisional)
+        if not overlap:
+            outputs += self._land(start)
         self.num_steps += 1
+        self.num_overlapped_steps += overlap
         self.num_preemptions += len(out.preempted_ids)
-        results = self.scheduler.update(out, sampled)
-        results += [RequestOutput(rid, [], False, None, None) for rid in forced]
-        outputs, stopped = self.output_processor.process(results, forced)
-        if stopped:
-            self.scheduler.abort(stopped)   # a stop string or the grammar finished these
-        done = [o.request_id for o in outputs if o.finished]
-        for rid in done:
-            self.grammars.pop(rid, None)
-            self._pending.pop(rid, None)
-            self._live.pop(rid, None)
-        if done and hasattr(self.proposer, "remove"):
-            self.proposer.remove(done)           # a draft model forgets their KV state
-        if self.proposer is not None and out.scheduled:
-            self._propose(batch.sampling)
         rejected, self._rejected = self._rejected, []
         return rejected + outputs
+
+    def _land(self, start: float) -> list[RequestOutput]:
+        """Take the in-flight step's tokens: update the scheduler (or resolve its
+        placeholders), the outputs, the grammars and drafts."""
+        f, self._inflight = self._inflight, None
+        if f is None:
+            return []
+        result = f.launched.result()
+        if f.provisional is None:
+            finished = self.scheduler.update(f.out, result)
+        else:
+            finished = self.scheduler.resolve_placeholders(f.provisional, result)
+        outputs, stopped = self.output_processor.process(f.out, finished, result)
+        self._retire(stopped, outputs, result)
+        if self.proposer is not None:
+            self._propose(f.out, result)
+        if self.observers:
+            self._notify(start, f.out, result, outputs)
+        return outputs
+
+    def _admit_waiting(self) -> None:
+        ready, failed = self.structured.take_compiled()
+        for req in ready:
+            self.scheduler.add_request(req)
+        for req, err in failed:
+            log.warning("request %s rejected: %s", req.request_id, err)
+            self._reject_group(req.request_id, err)
+        self.siblings.release()
+
+    def _reject_group(self, seq_id: str, err: str) -> None:
+        """A sequence whose grammar failed to compile: its whole user request is rejected."""
+        rid = seq_id.rsplit("#", 1)[0] if seq_id not in self.output_processor else seq_id
+        if rid not in self.output_processor:
+            return                                   # a sibling already rejected it
+        seqs = self.output_processor.sequence_ids(rid)
+        self.structured.remove(seqs)
+        self.siblings.remove(seqs)
+        self.scheduler.abort(seqs)
+        self._rejected.append(self.output_processor.reject(rid, err))
+
+    def _retire(self, stopped: list[str], outputs: list[RequestOutput], result) -> None:
+        """Sequences a stop string finished leave the scheduler; finished ones leave every table."""
+        if stopped:
+            self.scheduler.abort(stopped)
+        self.structured.record(result)
+        gone = stopped + [s for o in outputs if o.finished
+                          for s in sequence_ids(o.request_id, len(o.outputs))]
+        self._host_tokens.difference_update(gone)
+        if gone:
+            self.structured.remove(gone)
+            self.proposer_remove(gone)
+        for rid, n in result.num_draft_tokens.items():
+            self.spec_drafted += n
+            self.spec_accepted += result.num_accepted(rid)
+            self.spec_steps += 1
+
+    def proposer_remove(self, ids: list[str]) -> None:
+        if self.proposer is not None and ids:
+            self.proposer.remove(ids)          # a draft model forgets their KV state
+
+    def _propose(self, out, result) -> None:
+        from toolkit.samplers.speculative.base import draft_budget
+
+        live = [s.request for s in out.scheduled if s.request_id in result.sampled_token_ids
+                and s.request.status is RequestStatus.RUNNING
+                and s.request.num_computed_tokens == s.request.num_tokens - 1]
+        if not live:
+            return
+        for r, d in zip(live, self.proposer.propose(live, self.num_spec_tokens)):
+            n = draft_budget(r, self.num_spec_tokens)
+            r.spec_token_ids = list(d.token_ids[:n])
+            r.spec_token_probs = None if d.probs is None else d.probs[: len(r.spec_token_ids)]
+
+    # -- observers --
+    def add_observer(self, observer: StepObserver) -> None:
+        """Call observer(StepRecord) after every step (see toolkit.engine.observe)."""
+        if not callable(observer):
+            raise TypeError(f"an observer must be callable with a StepRecord, got {type(observer).__name__}")
+        self.observers.append(observer)
+
+    def remove_observer(self, observer: StepObserver) -> None:
+        self.observers.remove(observer)
+
+    def _notify(self, start: float, out, result, outputs: list[RequestOutput]) -> None:
+        rec = step_record(self._num_landed, start, time.perf_counter(), out, result, self.scheduler,
+                          self.allocator, sum(o.finished for o in outputs))
+        self._num_landed += 1
+        for obs in list(self.observers):
+            obs(rec)
 
     @property
     def spec_metrics(self) -> dict[str, float]:
@@ -177,106 +290,46 @@ class Engine:
                     acceptance_rate=self.spec_accepted / max(self.spec_drafted, 1),
                     mean_accepted_length=1 + self.spec_accepted / max(self.spec_steps, 1))
 
-    def _release_held(self) -> None:
-        """Siblings join once their leader's prompt is computed: forked onto its prompt blocks
-        (copy-on-write of the last one) when the scheduler can, else through the prefix cache."""
-        still = []
-        for req, lead in self._held:
-            if lead.is_finished or lead.num_computed_tokens >= lead.num_prompt_tokens - 1:
-                fork = getattr(self.scheduler, "fork", None)
-                if lead.is_finished or fork is None or not fork(req, lead):
-                    self.scheduler.add_request(req)
-            else:
-                still.append((req, lead))
-        self._held = still
-
-    def _propose(self, requests: list[Request]) -> None:
-        from toolkit.samplers.speculative.base import draft_budget
-
-        live = [r for r in requests if not r.is_finished and r.status is RequestStatus.RUNNING
-                and r.num_computed_tokens == r.num_tokens - 1]
-        if not live:
-            return
-        for r, d in zip(live, self.proposer.propose(live, self.num_spec_tokens)):
-            n = draft_budget(r, self.num_spec_tokens)
-            r.spec_token_ids = list(d.token_ids[:n])
-            r.spec_token_probs = None if d.probs is None else d.probs[: len(r.spec_token_ids)]
-
-    # -- structured output --
-    def _compile(self, spec: Any) -> Future:
-        if self.tokenizer is None:
-            raise ValueError("structured output needs a tokenizer; this engine has none")
-        if self._compiler is None:
-            from toolkit.samplers.grammar import GrammarCompiler
-
-            eos = list(getattr(self.model, "eos_token_ids", None) or [self.eos_token_id])
-            self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.model.vocab_size,
-                                             eos_token_ids=eos)
-        return self._compiler.compile_async(spec)     # cheap checks raise ValueError here
-
-    def _admit_compiled(self) -> None:
-        still = []
-        for req, fut in self._compiling:
-            if not fut.done():
-                still.append((req, fut))
-                continue
-            try:
-                self.grammars[req.request_id] = fut.result().new_grammar(
-                    max_rollback=self.num_spec_tokens + 1)
-                self.scheduler.add_request(req)
-            except ValueError as e:
-                log.warning("request %s rejected: %s", req.request_id, e)
-                self.output_processor.forget(req.request_id)
-                self._live.pop(req.request_id, None)
-                self._rejected.append(RequestOutput(
-                    req.request_id, finished=True, finish_reason="rejected", stop_reason=str(e),
-                    prompt_token_ids=req.prompt_token_ids,
-                    outputs=[CompletionOutput(0, "", [], "rejected", str(e))]))
-        self._compiling = still
-
-    def _advance_grammars(self, requests: list[Request]) -> dict[str, str]:
-        """Each sampling request's grammar takes the tokens the request emitted since it last
-        sampled. Deferred from the step that sampled them to here, after the next forward is
-        launched, so this host work overlaps the GPU; the masks never need them earlier.
-        Returns {request id: finish reason} for the grammars that ended: "stop" after an
-        accepted EOS, "grammar" after a rejected token or at a dead end (no token allowed;
-        EOS counts only where the request may stop). Those requests end one step after their
-        last token, with that step's tokens dropped: their outputs are what they were."""
-        ended: dict[str, str] = {}
-        if not self._pending:                        # no grammar waits: no per-request work
-            return ended
-        for req in requests:
-            toks = self._pending.pop(req.request_id, None)
-            grammar = self.grammars.get(req.request_id)
-            if not toks or grammar is None:
-                continue
-            if not grammar.accept(toks):
-                ended[req.request_id] = "grammar"
-            elif grammar.is_terminated():
-                ended[req.request_id] = "stop"
-            else:
-                sp = req.sampling_params
-                allow_eos = not (sp.ignore_eos or req.num_output_tokens < sp.min_tokens)
-                if not grammar.can_continue(allow_eos=allow_eos):
-                    ended[req.request_id] = "grammar"
-        return ended
-
-    def tokenize(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
-        """(text or None, token ids) of a prompt given as text or as token ids."""
+    def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of a prompt given as text or as token ids (a list, a
+        tuple, or a one-dimensional integer numpy array / torch tensor)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer; pass token ids instead of text")
             return prompt, list(self.tokenizer.encode(prompt))
-        return None, [int(t) for t in prompt]
+        if prompt is None:
+            raise TypeError("a prompt must be text or a list of token ids, got None")
+        return None, token_id_list(prompt)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this engine is closed (close() freed its KV cache and weights); "
+                               "build a new LLM to go on")
 
     def close(self) -> None:
-        cache = getattr(self.runner, "kv_cache", None)
-        if cache is not None:
-            cache.close()
-        if self._compiler is not None:
-            self._compiler.close()
+        if self.closed:
+            return
+        self.closed = True
+        self.runner.kv_cache.close()
+        self.structured.close()
         self.runner = None  # type: ignore[assignment]
         self.model = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         log.info("engine closed after %d steps", self.num_steps)
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose tokens have not been taken yet."""
+
+    out: SchedulerOutput
+    launched: Launched
+    provisional: list[RequestOutput] | None    # update()'s outputs with placeholders (async)
+
+
+def _needs_host_tokens(sp: SamplingParams) -> bool:
+    """Whether a request's next step reads its last token's value on the host (a grammar's
+    mask; the penalties' and bad words' token lists): it then runs synchronous steps."""
+    return (sp.structured is not None or bool(sp.bad_words) or sp.repetition_penalty != 1.0
+            or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0)

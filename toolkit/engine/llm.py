@@ -7,8 +7,8 @@ from typing import Any, Sequence
 
 from toolkit.config import EngineConfig
 from toolkit.engine.build import build_engine
-from toolkit.engine.progress import progress_bar
-from toolkit.types import CompletionOutput, RequestOutput, SamplingParams
+from toolkit.engine.progress import TokenProgress
+from toolkit.types import RequestOutput, SamplingParams
 
 Prompt = str | Sequence[int]
 
@@ -45,36 +45,38 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  priorities: Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run prompts (text or token ids) to completion; outputs in the order of the prompts."""
+        """Run prompts (text, or token ids as a list, numpy array or tensor) to completion;
+        outputs in the order of the prompts, each with its n completions.
+
+        All or nothing: if anything raises (a bad prompt, an error inside a step, Ctrl-C),
+        every request this call queued is aborted before the exception leaves, so no block
+        stays held and the next call starts clean. The progress bar counts tokens (prompt
+        tokens computed and output tokens), so a long prefill shows progress too."""
+        engine = self._engine()
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
         if priorities is not None and len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
-        engine = self.engine
-        # validate everything before queueing anything
-        children: dict[str, tuple[int, int]] = {}   # request id -> (prompt index, sample index)
-        queued: list[str] = []
+        order: dict[str, int] = {}
+        done: dict[str, RequestOutput] = {}
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
-                first = None
-                for j in range(sp.n):
-                    # sample j > 0 waits for sample 0's prompt, then shares its blocks
-                    rid = engine.add_request(p, _child_params(sp, j), after=first,
-                                             priority=priorities[i] if priorities else 0)
-                    first = first or rid
-                    children[rid] = (i, j)
-                    queued.append(rid)
-        except ValueError:
-            engine.abort(queued)   # all or nothing: the batch is rejected, nothing leaks
+                rid = engine.add_request(p, sp, priority=priorities[i] if priorities else 0)
+                order[rid] = i
+            with TokenProgress(engine, order, params, enabled=use_tqdm) as bar:
+                while engine.has_unfinished():
+                    for o in engine.step():
+                        if o.finished and o.request_id in order:
+                            done[o.request_id] = o
+                            bar.finished(o)
+        except BaseException:
+            engine.abort([rid for rid in order if rid not in done])   # all or nothing
             raise
-        done: dict[str, RequestOutput] = {}
-        with progress_bar(total=len(children), enabled=use_tqdm, desc="generate") as bar:
-            while engine.has_unfinished():
-                for o in engine.step():
-                    if o.finished:
-                        done[o.request_id] = o
-                        bar.update(1)
-        return _merge(prompts, params, children, done)
+        missing = [rid for rid in order if rid not in done]
+        if missing:
+            raise RuntimeError(f"requests {missing} ended without an output; was the engine used "
+                               "from elsewhere during generate?")
+        return [done[rid] for rid in sorted(order, key=order.get)]
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], beam_width: int, max_tokens: int, *,
                     length_penalty: float = 1.0, ignore_eos: bool = False):
@@ -82,8 +84,9 @@ class LLM:
         through the allocator. Returns per prompt the beam_width best sequences, best first."""
         from toolkit.engine.beam import beam_search
 
-        ids = [self.engine.tokenize(p)[1] for p in _as_prompt_list(prompts)]
-        return beam_search(self.engine, ids, beam_width, max_tokens,
+        engine = self._engine()
+        ids = [engine.tokenize(p)[1] for p in _as_prompt_list(prompts)]
+        return beam_search(engine, ids, beam_width, max_tokens,
                            length_penalty=length_penalty, ignore_eos=ignore_eos)
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
@@ -97,6 +100,12 @@ class LLM:
         ids = [self.tokenizer.encode(apply_chat_template(self.tokenizer, c), add_special_tokens=False)
                for c in convs]
         return self.generate(ids, sampling_params, **kwargs)
+
+    def _engine(self):
+        if self.engine is None:
+            raise RuntimeError("this LLM is closed (close() freed its KV cache and weights); "
+                               "build a new LLM to go on")
+        return self.engine
 
     def close(self) -> None:
         """Free the KV cache and the weights (GPU memory goes back to the allocator)."""
@@ -122,13 +131,22 @@ class LLM:
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt (text, or token ids as a list / tuple / 1-d array) or a list of them."""
+    if prompts is None:
+        raise TypeError("prompts must be text, token ids, or a list of them; got None")
     if isinstance(prompts, str):
         return [prompts]
+    if hasattr(prompts, "ndim") and hasattr(prompts, "tolist"):     # numpy array / torch tensor
+        if prompts.ndim == 1:
+            return [prompts]
+        return list(prompts)                    # 2-d: one prompt per row
+    if not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be text, token ids, or a list of them; got {type(prompts).__name__}")
     prompts = list(prompts)
-    if prompts and isinstance(prompts[0], int):
-        return [prompts]  # one prompt of token ids
     if not prompts:
         raise ValueError("no prompts given")
+    if not isinstance(prompts[0], (str, Sequence)) and not hasattr(prompts[0], "ndim"):
+        return [prompts]  # one prompt of token ids (its elements are checked by add_request)
     return prompts
 
 
@@ -137,32 +155,15 @@ def _as_params_list(sp: SamplingParams | Sequence[SamplingParams] | None, n: int
         return [SamplingParams()] * n
     if isinstance(sp, SamplingParams):
         return [sp] * n
+    if isinstance(sp, dict):
+        raise TypeError("sampling_params must be a SamplingParams (or a list of them), got a dict; "
+                        "build one with SamplingParams(**d)")
+    if not isinstance(sp, Sequence):
+        raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(sp).__name__}")
     sp = list(sp)
     if len(sp) != n:
         raise ValueError(f"got {len(sp)} SamplingParams for {n} prompts; give one or one per prompt")
+    bad = [type(x).__name__ for x in sp if not isinstance(x, SamplingParams)]
+    if bad:
+        raise TypeError(f"sampling_params must hold SamplingParams, got {bad[0]}")
     return sp
-
-
-def _child_params(sp: SamplingParams, j: int) -> SamplingParams:
-    """Sample j of n: its own seed (derived from the request's), otherwise the same params."""
-    if sp.n == 1:
-        return sp
-    seed = None if sp.seed is None else (sp.seed * 1_000_003 + j) % 2**63
-    return dataclasses.replace(sp, n=1, seed=seed)
-
-
-def _merge(prompts, params, children, done) -> list[RequestOutput]:
-    merged: list[RequestOutput | None] = [None] * len(prompts)
-    for rid, (i, j) in sorted(children.items(), key=lambda kv: kv[1]):
-        o = done[rid]
-        c = o.outputs[0]
-        comp = CompletionOutput(j, c.text, c.token_ids, c.finish_reason, c.stop_reason,
-                                c.logprobs, c.cumulative_logprob)
-        if merged[i] is None:
-            merged[i] = RequestOutput(request_id=str(i), finished=True, finish_reason=o.finish_reason,
-                                      stop_reason=o.stop_reason, prompt=o.prompt,
-                                      prompt_token_ids=o.prompt_token_ids, outputs=[comp],
-                                      metrics=o.metrics, prompt_logprobs=o.prompt_logprobs)
-        else:
-            merged[i].outputs.append(comp)
-    return merged  # type: ignore[return-value]

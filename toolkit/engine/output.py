@@ -1,146 +1,253 @@
-"""OutputProcessor: token ids -> incremental text, stop strings, per-request metrics.
+"""OutputProcessor: the user-facing life of a request. Token ids -> text that only grows,
+stop strings, logprobs, n > 1 merged, finish reasons, metrics.
 
-The scheduler never sees text; stop strings are found here and finish the request
-through the scheduler's abort (which frees its blocks at once).
+The scheduler sees sequences: a request with n = 3 is three sequences ("<id>#0", "<id>#1",
+"<id>#2"); the user sees one request with three completions. This object is where the two
+meet: it turns the scheduler's per-sequence outputs and the step's StepResult into one
+RequestOutput per user request that changed.
+
+Text never shrinks from one step to the next: a tail that could still become a stop string
+(the longest suffix of the text that is a proper prefix of a stop string) is held back
+until the next tokens decide it, and an incomplete UTF-8 character waits for its other
+bytes. Stop strings are found here and finish the sequence through the scheduler's abort
+(the engine passes the ids this returns).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
-from toolkit.types import CompletionOutput, Request, RequestMetrics, RequestOutput
+from toolkit.types import (
+    CompletionOutput,
+    Request,
+    RequestMetrics,
+    RequestOutput,
+    SchedulerOutput,
+    StepResult,
+)
 
 _CONTEXT = 5  # prompt tokens decoded with the output so leading spaces come out right
 
 
+def sequence_ids(request_id: str, n: int) -> list[str]:
+    """The scheduler's ids of a user request's n sequences: the request's own id when n = 1."""
+    return [request_id] if n == 1 else [f"{request_id}#{j}" for j in range(n)]
+
+
 @dataclass
-class _Detok:
-    ids: list[int]
+class _Sequence:
+    """One completion being produced: its detokenisation state and what was emitted."""
+
+    request: Request
+    index: int
+    ids: list[int]                   # prompt context + output, for incremental decoding
     prefix_offset: int
     read_offset: int
-    text: str = ""
-    done: bool = False
+    text: str = ""                   # decoded so far (cut at a stop string once found)
+    shown: int = 0                   # characters of text already visible to the user
+    output_ids: list[int] = field(default_factory=list)
+    new_ids: list[int] = field(default_factory=list)     # gained this step
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] | None = None   # per output token: {token id: logprob}
-    prompt_logprobs: list[dict[int, float] | None] | None = None   # [None, then per prompt token]
-    cumulative_logprob: float = 0.0
+
+
+@dataclass
+class _Group:
+    """One user request: n sequences, one prompt, one set of metrics."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sequences: list[_Sequence]
+    metrics: RequestMetrics
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.sequences)
 
 
 class OutputProcessor:
     def __init__(self, tokenizer=None) -> None:
         self.tokenizer = tokenizer
-        self.states: dict[str, _Detok] = {}
-        self.metrics: dict[str, RequestMetrics] = {}
-        self.requests: dict[str, Request] = {}
-        self.prompts: dict[str, str | None] = {}
+        self._groups: dict[str, _Group] = {}        # user request id -> group
+        self._seqs: dict[str, tuple[_Group, _Sequence]] = {}   # sequence id -> (group, sequence)
 
-    def add(self, request: Request, prompt: str | None) -> None:
-        ctx = request.prompt_token_ids[-_CONTEXT:]
-        self.states[request.request_id] = _Detok(list(ctx), 0, len(ctx))
-        self.metrics[request.request_id] = RequestMetrics(arrival_time=request.arrival_time)
-        self.requests[request.request_id] = request
-        self.prompts[request.request_id] = prompt
+    def add(self, request_id: str, prompt: str | None, sequences: Sequence[Request]) -> None:
+        """A user request and its n sequences (n = 1: the sequence's id is the request's)."""
+        if not sequences:
+            raise ValueError("a request needs at least one sequence")
+        ctx = sequences[0].prompt_token_ids[-_CONTEXT:]
+        group = _Group(request_id, prompt, sequences[0].prompt_token_ids, [],
+                       RequestMetrics(arrival_time=sequences[0].arrival_time))
+        for j, req in enumerate(sequences):
+            seq = _Sequence(req, j, list(ctx), 0, len(ctx),
+                            logprobs=[] if req.sampling_params.logprobs is not None else None)
+            group.sequences.append(seq)
+            self._seqs[req.request_id] = (group, seq)
+        self._groups[request_id] = group
 
-    def add_prompt_logprobs(self, request_id: str, start: int, lps: list[dict[int, float]]) -> None:
-        """Logprobs of prompt tokens start+1 ... (a recompute after preemption overwrites)."""
-        st = self.states.get(request_id)
-        if st is None:
-            return
-        if st.prompt_logprobs is None:
-            st.prompt_logprobs = [None]          # the first token has no logprob (vLLM's convention)
-        need = start + 1 + len(lps)
-        st.prompt_logprobs.extend([None] * (need - len(st.prompt_logprobs)))
-        st.prompt_logprobs[start + 1:need] = lps
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._groups
 
-    def add_spec(self, request_id: str, drafted: int, accepted: int) -> None:
-        m = self.metrics.get(request_id)
-        if m is not None:
-            m.num_spec_drafted += drafted
-            m.num_spec_accepted += accepted
+    def sequence_ids(self, request_id: str) -> list[str]:
+        g = self._groups.get(request_id)
+        return [] if g is None else [s.request.request_id for s in g.sequences]
 
-    def add_logprobs(self, request_id: str, lp: dict[int, float]) -> None:
-        """Logprobs of the token just sampled for this request (before update() appends it)."""
-        st = self.states.get(request_id)
-        if st is not None:
-            st.logprobs = (st.logprobs or []) + [lp]
+    def num_prompt_tokens(self, request_id: str) -> int:
+        return len(self._groups[request_id].prompt_token_ids)
 
-    def process(self, outs: list[RequestOutput], forced: dict[str, str] | None = None,
+    def forget(self, request_id: str) -> None:
+        g = self._groups.pop(request_id, None)
+        for s in g.sequences if g else ():
+            self._seqs.pop(s.request.request_id, None)
+
+    def reject(self, request_id: str, reason: str) -> RequestOutput:
+        """The final output of a request refused after it was queued (a grammar that did
+        not compile); the request is forgotten."""
+        g = self._groups[request_id]
+        for s in g.sequences:
+            s.finish_reason, s.stop_reason = "rejected", reason
+        out = self._output(g, time.monotonic())
+        self.forget(request_id)
+        return out
+
+    # -- one step --
+    def process(self, out: SchedulerOutput, finished: list[RequestOutput], result: StepResult,
                 ) -> tuple[list[RequestOutput], list[str]]:
-        """Fill text and metrics. `forced` finishes requests for a reason found outside the
-        scheduler (a grammar's end). Returns (outputs, ids the scheduler must abort because a
-        stop string or `forced` finished them)."""
-        forced = forced or {}
+        """Apply one step: `finished` is what the scheduler's update returned (per sequence:
+        new tokens, token-level finishes), `result` the step's logprobs. Returns (one
+        RequestOutput per user request that changed, the sequence ids a stop string finished,
+        which the scheduler must abort)."""
         now = time.monotonic()
-        to_abort: list[str] = []
-        result = []
-        for o in outs:
-            st = self.states.get(o.request_id)
-            if st is None or st.done:
+        for s in out.scheduled:
+            hit = self._seqs.get(s.request_id)
+            if hit is not None and hit[0].metrics.first_scheduled_time is None:
+                hit[0].metrics.first_scheduled_time = now
+        for rid, (start, lps) in result.prompt_logprobs.items():
+            if rid in self._seqs:
+                self._add_prompt_logprobs(self._seqs[rid][0], start, lps)
+        changed: dict[str, _Group] = {}
+        stopped: list[str] = []
+        for o in finished:
+            hit = self._seqs.get(o.request_id)
+            if hit is None or hit[1].finish_reason is not None:
                 continue
-            req = self.requests[o.request_id]
-            m = self.metrics[o.request_id]
-            if o.new_token_ids and m.first_token_time is None:
-                m.first_token_time = now
-            finish, stop_reason = o.finish_reason, o.stop_reason
-            for tok in o.new_token_ids:
-                st.output_ids.append(tok)
-                if st.logprobs is not None and len(st.logprobs) >= len(st.output_ids):
-                    st.cumulative_logprob += st.logprobs[len(st.output_ids) - 1].get(tok, 0.0)
-                hit = self._append(st, tok, req)
-                if hit is not None:
-                    finish, stop_reason = "stop", hit
-                    if not o.finished:
-                        to_abort.append(o.request_id)
-                    break
-            if o.request_id in forced and not o.finished and finish != "stop":
-                finish = forced[o.request_id]
-                to_abort.append(o.request_id)
-            finished = o.finished or finish is not None
-            if finished:
-                st.done = True
-                m.finished_time = now
-            result.append(RequestOutput(
-                request_id=o.request_id, new_token_ids=list(o.new_token_ids), finished=finished,
-                finish_reason=finish if finished else None, stop_reason=stop_reason,
-                prompt=self.prompts[o.request_id], prompt_token_ids=req.prompt_token_ids,
-                outputs=[CompletionOutput(0, st.text, list(st.output_ids),
-                                          finish if finished else None, stop_reason,
-                                          logprobs=None if st.logprobs is None
-                                          else st.logprobs[: len(st.output_ids)],
-                                          cumulative_logprob=None if st.logprobs is None
-                                          else st.cumulative_logprob)],
-                metrics=m, prompt_logprobs=st.prompt_logprobs,
-            ))
-            if finished:
-                self.forget(o.request_id)
-        return result, to_abort
+            group, seq = hit
+            changed[group.request_id] = group
+            if o.request_id in result.num_draft_tokens:
+                group.metrics.num_spec_drafted += result.num_draft_tokens[o.request_id]
+                group.metrics.num_spec_accepted += result.num_accepted(o.request_id)
+            if o.new_token_ids and group.metrics.first_token_time is None:
+                group.metrics.first_token_time = now
+            stop = self._append(seq, o.new_token_ids, result.logprobs.get(o.request_id))
+            if stop is not None:
+                seq.finish_reason, seq.stop_reason = "stop", stop
+                if not o.finished:
+                    stopped.append(o.request_id)
+            elif o.finished:
+                seq.finish_reason, seq.stop_reason = o.finish_reason, o.stop_reason
+        outputs = []
+        for group in changed.values():
+            if group.finished:
+                group.metrics.finished_time = now
+            outputs.append(self._output(group, now))
+            if group.finished:
+                self.forget(group.request_id)
+        return outputs, stopped
 
-    def _append(self, st: _Detok, tok: int, req: Request) -> str | None:
-        """Decode one more token; returns the stop string if one now appears in the text."""
-        if self.tokenizer is None:
-            return None
-        sp = req.sampling_params
-        st.ids.append(tok)
-        skip = sp.skip_special_tokens
-        prefix = self.tokenizer.decode(st.ids[st.prefix_offset:st.read_offset], skip_special_tokens=skip)
-        full = self.tokenizer.decode(st.ids[st.prefix_offset:], skip_special_tokens=skip)
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return None  # an incomplete UTF-8 sequence: wait for more bytes
-        delta = full[len(prefix):]
-        st.prefix_offset, st.read_offset = st.read_offset, len(st.ids)
-        old_len = len(st.text)
-        st.text += delta
-        for stop in sp.stop or ():
-            # search only where the new text could complete a match
-            i = st.text.find(stop, max(0, old_len - len(stop) + 1))
-            if i >= 0:
-                st.text = st.text[: i + len(stop)] if sp.include_stop_str_in_output else st.text[:i]
+    def _append(self, seq: _Sequence, tokens: Sequence[int], lps: list[dict[int, float]] | None,
+                ) -> str | None:
+        """Append tokens one by one; returns the stop string that finished the sequence (the
+        tokens after it are dropped), or None."""
+        seq.new_ids = []
+        for i, tok in enumerate(tokens):
+            seq.output_ids.append(tok)
+            seq.new_ids.append(tok)
+            if seq.logprobs is not None and lps is not None and i < len(lps):
+                seq.logprobs.append(lps[i])
+                seq.cumulative_logprob += lps[i].get(tok, 0.0)
+            stop = self._decode(seq, tok)
+            if stop is not None:
                 return stop
         return None
 
-    def forget(self, request_id: str) -> None:
-        for d in (self.states, self.requests, self.prompts, self.metrics):
-            d.pop(request_id, None)
+    def _decode(self, seq: _Sequence, tok: int) -> str | None:
+        """Decode one more token; returns the stop string if one now appears in the text."""
+        if self.tokenizer is None:
+            return None
+        sp = seq.request.sampling_params
+        seq.ids.append(tok)
+        skip = sp.skip_special_tokens
+        prefix = self.tokenizer.decode(seq.ids[seq.prefix_offset:seq.read_offset], skip_special_tokens=skip)
+        full = self.tokenizer.decode(seq.ids[seq.prefix_offset:], skip_special_tokens=skip)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return None  # an incomplete UTF-8 sequence: wait for more bytes
+        old_len = len(seq.text)
+        seq.text += full[len(prefix):]
+        seq.prefix_offset, seq.read_offset = seq.read_offset, len(seq.ids)
+        return self._find_stop(seq, old_len)
+
+    @staticmethod
+    def _find_stop(seq: _Sequence, old_len: int) -> str | None:
+        """The stop string that now occurs earliest in the text (searched only where new text
+        could complete it); the text is cut there."""
+        sp = seq.request.sampling_params
+        best: tuple[int, str] | None = None
+        for stop in sp.stop or ():
+            i = seq.text.find(stop, max(0, old_len - len(stop) + 1))
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, stop)
+        if best is None:
+            return None
+        i, stop = best
+        seq.text = seq.text[: i + len(stop)] if sp.include_stop_str_in_output else seq.text[:i]
+        return stop
+
+    @staticmethod
+    def _visible(seq: _Sequence) -> str:
+        """The text the user may see now: all of it once finished; before, without the
+        longest tail that is a proper prefix of a stop string (it may still become one)."""
+        text = seq.text
+        if seq.finish_reason is None:
+            hold = 0
+            for stop in seq.request.sampling_params.stop or ():
+                for k in range(min(len(stop) - 1, len(text)), hold, -1):
+                    if text.endswith(stop[:k]):
+                        hold = k
+                        break
+            text = text[: len(text) - hold]
+        # never shorter than what was shown (a stop string's start was held back, so a cut
+        # at a stop string never reaches into shown text)
+        assert len(text) >= seq.shown, "text shown to the user was taken back"
+        seq.shown = len(text)
+        return text
+
+    def _output(self, g: _Group, now: float) -> RequestOutput:
+        comps = [CompletionOutput(
+            s.index, self._visible(s), list(s.output_ids), s.finish_reason, s.stop_reason,
+            logprobs=None if s.logprobs is None else list(s.logprobs),
+            cumulative_logprob=None if s.logprobs is None else s.cumulative_logprob,
+            new_token_ids=s.new_ids) for s in g.sequences]
+        for s in g.sequences:
+            s.new_ids = []
+        first = comps[0]
+        return RequestOutput(
+            request_id=g.request_id, new_token_ids=list(first.new_token_ids) if len(comps) == 1 else [],
+            finished=g.finished, finish_reason=first.finish_reason if g.finished else None,
+            stop_reason=first.stop_reason if g.finished else None, prompt=g.prompt,
+            prompt_token_ids=g.prompt_token_ids, outputs=comps, metrics=g.metrics,
+            prompt_logprobs=g.prompt_logprobs)
+
+    @staticmethod
+    def _add_prompt_logprobs(g: _Group, start: int, lps: list[dict[int, float]]) -> None:
+        """Logprobs of prompt tokens start+1 ... (a recompute after preemption overwrites)."""
+        if g.prompt_logprobs is None:
+            g.prompt_logprobs = [None]          # the first token has no logprob (vLLM's convention)
+        need = start + 1 + len(lps)
+        g.prompt_logprobs.extend([None] * (need - len(g.prompt_logprobs)))
+        g.prompt_logprobs[start + 1:need] = lps

@@ -41,3 +41,50 @@ def progress_bar(total: int, enabled: bool = True, desc: str = "") -> Iterator[o
                 p.advance(task, n)
 
         yield _Bar()
+
+
+class TokenProgress:
+    """The generate progress bar, in tokens: each step advances it by the tokens it ran;
+    a finished request tops its share up (prompt + n x max_tokens; cache hits and early
+    stops are never run)."""
+
+    def __init__(self, engine, order: dict[str, int], params: list, enabled: bool) -> None:
+        self.engine = engine
+        self.share = {}
+        self.counted = dict.fromkeys(order, 0)
+        self.owner = {}
+        for rid, i in order.items():
+            sp = params[i]
+            seqs = engine.output_processor.sequence_ids(rid)
+            for s in seqs:
+                self.owner[s] = rid
+            prompt = engine.output_processor.num_prompt_tokens(rid)
+            self.share[rid] = prompt + sp.n * sp.max_tokens
+        self.enabled = enabled
+        self._bar_cm = progress_bar(total=sum(self.share.values()), enabled=enabled, desc="generate")
+
+    def __enter__(self) -> "TokenProgress":
+        self.bar = self._bar_cm.__enter__()
+        self.engine.add_observer(self._on_step)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.remove_observer(self._on_step)
+        self._bar_cm.__exit__(*exc)
+
+    def _on_step(self, rec) -> None:
+        n = 0
+        for sid, k in rec.grants.items():
+            rid = self.owner.get(sid)
+            if rid is not None:
+                k = min(k, self.share[rid] - self.counted[rid])
+                self.counted[rid] += k
+                n += k
+        if n:
+            self.bar.update(n)
+
+    def finished(self, o) -> None:
+        left = self.share[o.request_id] - self.counted[o.request_id]
+        self.counted[o.request_id] = self.share[o.request_id]
+        if left > 0:
+            self.bar.update(left)

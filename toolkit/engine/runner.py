@@ -21,7 +21,8 @@ import torch
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
 from toolkit.transfer import to_device
-from toolkit.types import Request, SchedulerOutput
+from toolkit.engine.inflight import Launched, apply_ended
+from toolkit.types import PLACEHOLDER, Request, SchedulerOutput, StepResult
 
 
 @dataclass
@@ -54,6 +55,8 @@ class Runner:
         self._rejection = None
         self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
         self._masks = None            # MaskTable: grammar mask rows on the device, made on first use
+        # a sampler that declares can_consume_logits may process the step's own logits in place
+        self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
 
     def enable_cuda_graphs(self, max_tokens: int) -> bool:
         """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
@@ -65,8 +68,37 @@ class Runner:
         self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device)
         return True
 
-    def prepare(self, out: SchedulerOutput) -> Batch:
+    def execute(self, out: SchedulerOutput, structured=None) -> StepResult:
+        """One step, synchronously: launch, then wait for its tokens."""
+        return self.launch(out, structured).result()
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, structured=None, prev: Launched | None = None) -> Launched:
+        """One step: prepare, launch the forward, let the grammars take last step's tokens
+        while the GPU runs it, sample. Plain steps leave their tokens on the device (copied
+        to the host in the background); `prev` is the launched step whose tokens this one's
+        placeholder inputs come from. `structured`: the engine's StructuredOutputManager."""
+        if not out.scheduled:
+            return Launched.done(StepResult())
+        batch = self.prepare(out, prev)
+        logits = self.forward(batch)
+        ended = structured.advance(batch.sampling) if structured is not None else {}
+        grammars = structured.grammars if structured is not None else None
+        prompt_lps = {rid: (start, batch.prompt_logprobs[rid]) for rid, start, _, _ in batch.prompt_owner or ()}
+        if any(batch.drafts):
+            result = self.sample(batch, logits, grammars)
+            result.prompt_logprobs.update(prompt_lps)
+            apply_ended(result, ended)
+            return Launched.done(result)
+        s = self._sample_plain(batch, logits, grammars)
+        return Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended, prompt_lps)
+
+    def prepare(self, out: SchedulerOutput, prev: Launched | None = None) -> Batch:
+        """The step's tensors. A request whose last token is still a PLACEHOLDER (async
+        scheduling: sampled by `prev`, not yet on the host) gets it on the device from prev."""
         ids: list[np.ndarray] = []
+        fill_at: list[int] = []           # flat positions of placeholder inputs
+        fill_from: list[int] = []         # their rows in prev.tokens
         pos: list[np.ndarray] = []
         tables, kv_lens, q_lens = [], [], []
         logits_idx: list[int] = []
@@ -87,6 +119,9 @@ class Runner:
                     p_rows.extend(range(offset, offset + last - s.start))
                     p_next.extend(req.prompt_token_ids[s.start + 1:last + 1])
             ids.append(np.asarray(req.token_ids_slice(s.start, s.end), dtype=np.int64))
+            if s.end == req.num_tokens and req.output_token_ids and req.output_token_ids[-1] == PLACEHOLDER:
+                fill_at.append(offset + req.num_tokens - 1 - s.start)
+                fill_from.append(prev.rows[req.request_id])
             pos.append(np.arange(s.start, s.end, dtype=np.int64))
             tables.append(s.block_ids)
             kv_lens.append(s.end)
@@ -105,8 +140,12 @@ class Runner:
                 pad = bp - offset
                 ids.append(np.zeros(pad, dtype=np.int64))
                 pos.append(np.zeros(pad, dtype=np.int64))
+        input_ids = _to(np.concatenate(ids), dev)
+        if fill_at:                       # stream order: after prev's sampling, before this forward
+            input_ids[_to(np.asarray(fill_at, dtype=np.int64), dev)] = prev.tokens[
+                _to(np.asarray(fill_from, dtype=np.int64), dev)]
         return Batch(
-            input_ids=_to(np.concatenate(ids), dev),
+            input_ids=input_ids,
             positions=_to(np.concatenate(pos), dev),
             layout=PagedKVLayout.build(tables, kv_lens, q_lens, self.kv_cache.block_size, dev,
                                        num_pad_seqs=pad or 0),
@@ -154,14 +193,20 @@ class Runner:
 
     @torch.inference_mode()
     def sample(self, batch: Batch, logits: torch.Tensor,
-               grammars: Mapping[str, object] | None = None,
-               ) -> tuple[list[list[int]], list[dict[int, float] | None]]:
+               grammars: Mapping[str, object] | None = None) -> StepResult:
         """Tokens each sampling request emits: [one] for a plain row; with drafts, the accepted
-        drafts plus one recovered or bonus token. Also, per request, {token id: logprob} of the
-        sampled token and its top-N alternatives when it asked for logprobs (plain rows only).
-        The step's one device->host transfer."""
+        drafts plus one recovered or bonus token; and, per request that asked, {token id:
+        logprob} of each emitted token and its top-N alternatives (from the raw logits)."""
+        meta = self._metadata(batch, grammars)
+        if not any(batch.drafts):
+            out = self.sampler(logits, meta, **self._consume)
+            return Launched.sampled(batch.sampling, out.token_ids, out.logprobs, out.logprob_token_ids,
+                                    {}, {}).result()
+        return self._verify(batch, logits, meta, [r.request_id for r in batch.sampling])
+
+    def _metadata(self, batch: Batch, grammars):
+        """SamplingMetadata of the step's logits rows (1 + k rows for a request with k drafts)."""
         from toolkit.samplers.base import SamplingMetadata
-        from toolkit.samplers.pipeline import Sampler
 
         params, prompts, outputs, eos = [], [], [], []
         for req, d in zip(batch.sampling, batch.drafts):
@@ -172,30 +217,54 @@ class Runner:
                 outputs.append(req.output_token_ids + d[:j] if j else req.output_token_ids)
                 eos.append(req.eos_token_id)
         slots = self._mask_slots(batch, grammars) if grammars else None
-        meta = SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
+        return SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
                                       eos_token_ids=eos, check_ids=False,  # checked at add_request
                                       bitmask=self._masks.table if slots else None,
                                       bitmask_rows=slots)
-        none: list[dict[int, float] | None] = [None] * len(batch.sampling)
-        if not any(batch.drafts):
-            # the step's own logits: the toolkit's Sampler may process them in place
-            own = {"consume_logits": True} if isinstance(self.sampler, Sampler) else {}
-            out = self.sampler(logits, meta, **own)
-            tokens = [[t] for t in out.token_ids.tolist()]
-            if out.logprobs is None:
-                return tokens, none
-            return tokens, _logprob_dicts(batch.sampling, out.logprobs.tolist(),
-                                          out.logprob_token_ids.tolist())
+
+    def _sample_plain(self, batch: Batch, logits: torch.Tensor, grammars):
+        """The Sampler on rows without drafts; its output stays on the device."""
+        # the step's own logits: a sampler that declares it may process them in place
+        return self.sampler(logits, self._metadata(batch, grammars), **self._consume)
+
+    def _verify(self, batch: Batch, logits: torch.Tensor, meta, ids: list[str]) -> StepResult:
+        """Rows with drafts: the rejection sampler; logprobs of every emitted token of the
+        requests that asked, from their rows' raw logits (kept before sampling)."""
+        from toolkit.samplers.logprobs import gather_logprobs
         from toolkit.samplers.speculative.rejection import RejectionSampler, SpecDecodeMetadata
 
         if self._rejection is None:
             self._rejection = RejectionSampler(self.sampler)
+        starts = np.cumsum([0] + [1 + len(d) for d in batch.drafts])
+        asking = [b for b, r in enumerate(batch.sampling) if r.sampling_params.logprobs is not None]
+        rows = [r for b in asking for r in range(starts[b], starts[b + 1])]
+        raw = logits[_to(np.asarray(rows, dtype=np.int64), self.device)].clone() if rows else None
         # a sampled draft's distribution q makes acceptance min(1, p/q); without it, one-hot q
         probs = [r.spec_token_probs[: len(d)] if r.spec_token_probs is not None and d else None
                  for r, d in zip(batch.sampling, batch.drafts)]
         spec = SpecDecodeMetadata.build(batch.drafts, self.model.vocab_size, self.device,
                                         draft_probs=probs if any(p is not None for p in probs) else None)
-        return self._rejection(logits, meta, spec, self.generator).tolist(), none
+        emitted = self._rejection(logits, meta, spec, self.generator).tolist()
+        result = StepResult(dict(zip(ids, emitted)),
+                            num_draft_tokens={rid: len(d) for rid, d in zip(ids, batch.drafts) if d})
+        if raw is None:
+            return result
+        keep, toks, offset = [], [], 0       # rows of `raw` whose token was emitted, and that token
+        for b in asking:
+            width = starts[b + 1] - starts[b]
+            keep.extend(range(offset, offset + len(emitted[b])))
+            toks.extend(emitted[b])
+            offset += width
+        k = max(batch.sampling[b].sampling_params.logprobs for b in asking)
+        values, top, _ = gather_logprobs(raw[_to(np.asarray(keep, dtype=np.int64), self.device)],
+                                         _to(np.asarray(toks, dtype=np.int64), self.device), k)
+        values, top, i = values.tolist(), top.tolist(), 0
+        for b in asking:
+            n = batch.sampling[b].sampling_params.logprobs
+            result.logprobs[ids[b]] = [dict(zip(top[j][: n + 1], values[j][: n + 1]))
+                                       for j in range(i, i + len(emitted[b]))]
+            i += len(emitted[b])
+        return result
 
     def _mask_slots(self, batch: Batch, grammars: Mapping[str, object]) -> list[int] | None:
         """Each logits row's slot in the device table of grammar mask rows (None: no row of
@@ -209,16 +278,6 @@ class Runner:
         if self._masks is None:
             self._masks = MaskTable(self.model.vocab_size, self.device)
         return self._masks.rows(per_req, batch.drafts)
-
-
-def _logprob_dicts(reqs: list[Request], values: list[list[float]], ids: list[list[int]],
-                   ) -> list[dict[int, float] | None]:
-    """Per request: {sampled token and its top-N: logprob} (N = the request's own logprobs)."""
-    out: list[dict[int, float] | None] = []
-    for req, v, i in zip(reqs, values, ids):
-        n = req.sampling_params.logprobs
-        out.append(None if n is None else dict(zip(i[: n + 1], v[: n + 1])))
-    return out
 
 
 def _to(x: np.ndarray, device: torch.device) -> torch.Tensor:

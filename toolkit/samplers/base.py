@@ -41,7 +41,15 @@ def seed_key(seed: int, step: int) -> int:
 
 @runtime_checkable
 class Sampler(Protocol):
-    """logits float32 [N, V] -> tokens [N]; no host sync on the GPU path."""
+    """logits float32 [N, V] -> tokens [N]; no host sync on the GPU path.
+
+    Optional capabilities, declared (the engine reads them once, when it is assembled):
+    - `can_consume_logits: bool` (default False): __call__ takes consume_logits=True and may
+      then overwrite the logits it is given (the engine's own, used once).
+    - `process(logits, meta) -> processed logits` (the distribution it samples from, -inf =
+      excluded): needed by speculative decoding's rejection sampler; an engine with a
+      proposer refuses a sampler without it when it is built.
+    """
 
     def __call__(self, logits: Tensor, meta: "SamplingMetadata") -> "SamplerOutput": ...
 

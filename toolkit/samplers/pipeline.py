@@ -24,6 +24,8 @@ from toolkit.samplers.stages import (ROW_SCOPED, MinP, Stage, Temperature, TopK,
 
 
 class Sampler:
+    can_consume_logits = True      # __call__(..., consume_logits=True) processes logits in place
+
     def __init__(self, stages: Iterable[Stage] | None = None, *,
                  generator: torch.Generator | None = None, use_triton: bool | None = None) -> None:
         """stages: the pipeline (default: default_stages()); generator: the source of unseeded

@@ -42,6 +42,8 @@ class ContinuousBatchingScheduler(SchedulerCore):
         return super().never_fits(request)
 
     # -- n > 1: siblings on their parent's prompt blocks --
+    supports_fork = True
+
     def fork(self, request: Request, parent: Request) -> bool:
         """Start `request` (a sibling sample: the same prompt) on `parent`'s prompt blocks.
 
@@ -49,42 +51,21 @@ class ContinuousBatchingScheduler(SchedulerCore):
         its last prompt token (for its logits), and the block that token lands in is copied
         first, on the device (SchedulerOutput.blocks_to_copy), since the parent writes its own
         tokens there. Returns False, changing nothing, when that cannot be done now: the
-        parent is not running with its whole prompt computed, the batch is full, or the
-        allocator does not count references. The caller then adds the request as usual."""
+        parent is not running with its whole prompt computed, or the batch is full. The
+        caller then adds the request as usual."""
         p = request.num_prompt_tokens
         if (parent.status is not RequestStatus.RUNNING or parent.num_computed_tokens < p
                 or parent.request_id not in self.requests or request.request_id in self.requests
                 or request.request_id in self._ignored or request.block_ids
                 or request.num_computed_tokens or request.prompt_token_ids != parent.prompt_token_ids
-                or not hasattr(self.allocator, "ref_count")
                 or len(self.running) >= self.max_num_seqs):
             return False
-        blocks = parent.block_ids[: self.blocks_for(p)]
-        self.allocator.fork(blocks)
-        request.block_ids = list(blocks)
+        self.kv.fork(request, parent, p)
         request.num_computed_tokens = request.num_cached_tokens = p - 1
         request.status = RequestStatus.RUNNING
         self.requests[request.request_id] = request
         self.running.append(request)
-        self._published[request.request_id] = p // self.block_size   # the parent's, published
         return True
-
-    def _shared_write_block(self, req: Request) -> int | None:
-        """Index in req.block_ids of the block its next token is written to, if another
-        request holds it too (a forked sibling's, or its parent's): it must be copied first."""
-        i = req.num_computed_tokens // self.block_size
-        ref = getattr(self.allocator, "ref_count", None)
-        if ref is None or i >= len(req.block_ids) or ref(req.block_ids[i]) <= 1:
-            return None
-        return i
-
-    def _copy_on_write(self, req: Request, i: int, out: SchedulerOutput) -> None:
-        """req's block i becomes a fresh block holding a copy (made on the device before the
-        step's forward); the shared one loses req's reference."""
-        (new,) = self.allocator.allocate(1)
-        out.blocks_to_copy.append((req.block_ids[i], new))
-        self.allocator.free([req.block_ids[i]])
-        req.block_ids[i] = new
 
     # -- one step --
     def schedule(self) -> SchedulerOutput:
@@ -112,24 +93,10 @@ class ContinuousBatchingScheduler(SchedulerCore):
                 budget -= s.num_new_tokens
         return out
 
-    def _alloc_end(self, req: Request, end: int) -> int:
-        return min(end + self.num_lookahead_tokens, max(end, self.cap_end(req)))
-
     def _grow(self, req: Request, end: int, i: int, out: SchedulerOutput) -> bool:
         """Give req blocks up to `end` (+ lookahead), preempting policy victims among
         running[i:] as needed. False if req itself was preempted."""
-        while True:
-            shared = self._shared_write_block(req)          # copy-on-write first (n > 1)
-            grow = self.blocks_for(self._alloc_end(req, end)) - len(req.block_ids)
-            need = max(grow, 0) + (shared is not None)
-            if need <= 0:
-                return True
-            if need <= self.allocator.num_free_blocks():
-                if shared is not None:
-                    self._copy_on_write(req, shared, out)
-                if grow > 0:
-                    req.block_ids.extend(self.allocator.allocate(grow))
-                return True
+        while not self.kv.allocate_slots(req, end, limit=self.cap_end(req), out=out):
             candidates = self.running[i:]
             victim = self.policy.victim(candidates)
             if victim not in candidates:
@@ -138,40 +105,28 @@ class ContinuousBatchingScheduler(SchedulerCore):
             self._preempt(victim, out)
             if victim is req:
                 return False
+        return True
 
     def _admit(self, req: Request, budget: int) -> ScheduledRequest | None:
-        hits: list[int] = []
-        if self.enable_prefix_caching:
-            # never the block holding the last token: one token must be computed for logits
-            hits = self.allocator.lookup(self._block_hashes(req, (req.num_tokens - 1) // self.block_size))
+        hits = self.kv.computed_blocks(req)
         computed = len(hits) * self.block_size
         n = req.num_tokens - computed
         if n > budget:
             # without chunking a request waits for a step it fits in whole; one that never
             # fits a step (a recompute grown past the budget) is chunked anyway
             if not self.enable_chunked_prefill and n <= self.max_num_batched_tokens:
-                return self._unhit(hits)
+                self.kv.release(hits)
+                return None
             n = budget
-        need = self.blocks_for(self._alloc_end(req, computed + n)) - len(hits)
-        if need > self.allocator.num_free_blocks():
-            return self._unhit(hits)
-        req.block_ids = hits + self.allocator.allocate(need)
+        if not self.kv.allocate_slots(req, computed + n, limit=self.cap_end(req), hits=hits):
+            self.kv.release(hits)
+            return None
         req.num_computed_tokens = req.num_cached_tokens = computed
-        self._published[req.request_id] = len(hits)
         req.status = RequestStatus.RUNNING
         self.waiting.remove(req)
         self.running.append(req)
         return self._scheduled(req, n)
 
-    def _unhit(self, hits: list[int]) -> None:
-        if hits:
-            self.allocator.free(list(reversed(hits)))
-        return None
-
     def _after_update(self, req: Request) -> None:
         """Free tail blocks no longer needed (rolled-back draft slots beyond the lookahead)."""
-        keep = self.blocks_for(self._alloc_end(req, req.num_tokens))
-        if len(req.block_ids) > keep:
-            tail = req.block_ids[keep:]
-            del req.block_ids[keep:]
-            self.allocator.free(list(reversed(tail)))
+        self.kv.trim(req, req.num_tokens, limit=self.cap_end(req))

@@ -1,7 +1,9 @@
 """What every scheduler here shares: request bookkeeping, abort, and `update` (append the
 sampled tokens, token-level stops, free finished requests' blocks, publish full blocks).
 
-A subclass writes `schedule()` only. Conventions it relies on:
+Blocks go through a `KVCacheManager` (`self.kv`): allocation, prefix-cache hits, publishing,
+freeing and sharing. A subclass writes `schedule()` only: its policy and its token budget.
+Conventions it relies on:
 - `num_computed_tokens` changes in `update` (and at admission, by a prefix-cache hit),
   never in `schedule`; so `schedule` and `update` strictly alternate.
 - `request.block_ids` is the request's block table; a finished request holds none.
@@ -12,8 +14,16 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
 
-from toolkit.blocks.hashing import NONE_HASH, hash_blocks
-from toolkit.types import Request, RequestOutput, RequestStatus, ScheduledRequest, SchedulerOutput
+from toolkit.schedulers.kv_cache_manager import KVCacheManager
+from toolkit.types import (
+    PLACEHOLDER,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepResult,
+)
 
 
 def _positive(name: str, value: object) -> int:
@@ -45,35 +55,44 @@ def check_stop(request: Request, max_len: int) -> RequestStatus | None:
 class SchedulerCore:
     """Bookkeeping shared by the schedulers; see the module docstring for the contract."""
 
+    # declared capabilities (see schedulers/base.py); a subclass that can, says so
+    supports_fork = False
+    supports_async = True       # update() may take PLACEHOLDER tokens, resolved one step later
+
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                  enable_prefix_caching: bool = False, num_lookahead_tokens: int = 0) -> None:
-        self.allocator = allocator
         self.block_size = _positive("block_size", block_size)
-        if getattr(allocator, "block_size", block_size) != block_size:
-            raise ValueError(f"block_size={block_size} differs from the allocator's "
-                             f"block_size={allocator.block_size}; pass the same value")
+        self.kv = KVCacheManager(allocator, block_size=block_size,
+                                 enable_prefix_caching=enable_prefix_caching,
+                                 num_lookahead_tokens=num_lookahead_tokens)
+        self.allocator = allocator
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = _positive("max_num_batched_tokens", max_num_batched_tokens)
         self.max_model_len = None if max_model_len is None else _positive("max_model_len", max_model_len)
-        if not isinstance(num_lookahead_tokens, int) or num_lookahead_tokens < 0:
-            raise ValueError(f"num_lookahead_tokens must be an integer >= 0, got {num_lookahead_tokens!r}")
-        self.num_lookahead_tokens = num_lookahead_tokens
-        self.enable_prefix_caching = bool(enable_prefix_caching)
-        # usable blocks: what the cache can give one request when it runs alone
-        self.capacity_blocks = allocator.num_blocks - getattr(allocator, "num_reserved", 0)
         self.requests: dict[str, Request] = {}      # live: waiting, preempted or running
         self.waiting: list[Request] = []            # preempted ones are put at the front
         self.running: list[Request] = []
         self._finished_ids: list[str] = []          # finished since the last schedule()
-        self._ignored: dict[str, Request] = {}      # to report as outputs in update()
-        self._hashes: dict[str, list[int]] = {}     # block hash chain of each live request
-        self._published: dict[str, int] = {}        # leading blocks already published
+        self._ignored: dict[str, Request] = {}      # rejected at add_request, reported by update()
         self._limits: dict[str, int] = {}           # cap_end's fixed part, per live request
+        self._placeheld: dict[str, Request] = {}    # requests holding a PLACEHOLDER token
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self.kv.enable_prefix_caching
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        return self.kv.num_lookahead_tokens
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.kv.capacity_blocks
 
     # -- limits --
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return self.kv.blocks_for(num_tokens)
 
     def max_len(self, request: Request) -> int:
         """Longest the sequence may grow: max_model_len (scheduler's, request's) and the cache."""
@@ -126,13 +145,22 @@ class SchedulerCore:
     def abort(self, request_ids: Iterable[str]) -> None:
         """Finish these now (FINISHED_ABORTED) and free their blocks; unknown or finished ids
         are skipped. Aborted requests get no RequestOutput from update (the caller knows);
-        they appear once in the next SchedulerOutput.finished_ids."""
+        they appear once in the next SchedulerOutput.finished_ids. A request rejected at
+        add_request and not yet reported is dropped (its report too)."""
         if isinstance(request_ids, str):
             request_ids = [request_ids]
         for rid in request_ids:
             req = self.requests.get(rid)
             if req is not None:
                 self._finish(req, RequestStatus.FINISHED_ABORTED)
+            elif self._ignored.pop(rid, None) is not None:
+                self._finished_ids = [f for f in self._finished_ids if f != rid]
+
+    def fork(self, request: Request, parent: Request) -> bool:
+        """Start `request` (a sibling sample of `parent`: the same prompt) on parent's prompt
+        blocks. This scheduler cannot (supports_fork = False): it returns False and the
+        caller adds the request as usual."""
+        return False
 
     def has_unfinished(self) -> bool:
         return bool(self.requests or self._ignored)
@@ -140,18 +168,38 @@ class SchedulerCore:
     def num_unfinished(self) -> int:
         return len(self.requests)
 
-    def update(self, out: SchedulerOutput, sampled: Mapping[str, Sequence[int]]) -> list[RequestOutput]:
-        """Apply one step's results.
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
 
-        For each scheduled request that `samples`, `sampled[id]` holds 1 to 1 + num_spec_tokens
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def update(self, out: SchedulerOutput, result: StepResult | Mapping[str, Sequence[int]],
+               ) -> list[RequestOutput]:
+        """Apply one step's results (a StepResult, or a plain {request id: tokens} mapping).
+
+        For each scheduled request that `samples`, `result.sampled_token_ids[id]` holds 1 to 1 + num_spec_tokens
         tokens: the accepted draft tokens followed by one sampled (bonus / correction) token.
         They are appended one by one with a stop check after each (the rest are dropped on a
         stop); then num_computed_tokens = num_tokens - 1 (the last token is not computed yet),
         which rolls back the rejected drafts. A request that did not sample (a prefill chunk)
         only advances num_computed_tokens to the chunk's end. Requests aborted since
         schedule() are skipped. Returns a RequestOutput for each request that got tokens or
-        finished, including requests ignored at add_request (finish_reason "rejected").
+        finished, including requests ignored at add_request (finish_reason "rejected"):
+        those are reported by the first update after add_request whatever `out` holds, so a
+        step that failed between schedule and update loses no report.
         """
+        result = StepResult.of(result)
+        sampled = result.sampled_token_ids
+        outputs: list[RequestOutput] = []
+        for rid, reason in result.finished.items():    # ended outside the scheduler (a grammar)
+            req = self.requests.get(rid)
+            if req is not None:
+                self._finish(req, RequestStatus.FINISHED_STOPPED if reason == "stop"
+                             else RequestStatus.FINISHED_GRAMMAR)
+                outputs.append(RequestOutput(rid, [], True, reason, None))
         live = [s for s in out.scheduled if self.requests.get(s.request_id) is s.request]
         for s in live:       # validate everything before changing anything
             if s.request.num_computed_tokens != s.start:
@@ -163,14 +211,38 @@ class SchedulerCore:
                     raise ValueError(
                         f"request {s.request_id!r} sampled this step ({s.num_spec_tokens} draft tokens); "
                         f"sampled[{s.request_id!r}] must hold 1 to {1 + s.num_spec_tokens} tokens, got {toks!r}")
-        outputs: list[RequestOutput] = []
         for s in live:
             outputs.extend(self._update_one(s, sampled.get(s.request_id, ())))
-        for rid in out.finished_ids:
-            req = self._ignored.pop(rid, None)
-            if req is not None:
-                outputs.append(RequestOutput(rid, [], True, req.status.finish_reason, None))
+        for rid, req in self._ignored.items():
+            outputs.append(RequestOutput(rid, [], True, req.status.finish_reason, None))
+        self._ignored.clear()
         return outputs
+
+    def resolve_placeholders(self, outputs: list[RequestOutput], result: StepResult) -> list[RequestOutput]:
+        """Async scheduling. `outputs` came from an update() given one PLACEHOLDER token per
+        sampling request (so the next schedule() could run before the tokens reached the
+        host); `result` has the tokens. Each placeholder is replaced in the request and in
+        its output. A token that stops its request (EOS, a stop id: stops that depend on the
+        token's value; length stops were exact already) finishes it now: it may have been
+        scheduled again meanwhile, and the update of that step drops it, as it drops any
+        request finished since its schedule()."""
+        fixed = []
+        for o in outputs:
+            req = self._placeheld.pop(o.request_id, None)
+            if req is None or o.new_token_ids != [PLACEHOLDER]:
+                fixed.append(o)
+                continue
+            (tok,) = result.sampled_token_ids[o.request_id]
+            i = len(req.output_token_ids) - 1 - req.output_token_ids[::-1].index(PLACEHOLDER)
+            req.output_token_ids[i] = int(tok)
+            o = RequestOutput(o.request_id, [int(tok)], o.finished, o.finish_reason, o.stop_reason)
+            if i == req.num_output_tokens - 1 and check_stop(req, self.max_len(req)) is RequestStatus.FINISHED_STOPPED:
+                if req.request_id in self.requests:
+                    self._finish(req, RequestStatus.FINISHED_STOPPED)
+                req.status = RequestStatus.FINISHED_STOPPED     # stop ids beat length on one token
+                o.finished, o.finish_reason, o.stop_reason = True, "stop", req.stop_reason
+            fixed.append(o)
+        return fixed
 
     # -- helpers for subclasses --
     def _update_one(self, s: ScheduledRequest, tokens: Sequence[int]) -> list[RequestOutput]:
@@ -183,13 +255,15 @@ class SchedulerCore:
             for t in tokens:
                 req.output_token_ids.append(int(t))
                 new.append(int(t))
+                if t == PLACEHOLDER:
+                    self._placeheld[req.request_id] = req
                 status = check_stop(req, max_len)
                 if status is not None:
                     break
             req.num_computed_tokens = req.num_tokens - 1
         else:
             req.num_computed_tokens = s.end
-        self._publish(req)
+        self.kv.publish(req)
         if status is not None:
             self._finish(req, status)
         else:
@@ -211,15 +285,12 @@ class SchedulerCore:
             self.running.remove(req)
         if req in self.waiting:
             self.waiting.remove(req)
-        self._hashes.pop(rid, None)
-        self._published.pop(rid, None)
+        self.kv.forget(rid)
         self._limits.pop(rid, None)
         self._finished_ids.append(rid)
 
     def _free(self, req: Request) -> None:
-        if req.block_ids:
-            self.allocator.free(list(reversed(req.block_ids)))   # tail blocks evicted first
-        req.block_ids = []
+        self.kv.free(req)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Recompute preemption: free the blocks, forget progress, requeue at the front."""
@@ -228,7 +299,6 @@ class SchedulerCore:
         req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
-        self._published[req.request_id] = 0
         self.running.remove(req)
         self.waiting.insert(0, req)
         out.preempted_ids.append(req.request_id)
@@ -236,28 +306,6 @@ class SchedulerCore:
     def _drain_finished(self) -> list[str]:
         ids, self._finished_ids = self._finished_ids, []
         return ids
-
-    def _block_hashes(self, req: Request, num_blocks: int) -> list[int]:
-        """The first num_blocks hashes of the request's token chain (computed incrementally)."""
-        chain = self._hashes.setdefault(req.request_id, [])
-        if len(chain) < num_blocks:
-            bs = self.block_size
-            tokens = req.all_token_ids[len(chain) * bs:num_blocks * bs]
-            chain.extend(hash_blocks(tokens, bs, req.cache_salt, chain[-1] if chain else NONE_HASH))
-        return chain[:num_blocks]
-
-    def _publish(self, req: Request) -> None:
-        """Publish blocks that are now full of computed tokens (prompt and output alike)."""
-        if not self.enable_prefix_caching:
-            return
-        full = min(req.num_computed_tokens // self.block_size, len(req.block_ids))
-        done = self._published.get(req.request_id, 0)
-        if full <= done:
-            return
-        hashes = self._block_hashes(req, full)
-        for i in range(done, full):
-            self.allocator.publish(req.block_ids[i], hashes[i])
-        self._published[req.request_id] = full
 
     def _scheduled(self, req: Request, num_new_tokens: int) -> ScheduledRequest:
         start = req.num_computed_tokens

@@ -22,10 +22,8 @@ class ReferenceScheduler(SchedulerCore):
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_ids=self._drain_finished())
         for req in sorted(self.waiting, key=lambda r: r.arrival_time):
-            need = self.blocks_for(self.cap_end(req))
-            if len(self.running) >= self.max_num_seqs or need > self.allocator.num_free_blocks():
+            if len(self.running) >= self.max_num_seqs or not self.kv.allocate_slots(req, self.cap_end(req)):
                 break
-            req.block_ids = self.allocator.allocate(need)
             req.status = RequestStatus.RUNNING
             self.waiting.remove(req)
             self.running.append(req)

@@ -38,15 +38,14 @@ class StaticBatchingScheduler(SchedulerCore):
             if budget <= 0:
                 break
             end = min(req.num_tokens, req.num_computed_tokens + budget)
-            need = self.blocks_for(end) - len(req.block_ids)
-            if need > 0:                  # reserved at admission, so this cannot run short
-                req.block_ids.extend(self.allocator.allocate(need))
+            ok = self.kv.allocate_slots(req, end)   # reserved at admission: cannot run short
+            assert ok, "a static batch member ran out of its reserved blocks"
             out.scheduled.append(self._scheduled(req, end - req.num_computed_tokens))
             budget -= end - req.num_computed_tokens
         return out
 
     def _admit_batch(self) -> None:
-        free = self.allocator.num_free_blocks()
+        free = self.kv.num_free_blocks()
         for req in sorted(self.waiting, key=self.policy.sort_key):
             if len(self.running) >= self.max_num_seqs or self.reserved_blocks(req) > free:
                 break

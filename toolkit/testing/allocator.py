@@ -137,7 +137,11 @@ def allocator_state_machine(factory: Factory, *, prefix_caching: bool = True, nu
 
         def lookup(self, tokens: tuple[int, ...], extra: int) -> tuple[list[int], list[int]]:
             hashes = hash_blocks(list(tokens), self.bs, extra)
+            free = self.impl.num_free_blocks()
+            peeked = self.impl.peek(hashes)             # a look that takes nothing
+            _expect(self.impl.num_free_blocks() == free, "peek changed the number of free blocks")
             a_hits = [int(b) for b in self.impl.lookup(hashes)]
+            _expect(peeked == len(a_hits), f"peek said {peeked} blocks would hit, lookup hit {len(a_hits)}")
             r_hits = self.ref.lookup(hashes)
             _expect(len(a_hits) == len(r_hits), f"lookup hit {len(a_hits)} blocks, the reference "
                     f"{len(r_hits)} (prefix caching {'on' if prefix_caching else 'off'})")

@@ -38,7 +38,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from toolkit.blocks.reference import ReferenceAllocator
 from toolkit.schedulers.simulate import fake_token
-from toolkit.types import Request, RequestOutput, RequestStatus, SamplingParams, SchedulerOutput
+from toolkit.types import Request, RequestOutput, RequestStatus, SamplingParams, SchedulerOutput, StepResult
 
 SchedulerFactory = Callable[[Any, int, int, int], Any]   # (allocator, block_size, max_num_seqs, budget)
 AllocatorFactory = Callable[[int, int], Any]             # (num_blocks, block_size)
@@ -167,7 +167,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(live + ["no-such-request"] + sorted(self.reqs)[:1]))
         req = self.reqs.get(rid)
         was_live = req is not None and not req.status.finished
+        # rejected at add_request, not yet reported: abort drops the report (the caller knows)
+        unreported = (req is not None and req.status is RequestStatus.FINISHED_IGNORED
+                      and rid not in self.done)
         self.sched.abort([rid])
+        if unreported:
+            self.aborted.add(rid)
         if was_live:
             assert req.status is RequestStatus.FINISHED_ABORTED, \
                 f"abort({rid!r}): status is {req.status}, expected FINISHED_ABORTED"
@@ -237,10 +242,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                         break
                     acc.append(d)
                 sampled[r.request_id] = acc + [fake_token(r.request_id, n + len(acc), VOCAB)]
-        self._check_outputs(self.sched.update(out, sampled))
+        drafted = {s.request_id: s.num_spec_tokens for s in out.scheduled if s.samples and s.num_spec_tokens}
+        self._check_outputs(self.sched.update(out, StepResult(sampled, num_draft_tokens=drafted)))
         for rid in before:
             if self.expected[rid][1] == "rejected":
-                assert rid in self.done, f"{rid} can never fit but was not reported as rejected by this step"
+                assert rid in self.done | self.aborted, f"{rid} can never fit but was not reported as rejected by this step"
 
     def _check_schedule(self, out: SchedulerOutput) -> None:
         n = out.total_num_scheduled_tokens

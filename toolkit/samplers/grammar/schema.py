@@ -98,4 +98,8 @@ def schema_to_regex(schema: dict, *, whitespace_pattern: str | None = None,
     try:
         return outlines_core.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"outlines-core cannot build a grammar from this JSON schema: {e}") from None
+        # outlines-core's own text ends in advice meant for its developers; keep its first line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"outlines-core cannot build a grammar from this JSON schema ({first}); give a schema "
+                         "with a \"type\" (object, array, string, number, integer, boolean, null), "
+                         "\"enum\", \"const\", \"anyOf\"/\"oneOf\"/\"allOf\" or \"$ref\"") from None

@@ -34,6 +34,10 @@ class Proposer(Protocol):
 
     def propose(self, requests: Sequence[Request], k: int) -> list[Draft]: ...
 
+    def remove(self, request_ids: Sequence[str]) -> None:
+        """These requests finished or were aborted: drop any state kept for them (a draft
+        model's KV); a stateless proposer does nothing."""
+
 
 def draft_budget(request: Request, k: int) -> int:
     """How many of k drafts a request can still use: a step emits at most drafts + 1 tokens,

@@ -29,6 +29,9 @@ class NgramProposer:
     def __repr__(self) -> str:
         return f"NgramProposer(min_n={self.min_n}, max_n={self.max_n})"
 
+    def remove(self, request_ids: Sequence[str]) -> None:
+        """Stateless per request: nothing to drop."""
+
     def propose(self, requests: Sequence[Request], k: int) -> list[Draft]:
         return [Draft(self.lookup(r.all_token_ids, draft_budget(r, k))) for r in requests]
 

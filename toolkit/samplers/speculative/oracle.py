@@ -31,6 +31,9 @@ class OracleProposer:
     def __repr__(self) -> str:
         return f"OracleProposer(acceptance_rate={self.acceptance_rate}, prompts={len(self.futures)})"
 
+    def remove(self, request_ids: Sequence[str]) -> None:
+        """Stateless per request: nothing to drop."""
+
     def propose(self, requests: Sequence[Request], k: int) -> list[Draft]:
         return [Draft(self._one(r, draft_budget(r, k))) for r in requests]
 

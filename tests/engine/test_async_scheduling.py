@@ -1,0 +1,84 @@
+"""Async scheduling (step N + 1 scheduled and launched before step N's tokens reach the host)
+gives the same tokens as the synchronous loop, on the CPU in fp32: greedy and seeded
+sampling, preemption, chunked prefill, prefix caching, n > 1, stop ids found one step late,
+penalties (which fall back to synchronous steps), aborts while a step is in flight."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from toolkit import LLM, SamplingParams
+
+
+def _prompts(n: int = 10, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(3, 517) for _ in range(12)]
+    return [(shared if i % 3 == 0 else []) + [rng.randrange(3, 517) for _ in range(rng.randrange(1, 50))]
+            for i in range(n)]
+
+
+def _params(n: int, penalties: bool) -> list[SamplingParams]:
+    out = []
+    for i in range(n):
+        rng = random.Random(i)
+        kind = i % (4 if penalties else 3)
+        common = dict(max_tokens=rng.randrange(1, 18), stop_token_ids=list(range(3, 80, 3)))
+        if kind == 0:
+            out.append(SamplingParams(temperature=0, **common))
+        elif kind == 1:
+            out.append(SamplingParams(temperature=0.8, top_p=0.9, seed=i, **common))
+        elif kind == 2:
+            out.append(SamplingParams(temperature=1.0, seed=i, n=2, **common))
+        else:
+            out.append(SamplingParams(temperature=0, repetition_penalty=1.3, **common))
+    return out
+
+
+def _run(model_dir, async_scheduling: bool, penalties: bool = False, **kw):
+    with LLM(model_dir, dtype="float32", device="cpu", block_size=4,
+             async_scheduling=async_scheduling, **kw) as llm:
+        outs = llm.generate(_prompts(), _params(10, penalties), use_tqdm=False)
+        e = llm.engine
+        assert e.async_scheduling == async_scheduling
+        overlapped = e.num_overlapped_steps / e.num_steps
+        assert overlapped > (0 if penalties else 0.5) if async_scheduling else overlapped == 0, overlapped
+        assert not e.has_unfinished() and e.allocator.num_free_blocks() == e.allocator.num_blocks
+        return [[(c.token_ids, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outs], e.num_preemptions
+
+
+CONFIGS = {
+    "roomy": dict(num_blocks=200),
+    "preempting": dict(num_blocks=30, max_num_batched_tokens=24),
+    "no_prefix_cache": dict(num_blocks=200, enable_prefix_caching=False, max_num_batched_tokens=16),
+    "no_chunking": dict(num_blocks=200, enable_chunked_prefill=False, max_num_seqs=3),
+    "penalties": dict(num_blocks=200, max_num_seqs=4, penalties=True),   # their steps run synchronously
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_async_equals_sync(tiny_llama_dir, name):
+    sync, _ = _run(tiny_llama_dir, False, **CONFIGS[name])
+    fast, preempted = _run(tiny_llama_dir, True, **CONFIGS[name])
+    assert fast == sync
+    if name == "preempting":
+        assert preempted > 0, "the small cache should preempt"
+    if name != "penalties":
+        assert any(c[1] == "stop" for o in sync for c in o), "some request should stop on a stop id"
+
+
+def test_abort_while_in_flight_frees_everything(tiny_llama_dir):
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=64,
+             async_scheduling=True) as llm:
+        e = llm.engine
+        ids = [e.add_request(p, SamplingParams(max_tokens=30, ignore_eos=True)) for p in _prompts(4)]
+        for _ in range(3):
+            e.step()
+        assert e._inflight is not None
+        e.abort(ids[:2])
+        seen = set()
+        while e.has_unfinished():
+            seen.update(o.request_id for o in e.step() if o.finished)
+        assert seen == set(ids[2:])
+        assert e.allocator.num_free_blocks() == 64

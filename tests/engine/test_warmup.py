@@ -1,0 +1,22 @@
+"""The warm-up's dummy steps (run inside LLM(...) on CUDA) leave no trace: the same greedy
+outputs after it, every block free. On the CPU it is called directly (no graphs: two sizes)."""
+
+from __future__ import annotations
+
+from toolkit import LLM, SamplingParams
+from toolkit.engine.warmup import warm_up
+
+
+def test_warm_up_leaves_outputs_and_blocks_alone(tiny_llama_dir):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9], [10] * 30, [11, 12]]
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=32, block_size=4) as llm:
+        before = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=32, block_size=4,
+             enable_prefix_caching=False) as llm:
+        seconds = warm_up(llm.engine.runner, max_num_batched_tokens=64, block_size=4, num_blocks=32,
+                          show_progress=False)
+        assert seconds > 0
+        after = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.engine.allocator.num_free_blocks() == 32
+    assert after == before

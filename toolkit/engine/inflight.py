@@ -1,0 +1,90 @@
+"""A launched step whose sampled tokens may still be on the device.
+
+`Runner.launch` returns one; `result()` is the only place the host waits for a step's tokens.
+With async scheduling the engine launches step N + 1 before it asks for step N's result: the
+tokens were copied device -> pinned host memory right after step N's sampling (enqueued before
+step N + 1's work), so `result()` waits on that copy's event alone, not on step N + 1.
+
+Until then the scheduler holds a placeholder token (`PLACEHOLDER`) for each request that
+sampled; the next step's input ids at those positions are gathered on the device from
+`tokens` (`rows` maps request id -> row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from toolkit.types import PLACEHOLDER, Request, StepResult
+
+
+def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A non-blocking copy into pinned host memory (the CPU: the tensor itself)."""
+    if t is None or t.device.type == "cpu":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+@dataclass
+class Launched:
+    result_now: StepResult | None = None          # a step that finished on the host already
+    requests: list[Request] = field(default_factory=list)   # [B] sampling requests, row order
+    tokens: torch.Tensor | None = None            # int64 [B] on the device
+    rows: dict[str, int] = field(default_factory=dict)       # request id -> row of tokens
+    ended: dict[str, str] = field(default_factory=dict)      # grammars that ended: tokens void
+    prompt_logprobs: dict = field(default_factory=dict)
+    _host: tuple = ()                              # pinned copies: tokens, logprobs, their ids
+    _event: torch.cuda.Event | None = None
+
+    @classmethod
+    def done(cls, result: StepResult) -> "Launched":
+        return cls(result_now=result)
+
+    @classmethod
+    def sampled(cls, requests: list[Request], tokens: torch.Tensor, logprobs: torch.Tensor | None,
+                logprob_ids: torch.Tensor | None, ended: dict[str, str], prompt_logprobs: dict) -> "Launched":
+        """Start the device -> host copies of a plain step's outputs (nothing waits here)."""
+        host = (_to_host(tokens), _to_host(logprobs), _to_host(logprob_ids))
+        event = None
+        if tokens.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return cls(None, requests, tokens, {r.request_id: i for i, r in enumerate(requests)}, ended,
+                   prompt_logprobs, host, event)
+
+    def placeholders(self) -> StepResult:
+        """One PLACEHOLDER token per sampling request: what update() is given before the
+        tokens reach the host (a step already finished on the host gives its real tokens)."""
+        if self.result_now is not None:
+            return self.result_now
+        return StepResult({rid: [PLACEHOLDER] for rid in self.rows})
+
+    def result(self) -> StepResult:
+        """The step's StepResult (waits for its copies, not for later work)."""
+        if self.result_now is not None:
+            return self.result_now
+        if self._event is not None:
+            self._event.synchronize()
+        toks, lps, lp_ids = self._host
+        result = StepResult({r.request_id: [t] for r, t in zip(self.requests, toks.tolist())})
+        if lps is not None:
+            for r, v, i in zip(self.requests, lps.tolist(), lp_ids.tolist()):
+                n = r.sampling_params.logprobs
+                if n is not None:
+                    result.logprobs[r.request_id] = [dict(zip(i[: n + 1], v[: n + 1]))]
+        apply_ended(result, self.ended)
+        result.prompt_logprobs.update(self.prompt_logprobs)
+        self.result_now = result
+        return result
+
+
+def apply_ended(result: StepResult, ended: dict[str, str]) -> None:
+    """Requests whose grammar ended before this step: their tokens are void, they finish."""
+    for rid, reason in ended.items():
+        result.sampled_token_ids.pop(rid, None)
+        result.logprobs.pop(rid, None)
+        result.num_draft_tokens.pop(rid, None)
+        result.finished[rid] = reason

@@ -1,0 +1,58 @@
+"""Warm-up: compile the kernels and capture the CUDA graphs inside `LLM(...)`, so that none of
+it happens inside the user's first `generate` (20-25 s on a fresh machine otherwise).
+
+One dummy step per CUDA-graph bucket (a decode batch of that many tokens: the eager run
+compiles, then the bucket is captured), with sampling rows of both kinds (greedy, and
+temperature with top-k / top-p: the fused tail), then one prefill and one chunked prefill
+over a cached prefix (the prefill attention kernels). The dummy steps write garbage KV into
+block 0 and the first blocks; every block is free again afterwards and a real request
+overwrites a slot before attention reads it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from toolkit.engine.progress import progress_bar
+from toolkit.types import Request, SamplingParams, ScheduledRequest, SchedulerOutput
+
+_GREEDY = SamplingParams(temperature=0.0, max_tokens=2)
+_SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=2, seed=0)
+
+
+def _step(runner, scheduled: list[ScheduledRequest]) -> None:
+    batch = runner.prepare(SchedulerOutput(scheduled))
+    runner.sample(batch, runner.forward(batch))
+
+
+def _decode(i: int, params: SamplingParams) -> ScheduledRequest:
+    return ScheduledRequest(Request(f"warmup-{i}", [0], params), 0, 1, [0])
+
+
+@torch.inference_mode()
+def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks: int,
+            show_progress: bool = True) -> float:
+    """Run the dummy steps; returns the seconds taken."""
+    start = time.perf_counter()
+    sizes = list(runner.graphs.sizes) if runner.graphs is not None else [1, 16]
+    prefill = min(512, max_num_batched_tokens, (num_blocks - 1) * block_size)
+    with progress_bar(total=len(sizes) + 2, enabled=show_progress,
+                      desc="compiling kernels, capturing CUDA graphs") as bar:
+        for b in sizes:
+            _step(runner, [_decode(i, _GREEDY if i % 2 else _SAMPLED) for i in range(b)])
+            if runner.graphs is not None and not runner.graphs.captured(b) and b not in runner.graphs.failed:
+                _step(runner, [_decode(i, _GREEDY) for i in range(b)])   # a bucket captured after its first run
+            bar.update(1)
+        blocks = list(range(-(-prefill // block_size)))
+        _step(runner, [ScheduledRequest(Request("warmup-p", [0] * prefill, _GREEDY), 0, prefill, blocks)])
+        bar.update(1)
+        if prefill > block_size:              # a chunk after a cached prefix, next to a decode
+            req = Request("warmup-c", [0] * prefill, _SAMPLED)
+            _step(runner, [_decode(0, _GREEDY),
+                           ScheduledRequest(req, block_size, prefill - block_size, blocks)])
+        bar.update(1)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
