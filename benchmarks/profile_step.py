@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--compare", action="store_true",
                     help="also time whole engine steps, greedy vs mixed, in the same run")
+    ap.add_argument("--sync-steps", dest="async_steps", action="store_false",
+                    help="profile whole steps with the synchronous loop (default: async scheduling)")
     ap.add_argument("--mixed", action="store_true",
                     help="mixed sampling parameters per request (benchmarks/sampling.py's mix), not greedy")
     args = ap.parse_args()
@@ -41,7 +43,8 @@ def main() -> None:
 
     cfg = qwen3_0_6b()
     llm = LLM(cfg, dtype="bfloat16", max_num_seqs=args.batch, max_num_batched_tokens=16384,
-              gpu_memory_utilization=0.5, enable_prefix_caching=False, max_model_len=4096)
+              gpu_memory_utilization=0.5, enable_prefix_caching=False, max_model_len=4096,
+              async_scheduling=False)      # the split timings below drive the parts by hand
     eng = llm.engine
     rng = random.Random(0)
     if args.compare:
@@ -81,6 +84,9 @@ def main() -> None:
         eng.runner.forward(batch); sync()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
     sampling_kernels(eng, e0.elapsed_time(e1) / 5)
+    eng.async_scheduling = args.async_steps   # whole steps: as the engine runs them by default
+    for _ in range(3):
+        eng.step()
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(args.steps):

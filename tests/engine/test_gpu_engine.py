@@ -44,7 +44,7 @@ def test_cuda_forked_samples_equal_unforked(tiny_llama_dir):
                  **kw) as llm:
             copies = []
             prepare = llm.engine.runner.prepare
-            llm.engine.runner.prepare = lambda out: (copies.extend(out.blocks_to_copy), prepare(out))[1]
+            llm.engine.runner.prepare = lambda out, prev=None: (copies.extend(out.blocks_to_copy), prepare(out, prev))[1]
             if not fork:
                 llm.engine.scheduler.fork = lambda req, parent: False
             out = llm.generate([prompt], params, use_tqdm=False)[0]

@@ -1,9 +1,9 @@
 """Warm-up: compile the kernels and capture the CUDA graphs inside `LLM(...)`, so that none of
 it happens inside the user's first `generate` (20-25 s on a fresh machine otherwise).
 
-One dummy step per CUDA-graph bucket (a decode batch of that many tokens: the eager run
-compiles, then the bucket is captured), with sampling rows of both kinds (greedy, and
-temperature with top-k / top-p: the fused tail), then one prefill and one chunked prefill
+Dummy steps for each CUDA-graph bucket (a decode batch of that many tokens: the first, eager
+run compiles, then the bucket is captured), with sampling rows of each kind (greedy;
+temperature alone; temperature with top-k / top-p: the fused tail; all three mixed), then one prefill and one chunked prefill
 over a cached prefix (the prefill attention kernels). The dummy steps write garbage KV into
 block 0 and the first blocks; every block is free again afterwards and a real request
 overwrites a slot before attention reads it.
@@ -20,6 +20,8 @@ from toolkit.types import Request, SamplingParams, ScheduledRequest, SchedulerOu
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=2)
 _SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=2, seed=0)
+_TEMPERATURE = SamplingParams(temperature=0.6, max_tokens=2)     # temperature alone: its own kernels
+_KINDS = (_GREEDY, _SAMPLED, _TEMPERATURE)
 
 
 def _step(runner, scheduled: list[ScheduledRequest]) -> None:
@@ -41,9 +43,8 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
     with progress_bar(total=len(sizes) + 2, enabled=show_progress,
                       desc="compiling kernels, capturing CUDA graphs") as bar:
         for b in sizes:
-            _step(runner, [_decode(i, _GREEDY if i % 2 else _SAMPLED) for i in range(b)])
-            if runner.graphs is not None and not runner.graphs.captured(b) and b not in runner.graphs.failed:
-                _step(runner, [_decode(i, _GREEDY) for i in range(b)])   # a bucket captured after its first run
+            for kind in (_GREEDY, _SAMPLED, _TEMPERATURE, None):    # None: the rows mixed
+                _step(runner, [_decode(i, kind or _KINDS[i % 3]) for i in range(b)])
             bar.update(1)
         blocks = list(range(-(-prefill // block_size)))
         _step(runner, [ScheduledRequest(Request("warmup-p", [0] * prefill, _GREEDY), 0, prefill, blocks)])

@@ -1,0 +1,121 @@
+"""Engine core: async scheduling against the synchronous loop, in one process on one GPU.
+
+For each setting (sync, async) on the Qwen3-0.6B shape (random weights, bf16):
+1. start-up: LLM(...) split into load / KV cache / warm-up (compiles, CUDA-graph captures),
+   then the seconds of the first generate (which should compile nothing);
+2. nano-vllm's protocol through the public LLM.generate: N requests, prompt and output lengths
+   uniform in [100, 1024], temperature 0.6, ignore_eos; output tokens / wall second (warm);
+3. a steady decode step at batch B (prompt 512, temperature 0.6): the median perf_counter time
+   of engine.step() over 30 steps, against the GPU's busy time per step (sum of kernel times
+   from torch.profiler over 10 such steps, per step); their ratio is the host's overhead.
+
+    python -m benchmarks.engine_core --num 256 --batch 256 --out benchmarks/results/engine_core.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import time
+
+import torch
+
+
+def nano_workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [([rng.randrange(vocab) for _ in range(rng.randint(100, 1024))], rng.randint(100, 1024))
+            for _ in range(n)]
+
+
+def gpu_busy_ms(fn, steps: int) -> float:
+    """Sum of CUDA kernel and copy times (ms) of `steps` calls of fn, per call."""
+    from torch.autograd import DeviceType
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return total_us / 1e3 / steps
+
+
+def run(setting: str, args, reqs) -> dict:
+    from toolkit import LLM, SamplingParams
+    from toolkit.models.shapes import llama31_8b, qwen3_0_6b
+
+    cfg = qwen3_0_6b() if args.shape == "qwen3" else llama31_8b()
+    t0 = time.perf_counter()
+    llm = LLM(cfg, dtype="bfloat16", max_num_seqs=args.batch, max_num_batched_tokens=8192,
+              gpu_memory_utilization=0.6, enable_prefix_caching=False, max_model_len=4096,
+              async_scheduling=setting == "async")
+    build = time.perf_counter() - t0
+    eng = llm.engine
+    out = dict(setting=setting, startup=dict(eng.startup, total_s=build))
+    t = time.perf_counter()
+    llm.generate([[1] * 300, [2] * 20], SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True),
+                 use_tqdm=False)
+    out["first_generate_s"] = time.perf_counter() - t
+
+    params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for _, n in reqs]
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    res = llm.generate([p for p, _ in reqs], params, use_tqdm=False)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    toks = sum(len(o.outputs[0].token_ids) for o in res)
+    assert toks == sum(n for _, n in reqs)
+    out["generate"] = dict(requests=len(reqs), output_tokens=toks, seconds=dt, tok_s=toks / dt,
+                           overlapped_steps=eng.num_overlapped_steps, steps=eng.num_steps)
+    print(f"[{setting}] generate: {toks} tokens in {dt:.1f} s = {toks / dt:.0f} tok/s", flush=True)
+
+    # steady decode at batch B
+    rng = random.Random(1)
+    sp = SamplingParams(temperature=0.6, max_tokens=2000, ignore_eos=True)
+    ids = [eng.add_request([rng.randrange(cfg.vocab_size) for _ in range(512)], sp) for _ in range(args.batch)]
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()):
+        eng.step()
+    for _ in range(10):
+        eng.step()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(30):
+        t = time.perf_counter()
+        eng.step()
+        walls.append(time.perf_counter() - t)
+    busy = gpu_busy_ms(eng.step, 10)
+    wall = statistics.median(walls) * 1e3
+    out["decode"] = dict(batch=args.batch, wall_ms=wall, gpu_busy_ms=busy, ratio=wall / busy)
+    print(f"[{setting}] decode step at batch {args.batch}: wall {wall:.2f} ms, GPU busy {busy:.2f} ms, "
+          f"ratio {wall / busy:.2f}", flush=True)
+    eng.abort(ids)
+    llm.close()
+    del llm, eng
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--shape", choices=["qwen3", "llama8b"], default="qwen3")
+    ap.add_argument("--settings", default="sync,async")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from toolkit.models.shapes import qwen3_0_6b
+
+    reqs = nano_workload(args.num, qwen3_0_6b().vocab_size)
+    results = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), shape=args.shape,
+                   runs=[run(s, args, reqs) for s in args.settings.split(",")])
+    print(json.dumps(results, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
