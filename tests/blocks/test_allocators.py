@@ -8,6 +8,7 @@ from toolkit.blocks.base import BlockAllocator, OutOfBlocks
 from toolkit.blocks.free_list import FreeListAllocator
 from toolkit.blocks.hashing import hash_blocks
 from toolkit.blocks.prefix_caching import PrefixCachingAllocator
+from toolkit.blocks.render import COLORS
 
 ALLOCATORS = [FreeListAllocator, PrefixCachingAllocator]
 
@@ -56,11 +57,43 @@ def test_prefix_caching_lru_and_duplicate_publish() -> None:
     assert taken[1] == b[2] and a.lookup(h) == b[:2]
 
 
+def _rich_cells(text) -> list[tuple[str, str]]:
+    """(glyph, background color) of every cell of `block_map_rich`'s text, in block order."""
+    head, _, body = text.plain.partition("\n")
+    start = len(head) + 1
+    cells = []
+    for row in body.split("\n"):
+        for i in range(0, len(row), 3):
+            styles = {str(sp.style) for sp in text.spans if sp.start <= start + i < sp.end}
+            assert len(styles) == 1, (row, styles)
+            cells.append((row[i:i + 3].strip(), styles.pop().removeprefix("black on ")))
+        start += len(row) + 1
+    return cells
+
+
 @pytest.mark.parametrize("cls", ALLOCATORS)
 def test_reprs_show_the_block_map(cls: type) -> None:
-    a = cls(6, 2)
-    a.allocate(2)
-    assert "free=4" in repr(a) and "held=2" in repr(a)
+    a = cls(36, 2)                                  # 32 cells a line: two lines of cells
+    x = a.allocate(4)
+    a.fork([x[1]])                                  # x[1]: ref count 2
+    want = {x[0]: ("1", "held"), x[1]: ("2", "shared"), x[2]: ("1", "held"),
+            x[3]: ("1", "held")}
+    if cls is PrefixCachingAllocator:
+        h = hash_blocks(list(range(6)), 2)
+        a.publish(x[2], h[0])                       # held and cached
+        y = a.allocate(1)[0]
+        a.publish(y, h[1])
+        a.free([y])                                 # cached, unreferenced: evictable
+        want.update({x[2]: ("1", "cached"), y: ("c", "evictable")})
+    assert f"free={a.num_free_blocks()}" in repr(a) and "held=4" in repr(a)
     html = a._repr_html_()
-    assert html.count("block ") >= 6 and "ref 1" in html
-    assert "free" in a.__rich__().plain or "." in a.__rich__().plain
+    assert html.count('title="block ') == 36 and "ref 2" in html
+
+    text = a.__rich__()
+    assert text.plain.split("\n")[0] == repr(a)
+    assert [len(row) for row in text.plain.split("\n")[1:] if row] == [32 * 3, 4 * 3]
+    cells = _rich_cells(text)
+    expected = [(want[b][0], COLORS[want[b][1]]) if b in want else (".", COLORS["free"])
+                for b in range(36)]
+    assert cells == expected
+    assert sum(g == "." for g, _ in cells) == 36 - len(want)

@@ -30,6 +30,7 @@ def test_folder_is_a_complete_hf_checkpoint(embedded_path):
     assert tok.chat_template and "<|im_start|>" in tok.chat_template
 
 
+@pytest.mark.slow
 def test_greedy_chat_equals_hf_generate(embedded_path):
     from transformers import AutoModelForCausalLM
 
