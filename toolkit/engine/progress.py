@@ -65,11 +65,13 @@ class TokenProgress:
 
     def __enter__(self) -> "TokenProgress":
         self.bar = self._bar_cm.__enter__()
-        self.engine.add_observer(self._on_step)
+        if self.enabled:                  # no bar: no observer, no per-step record
+            self.engine.add_observer(self._on_step)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.engine.remove_observer(self._on_step)
+        if self.enabled:
+            self.engine.remove_observer(self._on_step)
         self._bar_cm.__exit__(*exc)
 
     def _on_step(self, rec) -> None:

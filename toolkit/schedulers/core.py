@@ -233,7 +233,10 @@ class SchedulerCore:
                 fixed.append(o)
                 continue
             (tok,) = result.sampled_token_ids[o.request_id]
-            i = len(req.output_token_ids) - 1 - req.output_token_ids[::-1].index(PLACEHOLDER)
+            toks = req.output_token_ids
+            i = len(toks) - 1            # the placeholder is the last token (nothing appends until now)
+            while toks[i] != PLACEHOLDER:
+                i -= 1
             req.output_token_ids[i] = int(tok)
             o = RequestOutput(o.request_id, [int(tok)], o.finished, o.finish_reason, o.stop_reason)
             if i == req.num_output_tokens - 1 and check_stop(req, self.max_len(req)) is RequestStatus.FINISHED_STOPPED:
