@@ -239,3 +239,37 @@ def test_step_observer_records_what_the_step_did(tiny_llama_dir):
         n = len(recs)
         llm.generate([[5]], SamplingParams(max_tokens=2), use_tqdm=False)
         assert len(recs) == n, "a removed observer is not called"
+
+
+def test_stop_string_frees_blocks_in_the_step_it_is_found(tiny_llama_dir):
+    """The sequence a stop string finishes leaves the scheduler (blocks freed) in that very
+    step, not when the run ends."""
+    from toolkit.models import default_model_path, load_tokenizer
+
+    tok = load_tokenizer(default_model_path())      # ids < 517 decode to ordinary text
+    with LLM(tiny_llama_dir, tokenizer=tok, dtype="float32", device="cpu", num_blocks=32,
+             block_size=4, enable_prefix_caching=False) as llm:
+        p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        full = llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].text
+        stop = full[len(full) // 2: len(full) // 2 + 2]
+        assert stop.strip(), full
+        e = llm.engine
+        rid = e.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]))
+        other = e.add_request([8, 9], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        while True:
+            outs = {o.request_id: o for o in e.step()}
+            if rid in outs and outs[rid].finished:
+                break
+        assert outs[rid].outputs[0].finish_reason == "stop" and outs[rid].text == full[: full.index(stop)]
+        assert rid not in e.scheduler.requests
+        held = {b for r in e.scheduler.requests.values() for b in r.block_ids}
+        assert e.allocator.num_free_blocks() == 32 - len(held), "the stopped request still holds blocks"
+        e.abort(other)
+
+
+def test_schema_error_names_the_problem_not_the_library():
+    from toolkit.samplers.grammar import Structured
+
+    with pytest.raises(ValueError) as err:
+        SamplingParams(structured=Structured.json({"foo": "bar"}))
+    assert "open an issue" not in str(err.value) and "schema" in str(err.value)

@@ -66,7 +66,7 @@ class Engine:
                                  and bool(getattr(scheduler, "supports_async", False)))
         self._inflight: _InFlight | None = None
         self._host_tokens: set[str] = set()
-        self._rejected: list[RequestOutput] = []         # reported by the next step
+        self._undelivered: list[RequestOutput] = []      # outputs the next step returns first
         self._ids = itertools.count()
         self.closed = False
         self.startup: dict[str, float] = {}              # seconds: load, kv_cache, warmup (build_engine)
@@ -105,13 +105,17 @@ class Engine:
         if params.structured is not None:
             for seq in sequences:               # cheap grammar errors raise here: nothing kept
                 self.structured.submit(seq)
-        if _needs_host_tokens(params):
-            self._host_tokens.update(s.request_id for s in sequences)
         self.output_processor.add(rid, text, sequences)
         if params.structured is None:
-            self.scheduler.add_request(sequences[0])
+            try:
+                self.scheduler.add_request(sequences[0])
+            except BaseException:                # a user's scheduler refused it: keep nothing
+                self.output_processor.forget(rid)
+                raise
             for seq in sequences[1:]:
                 self.siblings.hold(seq, sequences[0])
+        if _needs_host_tokens(params):
+            self._host_tokens.update(s.request_id for s in sequences)
         return rid
 
     def _sequence(self, rid: str, j: int, ids: list[int], params: SamplingParams, priority: int,
@@ -166,7 +170,7 @@ class Engine:
             self.output_processor.forget(rid)
 
     def has_unfinished(self) -> bool:
-        return bool(self.structured.num_compiling or self._rejected or len(self.siblings)
+        return bool(self.structured.num_compiling or self._undelivered or len(self.siblings)
                     or self._inflight is not None or self.scheduler.has_unfinished())
 
     # -- the step --
@@ -181,7 +185,11 @@ class Engine:
         overlap = (self.async_scheduling and bool(out.scheduled)
                    and not any(s.request_id in self._host_tokens for s in out.scheduled))
         outputs = [] if overlap else self._land(start)   # this step needs the last one's tokens
-        launched = self.runner.launch(out, self.structured, self._inflight and self._inflight.launched)
+        try:
+            launched = self.runner.launch(out, self.structured, self._inflight and self._inflight.launched)
+        except BaseException:
+            self._undelivered += outputs             # landed already: the next step returns them
+            raise
         outputs += self._land(start)                 # the step before's, while the GPU runs this one
         provisional = self.scheduler.update(out, launched.placeholders()) if overlap else None
         self._inflight = _InFlight(out, launched, provisional)
@@ -190,8 +198,8 @@ class Engine:
         self.num_steps += 1
         self.num_overlapped_steps += overlap
         self.num_preemptions += len(out.preempted_ids)
-        rejected, self._rejected = self._rejected, []
-        return rejected + outputs
+        earlier, self._undelivered = self._undelivered, []
+        return earlier + outputs
 
     def _land(self, start: float) -> list[RequestOutput]:
         """Take the in-flight step's tokens: update the scheduler (or resolve its
@@ -230,7 +238,8 @@ class Engine:
         self.structured.remove(seqs)
         self.siblings.remove(seqs)
         self.scheduler.abort(seqs)
-        self._rejected.append(self.output_processor.reject(rid, err))
+        self._host_tokens.difference_update(seqs)
+        self._undelivered.append(self.output_processor.reject(rid, err))
 
     def _retire(self, stopped: list[str], outputs: list[RequestOutput], result) -> None:
         """Sequences a stop string finished leave the scheduler; finished ones leave every table."""
