@@ -21,16 +21,17 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _real(name: str, value: Any) -> float:
-    """value as a float, or a TypeError (not a number) / ValueError (NaN) naming the field."""
+def _real(name: str, value: Any, finite: bool = False) -> float:
+    """value as a float, or a TypeError (not a number) / ValueError (NaN; inf when finite)
+    naming the field."""
     import math
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     value = float(value)
-    if math.isnan(value):
-        raise ValueError(f"{name} must be a number, got NaN")
+    if math.isnan(value) or (finite and math.isinf(value)):
+        raise ValueError(f"{name} must be a finite number, got {value}")
     return value
 
 
@@ -77,7 +78,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
-            setattr(self, name, _real(name, getattr(self, name)))
+            setattr(self, name, _real(name, getattr(self, name), finite=name != "temperature"))
         for name in ("n", "top_k", "max_tokens", "min_tokens"):
             v = getattr(self, name)
             if not _is_int(v):
@@ -115,7 +116,7 @@ class SamplingParams:
                                 f"{type(self.logit_bias).__name__}")
             _check(all(_is_int(k) and k >= 0 for k in self.logit_bias), "logit_bias",
                    "a dict with non-negative integer token ids as keys", self.logit_bias)
-            self.logit_bias = {int(k): _real(f"logit_bias[{k}]", v) for k, v in self.logit_bias.items()}
+            self.logit_bias = {int(k): _real(f"logit_bias[{k}]", v, finite=True) for k, v in self.logit_bias.items()}
         for name in ("allowed_token_ids", "stop_token_ids"):
             if getattr(self, name) is not None:
                 _int_list(name, getattr(self, name))

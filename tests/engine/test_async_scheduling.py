@@ -82,3 +82,20 @@ def test_abort_while_in_flight_frees_everything(tiny_llama_dir):
             seen.update(o.request_id for o in e.step() if o.finished)
         assert seen == set(ids[2:])
         assert e.allocator.num_free_blocks() == 64
+
+
+def test_id_reused_while_its_old_step_is_in_flight(tiny_llama_dir):
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=64,
+             async_scheduling=True) as llm:
+        want = llm.generate([[100, 101]], params, use_tqdm=False)[0].outputs[0].token_ids
+        e = llm.engine
+        e.add_request([5, 6, 7], SamplingParams(max_tokens=30, ignore_eos=True), request_id="r")
+        e.step()
+        e.step()
+        assert e._inflight is not None
+        e.abort("r")
+        e.add_request([100, 101], params, request_id="r")
+        outs = [o for _ in range(20) for o in e.step() if o.request_id == "r"]
+        assert outs[-1].finished and outs[-1].outputs[0].token_ids == want
+        assert e.allocator.num_free_blocks() == 64

@@ -273,3 +273,33 @@ def test_schema_error_names_the_problem_not_the_library():
     with pytest.raises(ValueError) as err:
         SamplingParams(structured=Structured.json({"foo": "bar"}))
     assert "open an issue" not in str(err.value) and "schema" in str(err.value)
+
+
+def test_sample_ids_cannot_collide_and_abort_the_whole_request(llm):
+    e = llm.engine
+    p = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=3, ignore_eos=True)
+    e.add_request([5, 6], p, request_id="x")
+    with pytest.raises(ValueError, match="in use"):
+        e.add_request([7], GREEDY, request_id="x#0")
+    e.add_request([8], GREEDY, request_id="y")
+    e.abort("x#1")                                # a sample's id aborts its whole request
+    outs = [o for _ in range(20) for o in e.step()]
+    assert {o.request_id for o in outs if o.finished} == {"y"}
+    _clean(llm)
+
+
+def test_prompt_logprobs_with_a_reused_id_compute_every_position(tiny_llama_dir):
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=64, block_size=4) as llm:
+        for _ in range(2):
+            e = llm.engine
+            e.add_request(list(range(10, 30)), SamplingParams(max_tokens=1, prompt_logprobs=1),
+                          request_id="same")
+            final = [o for _ in range(10) for o in e.step() if o.finished][0]
+            assert final.prompt_logprobs[0] is None and all(x is not None for x in final.prompt_logprobs[1:])
+
+
+def test_infinite_bias_and_numpy_int_lists(llm):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias={5: float("inf")})
+    ids = list(np.asarray([5, 6, 7]))              # numpy ints in a list: one prompt
+    assert len(llm.generate(ids, GREEDY, use_tqdm=False)) == 1

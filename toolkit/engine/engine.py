@@ -68,6 +68,7 @@ class Engine:
         self._host_tokens: set[str] = set()
         self._undelivered: list[RequestOutput] = []      # outputs the next step returns first
         self._ids = itertools.count()
+        self._salts = itertools.count(1)             # a private prefix-cache key per prompt_logprobs request
         self.closed = False
         self.startup: dict[str, float] = {}              # seconds: load, kv_cache, warmup (build_engine)
         self.num_steps = 0
@@ -97,7 +98,7 @@ class Engine:
         rid = request_id if request_id is not None else str(next(self._ids))
         if not isinstance(rid, str):
             raise TypeError(f"request_id must be a string, got {type(rid).__name__}")
-        if rid in self.output_processor:
+        if rid in self.output_processor or self.output_processor.group_of(rid) is not None:
             raise ValueError(f"request id {rid!r} is already in use")
         text, ids = self.tokenize(prompt)
         self._check_prompt(ids, params)
@@ -127,7 +128,7 @@ class Engine:
             params = dataclasses.replace(params, n=1, seed=seed)
         params = self._with_model_eos(params)
         # prompt logprobs need every prompt position computed: no prefix-cache hits (own salt)
-        salt = hash(("prompt_logprobs", sid)) if params.prompt_logprobs is not None else 0
+        salt = next(self._salts) if params.prompt_logprobs is not None else 0
         return Request(sid, ids, params, eos_token_id=self.eos_token_id, priority=priority,
                        max_model_len=self.max_model_len, cache_salt=salt,
                        **({"arrival_time": arrival_time} if arrival_time is not None else {}))
@@ -160,6 +161,8 @@ class Engine:
         """Finish these user requests now (all n samples) and free their blocks; unknown ids
         are skipped."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        # a sample's own id ("<id>#j") aborts its whole request: a request finishes as a whole
+        ids = [self.output_processor.group_of(rid) or rid for rid in ids]
         seqs = [s for rid in ids for s in self.output_processor.sequence_ids(rid) or [rid]]
         self.siblings.remove(seqs)
         self.structured.remove(seqs)
@@ -289,7 +292,10 @@ class Engine:
                           self.allocator, sum(o.finished for o in outputs))
         self._num_landed += 1
         for obs in list(self.observers):
-            obs(rec)
+            try:
+                obs(rec)
+            except Exception:                # an observer's bug must not lose the step's outputs
+                log.exception("step observer %r raised; the engine goes on", obs)
 
     @property
     def spec_metrics(self) -> dict[str, float]:

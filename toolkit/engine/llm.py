@@ -145,7 +145,7 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     prompts = list(prompts)
     if not prompts:
         raise ValueError("no prompts given")
-    if not isinstance(prompts[0], (str, Sequence)) and not hasattr(prompts[0], "ndim"):
+    if not isinstance(prompts[0], (str, Sequence)) and getattr(prompts[0], "ndim", 0) < 1:
         return [prompts]  # one prompt of token ids (its elements are checked by add_request)
     return prompts
 

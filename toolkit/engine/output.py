@@ -81,6 +81,10 @@ class OutputProcessor:
         """A user request and its n sequences (n = 1: the sequence's id is the request's)."""
         if not sequences:
             raise ValueError("a request needs at least one sequence")
+        taken = [r.request_id for r in sequences if r.request_id in self._seqs] + (
+            [request_id] if request_id in self._groups else [])
+        if taken:
+            raise ValueError(f"request id {request_id!r}: id(s) {taken} already in use")
         ctx = sequences[0].prompt_token_ids[-_CONTEXT:]
         group = _Group(request_id, prompt, sequences[0].prompt_token_ids, [],
                        RequestMetrics(arrival_time=sequences[0].arrival_time))
@@ -101,10 +105,16 @@ class OutputProcessor:
     def num_prompt_tokens(self, request_id: str) -> int:
         return len(self._groups[request_id].prompt_token_ids)
 
+    def group_of(self, sequence_id: str) -> str | None:
+        """The user request a sequence id belongs to."""
+        hit = self._seqs.get(sequence_id)
+        return None if hit is None else hit[0].request_id
+
     def forget(self, request_id: str) -> None:
         g = self._groups.pop(request_id, None)
         for s in g.sequences if g else ():
-            self._seqs.pop(s.request.request_id, None)
+            if self._seqs.get(s.request.request_id, (None,))[0] is g:
+                del self._seqs[s.request.request_id]
 
     def reject(self, request_id: str, reason: str) -> RequestOutput:
         """The final output of a request refused after it was queued (a grammar that did
@@ -124,12 +134,13 @@ class OutputProcessor:
         RequestOutput per user request that changed, the sequence ids a stop string finished,
         which the scheduler must abort)."""
         now = time.monotonic()
+        scheduled = {s.request_id: s.request for s in out.scheduled}
         for s in out.scheduled:
             hit = self._seqs.get(s.request_id)
             if hit is not None and hit[0].metrics.first_scheduled_time is None:
                 hit[0].metrics.first_scheduled_time = now
         for rid, (start, lps) in result.prompt_logprobs.items():
-            if rid in self._seqs:
+            if rid in self._seqs and scheduled.get(rid) is self._seqs[rid][1].request:
                 self._add_prompt_logprobs(self._seqs[rid][0], start, lps)
         changed: dict[str, _Group] = {}
         stopped: list[str] = []
@@ -137,6 +148,8 @@ class OutputProcessor:
             hit = self._seqs.get(o.request_id)
             if hit is None or hit[1].finish_reason is not None:
                 continue
+            if scheduled.get(o.request_id, hit[1].request) is not hit[1].request:
+                continue                   # an earlier request's output under an id now reused
             group, seq = hit
             changed[group.request_id] = group
             if o.request_id in result.num_draft_tokens:

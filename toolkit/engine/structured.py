@@ -63,8 +63,8 @@ class StructuredOutputManager:
             try:
                 self.grammars[req.request_id] = fut.result().new_grammar(max_rollback=self.max_rollback)
                 ready.append(req)
-            except ValueError as e:
-                failed.append((req, str(e)))
+            except Exception as e:      # noqa: BLE001 - any compile error rejects the request alone
+                failed.append((req, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
         self._compiling = still
         return ready, failed
 

@@ -20,7 +20,7 @@ from toolkit.types import Request, SamplingParams, ScheduledRequest, SchedulerOu
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=2)
 _SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=2, seed=0)
-_TEMPERATURE = SamplingParams(temperature=0.6, max_tokens=2)     # temperature alone: its own kernels
+_TEMPERATURE = SamplingParams(temperature=0.6, max_tokens=2, seed=1)   # seeded: the engine's generator untouched     # temperature alone: its own kernels
 _KINDS = (_GREEDY, _SAMPLED, _TEMPERATURE)
 
 

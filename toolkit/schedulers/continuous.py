@@ -23,6 +23,8 @@ from toolkit.types import Request, RequestStatus, ScheduledRequest, SchedulerOut
 
 
 class ContinuousBatchingScheduler(SchedulerCore):
+    supports_async = True    # schedule() reads token counts, never token values
+
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                  policy: str | Policy | Any = "fcfs", enable_prefix_caching: bool = True,

@@ -57,7 +57,7 @@ class SchedulerCore:
 
     # declared capabilities (see schedulers/base.py); a subclass that can, says so
     supports_fork = False
-    supports_async = True       # update() may take PLACEHOLDER tokens, resolved one step later
+    supports_async = False      # True: update() may take PLACEHOLDER tokens, resolved one step later
 
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
@@ -238,6 +238,8 @@ class SchedulerCore:
             while toks[i] != PLACEHOLDER:
                 i -= 1
             req.output_token_ids[i] = int(tok)
+            if req.status is RequestStatus.FINISHED_ABORTED:
+                continue                  # aborted since: no output (its id may be in use again)
             o = RequestOutput(o.request_id, [int(tok)], o.finished, o.finish_reason, o.stop_reason)
             if i == req.num_output_tokens - 1 and check_stop(req, self.max_len(req)) is RequestStatus.FINISHED_STOPPED:
                 if req.request_id in self.requests:

@@ -14,6 +14,8 @@ from toolkit.types import RequestStatus, SchedulerOutput
 
 
 class ReferenceScheduler(SchedulerCore):
+    supports_async = True    # schedule() reads token counts, never token values
+
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None) -> None:
         super().__init__(allocator, block_size=block_size, max_num_seqs=max_num_seqs,

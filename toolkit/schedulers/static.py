@@ -18,6 +18,8 @@ from toolkit.types import Request, RequestStatus, SchedulerOutput
 
 
 class StaticBatchingScheduler(SchedulerCore):
+    supports_async = True    # schedule() reads token counts, never token values
+
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                  policy: str | Policy | Any = "fcfs") -> None:
