@@ -25,14 +25,12 @@ class SiblingQueue:
 
     def release(self) -> None:
         """Samples whose leader has computed its prompt (or finished) join the scheduler."""
-        still = []
-        for req, lead in self._held:
+        for pair in list(self._held):
+            req, lead = pair
             if lead.is_finished or lead.num_computed_tokens >= lead.num_prompt_tokens - 1:
+                self._held.remove(pair)          # first: a scheduler that raises never sees it twice
                 if lead.is_finished or not self.can_fork or not self.scheduler.fork(req, lead):
                     self.scheduler.add_request(req)
-            else:
-                still.append((req, lead))
-        self._held = still
 
     def remove(self, request_ids: Iterable[str]) -> None:
         ids = set(request_ids)

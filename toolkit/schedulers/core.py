@@ -193,14 +193,8 @@ class SchedulerCore:
         """
         result = StepResult.of(result)
         sampled = result.sampled_token_ids
-        outputs: list[RequestOutput] = []
-        for rid, reason in result.finished.items():    # ended outside the scheduler (a grammar)
-            req = self.requests.get(rid)
-            if req is not None:
-                self._finish(req, RequestStatus.FINISHED_STOPPED if reason == "stop"
-                             else RequestStatus.FINISHED_GRAMMAR)
-                outputs.append(RequestOutput(rid, [], True, reason, None))
-        live = [s for s in out.scheduled if self.requests.get(s.request_id) is s.request]
+        live = [s for s in out.scheduled if self.requests.get(s.request_id) is s.request
+                and s.request_id not in result.finished]
         for s in live:       # validate everything before changing anything
             if s.request.num_computed_tokens != s.start:
                 raise ValueError(f"request {s.request_id!r} has {s.request.num_computed_tokens} computed tokens "
@@ -211,6 +205,13 @@ class SchedulerCore:
                     raise ValueError(
                         f"request {s.request_id!r} sampled this step ({s.num_spec_tokens} draft tokens); "
                         f"sampled[{s.request_id!r}] must hold 1 to {1 + s.num_spec_tokens} tokens, got {toks!r}")
+        outputs: list[RequestOutput] = []
+        for rid, reason in result.finished.items():    # ended outside the scheduler (a grammar)
+            req = self.requests.get(rid)
+            if req is not None:
+                self._finish(req, RequestStatus.FINISHED_STOPPED if reason == "stop"
+                             else RequestStatus.FINISHED_GRAMMAR)
+                outputs.append(RequestOutput(rid, [], True, reason, None))
         for s in live:
             outputs.extend(self._update_one(s, sampled.get(s.request_id, ())))
         for rid, req in self._ignored.items():
