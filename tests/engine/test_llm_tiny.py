@@ -156,9 +156,9 @@ def test_n_samples_share_prompt_blocks(tiny_llama_dir):
         copies, forked = [], []
         prepare, fork = eng.runner.prepare, eng.scheduler.fork
 
-        def spy_prepare(out):
+        def spy_prepare(out, prev=None):
             copies.extend(out.blocks_to_copy)
-            return prepare(out)
+            return prepare(out, prev)
 
         def spy_fork(req, parent):
             forked.append(fork(req, parent))
