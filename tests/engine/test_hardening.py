@@ -303,3 +303,33 @@ def test_infinite_bias_and_numpy_int_lists(llm):
         SamplingParams(logit_bias={5: float("inf")})
     ids = list(np.asarray([5, 6, 7]))              # numpy ints in a list: one prompt
     assert len(llm.generate(ids, GREEDY, use_tqdm=False)) == 1
+
+
+def test_a_late_grammar_failure_rejects_the_whole_request(tiny_llama_dir, monkeypatch):
+    """A compile error found only by the full compile (after add_request) finishes the user
+    request, all its samples, with "rejected"; nothing stays queued."""
+    from toolkit.models import default_model_path, load_tokenizer
+    from toolkit.samplers.grammar import Structured
+
+    tok = load_tokenizer(default_model_path())
+    with LLM(tiny_llama_dir, tokenizer=tok, dtype="float32", device="cpu", num_blocks=32, block_size=4) as llm:
+        e = llm.engine
+        sm = e.structured
+        real = sm.take_compiled
+        calls = []
+
+        def fail_first(*a):
+            ready, failed = real()
+            if not calls and ready:
+                calls.append(1)
+                return ready[1:], failed + [(ready[0], "the DFA could not be built")]
+            return ready, failed
+        monkeypatch.setattr(sm, "take_compiled", fail_first)
+        rid = e.add_request([5, 6], SamplingParams(n=2, max_tokens=3, structured=Structured.regex("[0-9]+")))
+        outs = []
+        for _ in range(2000):
+            outs += [o for o in e.step() if o.request_id == rid]
+            if not e.has_unfinished():
+                break
+        assert [o.outputs[0].finish_reason for o in outs] == ["rejected"] and len(outs[0].outputs) == 2
+        assert e.allocator.num_free_blocks() == 32 and not sm.grammars and not e._host_tokens

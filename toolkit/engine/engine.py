@@ -234,8 +234,8 @@ class Engine:
 
     def _reject_group(self, seq_id: str, err: str) -> None:
         """A sequence whose grammar failed to compile: its whole user request is rejected."""
-        rid = seq_id.rsplit("#", 1)[0] if seq_id not in self.output_processor else seq_id
-        if rid not in self.output_processor:
+        rid = self.output_processor.group_of(seq_id)
+        if rid is None:
             return                                   # a sibling already rejected it
         seqs = self.output_processor.sequence_ids(rid)
         self.structured.remove(seqs)
