@@ -106,9 +106,9 @@ def main() -> None:
     ap.add_argument("--settings", default="sync,async")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from toolkit.models.shapes import qwen3_0_6b
+    from toolkit.models.shapes import llama31_8b, qwen3_0_6b
 
-    reqs = nano_workload(args.num, qwen3_0_6b().vocab_size)
+    reqs = nano_workload(args.num, (qwen3_0_6b() if args.shape == "qwen3" else llama31_8b()).vocab_size)
     results = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), shape=args.shape,
                    runs=[run(s, args, reqs) for s in args.settings.split(",")])
     print(json.dumps(results, indent=1))
