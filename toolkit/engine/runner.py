@@ -7,7 +7,9 @@ attention reuses it), runs the model, gathers the rows that produce a token
 consecutive rows (row j predicts the token after drafts[:j]).
 
 The forward is launched before the sampling metadata and grammar bitmasks are built, so
-that host work overlaps the GPU's.
+that host work overlaps the GPU's. `launch` returns a `Launched` (engine/inflight.py) whose
+tokens may still be on the device; with async scheduling the next step's placeholder input
+ids are gathered from them on the device (`prepare(out, prev)`). `execute` = launch + wait.
 """
 
 from __future__ import annotations
