@@ -7,6 +7,8 @@ these; none of them holds hidden state in them beyond what a field says.
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -24,9 +26,6 @@ def _is_int(x: Any) -> bool:
 def _real(name: str, value: Any, finite: bool = False) -> float:
     """value as a float, or a TypeError (not a number) / ValueError (NaN; inf when finite)
     naming the field."""
-    import math
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     value = float(value)
@@ -427,13 +426,13 @@ def token_id_list(ids: Any, name: str = "prompt") -> list[int]:
         return [int(t) for t in ids.tolist()]
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise TypeError(f"{name} must be a list of token ids (ints), got {type(ids).__name__}")
-    bad = next((t for t in ids if not (_is_int(t) or type(t).__name__ in _NP_INTS)), _NO_BAD)
+    # numpy integer scalars are numbers.Integral; bool is refused (it is an int to Python)
+    bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), _NO_BAD)
     if bad is not _NO_BAD:
         raise TypeError(f"{name} must hold integer token ids, got {type(bad).__name__} {bad!r}")
     return [int(t) for t in ids]
 
 
-_NP_INTS = frozenset(f"{u}int{b}" for u in ("", "u") for b in (8, 16, 32, 64))
 _NO_BAD = object()
 
 

@@ -1,10 +1,12 @@
 """Engine: the step loop. It is the only place where the parts meet.
 
-    out = scheduler.schedule()                         # who runs how many tokens
-    result = runner.execute(out, structured)           # forward + sample -> StepResult
-    finished = scheduler.update(out, result)           # append, token-level stops, free blocks
-    outputs, stopped = outputs.process(out, finished, result)   # text, stop strings, n > 1 merged
-    proposer.propose(running)                          # drafts for the next step (speculative)
+    out = scheduler.schedule()                     # who runs how many tokens
+    launched = runner.launch(out, structured, prev)  # forward + sample; tokens stay on the device
+    -- land the step before (async) or this one (sync): --
+    result = launched.result()                     # the one host wait -> StepResult
+    finished = scheduler.update(out, result)       # (async: resolve_placeholders) stops, free blocks
+    outputs, stopped = output_processor.process(out, finished, result)  # text, stop strings, n > 1
+    proposer.propose(running)                      # drafts for the next step (speculative)
 
 Per-request state lives in one place per concern: the scheduler's Request (tokens, blocks),
 the output processor (text, logprobs, metrics, the n sequences of one user request), the
@@ -167,7 +169,7 @@ class Engine:
         self.siblings.remove(seqs)
         self.structured.remove(seqs)
         self.scheduler.abort(seqs)
-        self.proposer_remove(seqs)
+        self._proposer_remove(seqs)
         self._host_tokens.difference_update(seqs)
         for rid in ids:
             self.output_processor.forget(rid)
@@ -185,24 +187,34 @@ class Engine:
         start = time.perf_counter()
         self._admit_waiting()                        # compiled grammars, siblings of a computed prompt
         out = self.scheduler.schedule()
-        overlap = (self.async_scheduling and bool(out.scheduled)
-                   and not any(s.request_id in self._host_tokens for s in out.scheduled))
+        overlap = self._can_overlap(out)
         outputs = [] if overlap else self._land(start)   # this step needs the last one's tokens
-        try:
-            launched = self.runner.launch(out, self.structured, self._inflight and self._inflight.launched)
-        except BaseException:
-            self._undelivered += outputs             # landed already: the next step returns them
-            raise
+        launched = self._launch(out, outputs)
         outputs += self._land(start)                 # the step before's, while the GPU runs this one
         provisional = self.scheduler.update(out, launched.placeholders()) if overlap else None
         self._inflight = _InFlight(out, launched, provisional)
         if not overlap:
             outputs += self._land(start)
+        self._count(out, overlap)
+        earlier, self._undelivered = self._undelivered, []
+        return earlier + outputs
+
+    def _can_overlap(self, out: SchedulerOutput) -> bool:
+        """Async, and no sequence of this step reads its last token's value on the host."""
+        return (self.async_scheduling and bool(out.scheduled)
+                and not any(s.request_id in self._host_tokens for s in out.scheduled))
+
+    def _launch(self, out: SchedulerOutput, landed: list[RequestOutput]):
+        try:
+            return self.runner.launch(out, self.structured, self._inflight and self._inflight.launched)
+        except BaseException:
+            self._undelivered += landed              # already landed: the next step returns them
+            raise
+
+    def _count(self, out: SchedulerOutput, overlap: bool) -> None:
         self.num_steps += 1
         self.num_overlapped_steps += overlap
         self.num_preemptions += len(out.preempted_ids)
-        earlier, self._undelivered = self._undelivered, []
-        return earlier + outputs
 
     def _land(self, start: float) -> list[RequestOutput]:
         """Take the in-flight step's tokens: update the scheduler (or resolve its
@@ -254,13 +266,13 @@ class Engine:
         self._host_tokens.difference_update(gone)
         if gone:
             self.structured.remove(gone)
-            self.proposer_remove(gone)
+            self._proposer_remove(gone)
         for rid, n in result.num_draft_tokens.items():
             self.spec_drafted += n
             self.spec_accepted += result.num_accepted(rid)
             self.spec_steps += 1
 
-    def proposer_remove(self, ids: list[str]) -> None:
+    def _proposer_remove(self, ids: list[str]) -> None:
         if self.proposer is not None and ids:
             self.proposer.remove(ids)          # a draft model forgets their KV state
 

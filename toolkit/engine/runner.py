@@ -9,7 +9,7 @@ consecutive rows (row j predicts the token after drafts[:j]).
 The forward is launched before the sampling metadata and grammar bitmasks are built, so
 that host work overlaps the GPU's. `launch` returns a `Launched` (engine/inflight.py) whose
 tokens may still be on the device; with async scheduling the next step's placeholder input
-ids are gathered from them on the device (`prepare(out, prev)`). `execute` = launch + wait.
+ids are gathered from them on the device (`prepare(out, prev)`); `launch(out).result()` runs a step synchronously.
 """
 
 from __future__ import annotations
@@ -69,10 +69,6 @@ class Runner:
             return False
         self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device)
         return True
-
-    def execute(self, out: SchedulerOutput, structured=None) -> StepResult:
-        """One step, synchronously: launch, then wait for its tokens."""
-        return self.launch(out, structured).result()
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput, structured=None, prev: Launched | None = None) -> Launched:
