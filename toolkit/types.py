@@ -309,6 +309,7 @@ class RequestMetrics:
     finished_time: float | None = None
     num_spec_drafted: int = 0             # draft tokens verified for this request
     num_spec_accepted: int = 0            # of which accepted
+    num_cached_tokens: int = 0            # prompt tokens found in the prefix cache at first admission
 
     @property
     def spec_acceptance_rate(self) -> float | None:

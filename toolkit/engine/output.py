@@ -139,6 +139,7 @@ class OutputProcessor:
             hit = self._seqs.get(s.request_id)
             if hit is not None and hit[0].metrics.first_scheduled_time is None:
                 hit[0].metrics.first_scheduled_time = now
+                hit[0].metrics.num_cached_tokens = s.request.num_cached_tokens
         for rid, (start, lps) in result.prompt_logprobs.items():
             if rid in self._seqs and scheduled.get(rid) is self._seqs[rid][1].request:
                 self._add_prompt_logprobs(self._seqs[rid][0], start, lps)
