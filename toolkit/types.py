@@ -196,6 +196,10 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)   # draft tokens to verify this step
     spec_token_probs: Any = None          # float32 [len(spec_token_ids), V] draft distribution, or None (one-hot)
     stop_reason: int | str | None = None
+    # what scheduling policies read (toolkit/schedulers/policies.py); None = not given
+    client_id: str | None = None          # tenant / user, for fair share across clients (VTC)
+    deadline: float | None = None         # seconds after arrival_time to finish by (EDF, goodput)
+    expected_output_len: int | None = None  # an estimate of the output tokens (SJF by output)
     _prompt_array: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -205,6 +209,14 @@ class Request:
             raise TypeError(f"request_id must be a string, got {type(self.request_id).__name__}")
         if not _is_int(self.priority):
             raise TypeError(f"priority must be an integer, got {type(self.priority).__name__} {self.priority!r}")
+        if self.client_id is not None and not isinstance(self.client_id, str):
+            raise TypeError(f"client_id must be a string or None, got {type(self.client_id).__name__}")
+        if self.deadline is not None:
+            self.deadline = _real("deadline", self.deadline, finite=True)
+            _check(self.deadline > 0, "deadline", "None or seconds > 0 after arrival_time", self.deadline)
+        if self.expected_output_len is not None:
+            _check(_is_int(self.expected_output_len) and self.expected_output_len >= 0,
+                   "expected_output_len", "None or an integer >= 0", self.expected_output_len)
         self.arrival_time = _real("arrival_time", self.arrival_time)
         self.prompt_token_ids = token_id_list(self.prompt_token_ids, "prompt_token_ids")
         _check(len(self.prompt_token_ids) > 0, "prompt_token_ids", "non-empty", self.prompt_token_ids)
