@@ -25,6 +25,7 @@ REGISTRY: dict[str, dict[str, str]] = {
         "reference": "toolkit.samplers.reference:ReferenceSampler",
     },
     "attention": {
+        "cpu": "toolkit.attention.cpu:CPUAttention",
         "torch": "toolkit.attention.torch_ref:TorchAttention",
         "triton": "toolkit.attention.triton_paged:TritonPagedAttention",
     },
