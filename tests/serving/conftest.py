@@ -1,0 +1,84 @@
+"""A server on a free loopback port, over a tiny random model that shares the embedded
+SmolLM2's tokenizer and chat template (fast, and the text path is real)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_dir(tmp_path_factory) -> str:
+    """A tiny random Llama with SmolLM2's vocabulary, tokenizer files and chat template."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from toolkit.models import default_model_path
+
+    src = Path(default_model_path())
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=49152, max_position_embeddings=512,
+                      eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    path = tmp_path_factory.mktemp("tiny_chat")
+    model.save_pretrained(path)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            shutil.copy(f, path / f.name)
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """uvicorn in a thread of the test process (so the test can look at the engine)."""
+
+    def __init__(self, app, port: int) -> None:
+        import uvicorn
+
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                                    timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def start_server(model_dir: str, **app_kwargs):
+    """(server, async_engine) on a free port; the caller stops the server."""
+    from toolkit import LLM
+    from toolkit.engine.async_engine import AsyncEngine
+    from toolkit.serving.app import build_app
+
+    engine = AsyncEngine(LLM(model_dir, num_blocks=256, block_size=8, max_num_seqs=32))
+    app = build_app(engine, model_name="tiny", **app_kwargs)
+    return Server(app, free_port()), engine
+
+
+@pytest.fixture(scope="module")
+def server(tiny_chat_dir):
+    srv, engine = start_server(tiny_chat_dir)
+    yield srv, engine
+    srv.stop()

@@ -1,0 +1,86 @@
+"""`python -m toolkit.serve`: the OpenAI-compatible server on one command.
+
+    python -m toolkit.serve                                  # the embedded SmolLM2, 127.0.0.1:8000
+    python -m toolkit.serve path/to/hf-folder --port 8080 --api-key sk-local --max-num-seqs 64
+    python -m toolkit.serve --engine-arg speculative='"ngram"' --engine-arg num_speculative_tokens=3
+
+Engine options are LLM(...) keyword arguments: the common ones have flags, any other goes
+through --engine-arg NAME=VALUE (VALUE read as a Python literal, else as a string).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import logging
+import os
+from typing import Any, Sequence
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m toolkit.serve", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None,
+                   help="a Hugging Face folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the folder's name, or smollm2-135m-instruct)")
+    p.add_argument("--api-key", default=os.environ.get("TOOLKIT_API_KEY"),
+                   help="require `Authorization: Bearer KEY` (default: $TOOLKIT_API_KEY, else none)")
+    p.add_argument("--max-pending", type=int, default=None,
+                   help="503 + Retry-After past this many unfinished requests (default: no limit)")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="seconds running requests may finish in after a shutdown signal")
+    p.add_argument("--scheduler", default="continuous")
+    p.add_argument("--allocator", default=None)
+    p.add_argument("--attention", default="auto")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--load-format", default="auto", help="auto, safetensors, pt or dummy (random weights)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="NAME=VALUE",
+                   help="any other LLM(...) option; repeatable")
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {"scheduler": args.scheduler, "attention": args.attention,
+                            "load_format": args.load_format}
+    for flag in ("allocator", "max_num_seqs", "max_model_len", "block_size", "dtype"):
+        if getattr(args, flag) is not None:
+            opts[flag] = getattr(args, flag)
+    for item in args.engine_arg:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--engine-arg takes NAME=VALUE, got {item!r}")
+        try:
+            opts[name.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            opts[name.strip()] = value
+    return opts
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        import uvicorn
+    except ImportError as e:              # the optional extra is missing
+        raise SystemExit("the server needs the serve extra: pip install -e '.[serve]'") from e
+    from toolkit.engine.async_engine import AsyncEngine
+    from toolkit.serving.app import build_app
+
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
+                                      else "smollm2-135m-instruct")
+    engine = AsyncEngine.build(args.model, **engine_options(args))
+    app = build_app(engine, model_name=name, api_key=args.api_key, max_pending=args.max_pending,
+                    shutdown_timeout=args.shutdown_timeout)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=int(args.shutdown_timeout) + 1)
+
+
+if __name__ == "__main__":
+    main()

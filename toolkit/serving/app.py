@@ -1,0 +1,168 @@
+"""A FastAPI app of the OpenAI API over an AsyncEngine.
+
+    engine = AsyncEngine(LLM(...))
+    app = build_app(engine, model_name="smollm2", api_key="sk-...")
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Routes: /v1/completions and /v1/chat/completions (streaming as server-sent events or
+not), /v1/models, /health, /metrics (Prometheus). Every error is OpenAI's error body with
+a 4xx / 5xx status; past `max_pending` unfinished requests a new one gets 503 with a
+Retry-After header; a client that disconnects has its request aborted (its KV blocks
+freed). On shutdown the app stops taking requests, lets running ones finish for
+`shutdown_timeout` seconds, aborts the rest and closes the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from typing import Any, Awaitable, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from toolkit.engine.async_engine import AsyncEngine, EngineDeadError, Overloaded
+from toolkit.serving import protocol as P
+from toolkit.serving.handlers import OpenAIHandlers
+from toolkit.serving.metrics import ServerMetrics
+
+
+def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str | None = None,
+              max_pending: int | None = None, retry_after_s: int = 1,
+              shutdown_timeout: float = 5.0, close_engine: bool = True,
+              priority_hook: Callable[[Request, Any], int] | None = None) -> FastAPI:
+    """The app. `priority_hook(http_request, body) -> int` gives each request its priority
+    (lower first, for the priority policy), e.g. from its API key."""
+    handlers = OpenAIHandlers(engine, model_name)
+    metrics = ServerMetrics(model_name)
+    state = {"draining": False}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.call(lambda e: e.add_observer(metrics.observe_step)).result()
+        engine.finished_listeners.append(metrics.observe_finished)
+        yield
+        state["draining"] = True
+        if close_engine:
+            await engine.shutdown(timeout=shutdown_timeout)
+
+    app = FastAPI(title="toolkit OpenAI-compatible server", lifespan=lifespan)
+    app.state.engine, app.state.metrics, app.state.handlers = engine, metrics, handlers
+
+    def error(status: int, message: str, *, type: str = "invalid_request_error",
+              param: str | None = None, code: str | None = None,
+              headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(P.error_body(message, type=type, param=param, code=code),
+                            status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        kind = first.get("type", "")
+        if kind == "json_invalid":
+            return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}".strip())
+        if kind == "extra_forbidden":
+            return error(400, f"Unrecognized request argument supplied: {'.'.join(loc)}",
+                         param=".".join(loc) or None)
+        return error(400, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}",
+                     param=".".join(loc) or None)
+
+    @app.exception_handler(P.ProtocolError)
+    async def _protocol(request: Request, exc: P.ProtocolError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    def authorize(request: Request) -> None:
+        """With an api_key: every /v1 route needs `Authorization: Bearer <key>`."""
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise P.ProtocolError("Incorrect API key provided", status=401,
+                                  type="authentication_error", code="invalid_api_key")
+
+    v1 = [Depends(authorize)]
+
+    def admit() -> JSONResponse | None:
+        """503 while draining or past max_pending (Retry-After says when to come back)."""
+        if state["draining"] or not engine.accepting:
+            return error(503, "the server is shutting down", type="server_error")
+        if max_pending is not None and engine.num_unfinished >= max_pending:
+            return error(503, f"the server is busy ({engine.num_unfinished} requests pending); retry "
+                         f"in {retry_after_s} s", type="server_error", code="overloaded",
+                         headers={"Retry-After": str(retry_after_s)})
+        return None
+
+    async def run(request: Request, body: Any, prepare: Callable, chat: bool):
+        busy = admit()
+        if busy is not None:
+            return busy
+        priority = priority_hook(request, body) if priority_hook is not None else 0
+        prep = prepare(body, priority)
+        try:
+            if body.stream:
+                include = bool(body.stream_options and body.stream_options.include_usage)
+                gen = handlers.stream(prep, chat, include)
+                first = await gen.__anext__()          # adding may fail: a status, not a stream
+                return StreamingResponse(_prepend(first, gen), media_type="text/event-stream")
+            return await _until_disconnect(request, handlers.complete(prep, chat))
+        except (Overloaded, EngineDeadError) as e:
+            return error(503, str(e), type="server_error",
+                         headers={"Retry-After": str(retry_after_s)})
+        except (ValueError, TypeError) as e:
+            return error(400, str(e))
+
+    @app.post("/v1/completions", dependencies=v1)
+    async def completions(request: Request, body: P.CompletionRequest):
+        return await run(request, body, handlers.prepare_completion, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=v1)
+    async def chat_completions(request: Request, body: P.ChatCompletionRequest):
+        return await run(request, body, handlers.prepare_chat, chat=True)
+
+    @app.get("/v1/models", dependencies=v1)
+    async def models() -> P.ModelList:
+        return P.ModelList(data=[P.ModelCard(id=model_name, created=P.now(),
+                                             max_model_len=handlers.max_model_len)])
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = engine.is_running and not state["draining"]
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+async def _prepend(first: str, rest) -> Any:
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
+async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Await `work` unless the client goes away first; then cancel it (its requests abort)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait([task, watch], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return Response(status_code=499)                 # nobody reads it; nginx's "client closed"

@@ -1,0 +1,279 @@
+"""The two OpenAI endpoints as plain async functions over an AsyncEngine: a request model in,
+a response model (or a stream of SSE lines) out. No HTTP here, so a custom server can call
+them from any framework; `app.py` wires them to FastAPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Sequence
+
+from toolkit.engine.async_engine import AsyncEngine
+from toolkit.models.chat import apply_chat_template
+from toolkit.serving import protocol as P
+from toolkit.types import CompletionOutput, RequestOutput, SamplingParams
+
+
+@dataclass
+class Prepared:
+    """A validated request, ready to add: one entry per prompt."""
+
+    request_id: str
+    model: str
+    prompts: list[list[int]]
+    prompt_texts: list[str | None]
+    params: list[SamplingParams]
+    priority: int
+    n: int
+    echo: bool = False           # completions: the prompt's text starts each choice
+
+
+class OpenAIHandlers:
+    """Completions and chat completions over one AsyncEngine.
+
+    `params_hook(request, params) -> params` lets a custom server adjust what a request
+    runs with (a per-user cap on max_tokens, a forced seed); `priority_hook(request) -> int`
+    sets its priority for the scheduler's policy."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, *, max_model_len: int | None = None,
+                 priority_hook: Any = None) -> None:
+        self.engine, self.model_name = engine, model_name
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = max_model_len or engine.engine.max_model_len
+        self.priority_hook = priority_hook
+
+    # -- preparation (raises ProtocolError for anything the client got wrong) --
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise P.ProtocolError(f"The model `{name}` does not exist; this server serves "
+                                  f"`{self.model_name}`", status=404, param="model",
+                                  code="model_not_found")
+
+    def _tokenize(self, prompt: str | list[int], param: str) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise P.ProtocolError("this server has no tokenizer; send token ids", param=param)
+            return list(self.tokenizer.encode(prompt))
+        vocab = self.engine.engine.model.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise P.ProtocolError(f"token ids must be in [0, {vocab}), got {bad[:3]}", param=param)
+        return list(prompt)
+
+    def prepare_completion(self, req: P.CompletionRequest, priority: int = 0) -> Prepared:
+        self.check_model(req.model)
+        prompts = req.prompts()
+        ids = [self._tokenize(p, "prompt") for p in prompts]
+        params = [req.sampling_params(self.max_model_len, len(i)) for i in ids]
+        texts = [p if isinstance(p, str) else (self._decode(p) if req.echo else None) for p in prompts]
+        return Prepared(req.request_id or P.new_id("cmpl"), self.model_name, ids, texts, params,
+                        priority or req.priority, req.n, echo=req.echo)
+
+    def prepare_chat(self, req: P.ChatCompletionRequest, priority: int = 0) -> Prepared:
+        self.check_model(req.model)
+        if self.tokenizer is None:
+            raise P.ProtocolError("chat needs a tokenizer with a chat template; this server has none")
+        text = self.render_chat(req)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        params = req.sampling_params(self.max_model_len, len(ids))
+        return Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
+                        [params], priority or req.priority, req.n)
+
+    def render_chat(self, req: P.ChatCompletionRequest) -> str:
+        messages = req.template_messages()
+        kwargs = dict(req.chat_template_kwargs or {})
+        try:
+            if req.continue_final_message:
+                if messages[-1]["role"] != "assistant":
+                    raise P.ProtocolError("continue_final_message needs a final assistant message",
+                                          param="messages")
+                text = apply_chat_template(self.tokenizer, messages, add_generation_prompt=False, **kwargs)
+                end = text.rfind(messages[-1]["content"])
+                return text if end < 0 else text[: end + len(messages[-1]["content"])]
+            return apply_chat_template(self.tokenizer, messages,
+                                       add_generation_prompt=req.add_generation_prompt, **kwargs)
+        except P.ProtocolError:
+            raise
+        except Exception as e:                     # the template's own raise_exception, bad kwargs
+            raise P.ProtocolError(f"the chat template could not render these messages: {e}",
+                                  param="messages") from None
+
+    # -- running --
+    async def add(self, prep: Prepared) -> list[Any]:
+        """Add every prompt of a request; if one is refused, the ones added are aborted."""
+        streams = []
+        try:
+            for i, (ids, sp) in enumerate(zip(prep.prompts, prep.params)):
+                rid = prep.request_id if len(prep.prompts) == 1 else f"{prep.request_id}-{i}"
+                streams.append(await self.engine.add_async(ids, sp, request_id=rid,
+                                                           priority=prep.priority))
+        except BaseException:
+            for s in streams:
+                self.engine.abort(s.request_id)
+            raise
+        return streams
+
+    async def complete(self, prep: Prepared, chat: bool) -> P.CompletionResponse | P.ChatCompletionResponse:
+        """Run to the end; the whole response."""
+        finals = await asyncio.gather(*(_final(s) for s in await self.add(prep)))
+        usage = _usage(finals)
+        if chat:
+            choices = [P.ChatChoice(index=c.index, message=P.ChatResponseMessage(content=c.text),
+                                    logprobs=self._chat_logprobs(c, prep.params[0].logprobs),
+                                    finish_reason=P.finish_reason(c.finish_reason),
+                                    stop_reason=c.stop_reason)
+                       for o in finals for c in o.outputs]
+            return P.ChatCompletionResponse(id=prep.request_id, created=P.now(), model=prep.model,
+                                            choices=choices, usage=usage)
+        choices = []
+        for i, o in enumerate(finals):
+            echo = (prep.prompt_texts[i] or "") if prep.echo else ""
+            for c in o.outputs:
+                choices.append(P.CompletionChoice(
+                    index=i * prep.n + c.index, text=echo + c.text,
+                    logprobs=self._completion_logprobs(c, 0), finish_reason=P.finish_reason(c.finish_reason),
+                    stop_reason=c.stop_reason))
+        return P.CompletionResponse(id=prep.request_id, created=P.now(), model=prep.model,
+                                    choices=choices, usage=usage)
+
+    async def stream(self, prep: Prepared, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+        """Server-sent events: one chunk per delta, then usage (if asked) and [DONE]."""
+        created = P.now()
+        streams = await self.add(prep)
+        offsets: dict[int, int] = {}                 # choice index -> text characters sent
+        tokens: dict[int, int] = {}                  # choice index -> output tokens so far
+        if chat:                                     # the role comes first, as OpenAI sends it
+            for i in range(len(streams) * prep.n):
+                yield _sse(P.ChatCompletionChunk(id=prep.request_id, created=created, model=prep.model,
+                                                 choices=[P.ChatChunkChoice(index=i, delta=P.ChatDelta(
+                                                     role="assistant", content=""))]))
+        try:
+            async for i, out in _merged(streams):
+                for c in out.outputs:
+                    index = i * prep.n + c.index
+                    tokens[index] = tokens.get(index, 0) + len(c.token_ids)
+                    reason = P.finish_reason(c.finish_reason)
+                    if chat:
+                        choice = P.ChatChunkChoice(index=index, delta=P.ChatDelta(content=c.text),
+                                                   logprobs=self._chat_logprobs(c, prep.params[0].logprobs),
+                                                   finish_reason=reason)
+                        yield _sse(P.ChatCompletionChunk(id=prep.request_id, created=created,
+                                                         model=prep.model, choices=[choice]))
+                    else:
+                        text = c.text
+                        if index not in offsets and prep.echo:
+                            text = (prep.prompt_texts[i] or "") + text
+                        lp = self._completion_logprobs(c, offsets.get(index, 0))
+                        offsets[index] = offsets.get(index, 0) + len(text)
+                        yield _sse(P.CompletionResponse(
+                            id=prep.request_id, created=created, model=prep.model,
+                            choices=[P.CompletionChoice(index=index, text=text, logprobs=lp,
+                                                        finish_reason=reason)]))
+            if include_usage:
+                n_prompt = sum(len(p) for p in prep.prompts)
+                n_out = sum(tokens.values())
+                usage = P.UsageInfo(prompt_tokens=n_prompt, completion_tokens=n_out,
+                                    total_tokens=n_prompt + n_out)
+                cls = P.ChatCompletionChunk if chat else P.CompletionResponse
+                yield _sse(cls(id=prep.request_id, created=created, model=prep.model, choices=[],
+                               usage=usage))
+        except (ValueError, RuntimeError) as e:      # a request that failed inside the engine
+            yield "data: " + json.dumps(P.error_body(str(e), type="server_error")) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    # -- logprobs in OpenAI's two shapes --
+    def _token(self, tid: int) -> str:
+        return self._decode([tid])
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids)) if self.tokenizer is not None else " ".join(map(str, ids))
+
+    def _chat_logprobs(self, c: CompletionOutput, k: int | None) -> P.ChatLogprobs | None:
+        """Each token's logprob and the k most likely tokens at its position (the engine's
+        dict holds the sampled token and the top k)."""
+        if c.logprobs is None or k is None:
+            return None
+        content = []
+        for tid, lps in zip(c.token_ids, c.logprobs):
+            tok = self._token(tid)
+            top = sorted(lps.items(), key=lambda kv: (-kv[1], kv[0]))
+            content.append(P.TokenLogprob(
+                token=tok, logprob=_finite(lps.get(tid)), bytes=list(tok.encode()),
+                top_logprobs=[P.TopLogprob(token=self._token(t), logprob=_finite(v),
+                                           bytes=list(self._token(t).encode())) for t, v in top[:k]]))
+        return P.ChatLogprobs(content=content)
+
+    def _completion_logprobs(self, c: CompletionOutput, offset: int) -> P.CompletionLogprobs | None:
+        if c.logprobs is None:
+            return None
+        out = P.CompletionLogprobs()
+        for tid, lps in zip(c.token_ids, c.logprobs):
+            tok = self._token(tid)
+            out.tokens.append(tok)
+            out.token_logprobs.append(_finite(lps.get(tid)))
+            out.top_logprobs.append({self._token(t): _finite(v) for t, v in lps.items()})
+            out.text_offset.append(offset)
+            offset += len(tok)
+        return out
+
+
+def _finite(v: float | None) -> float:
+    """JSON has no -inf: a token the model gives probability 0 gets OpenAI's floor value."""
+    if v is None or v != v:
+        return -9999.0
+    return max(float(v), -9999.0)
+
+
+def _sse(model: Any) -> str:
+    return "data: " + model.model_dump_json(exclude_none=True) + "\n\n"
+
+
+async def _final(stream) -> RequestOutput:
+    last = None
+    async for out in stream.iterate("final"):
+        last = out
+    if last is not None and last.finish_reason == "rejected":
+        raise ValueError(f"request rejected: {last.outputs[0].stop_reason if last.outputs else ''}")
+    return last
+
+
+async def _merged(streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The deltas of several streams as they come, tagged with the stream's position."""
+    if len(streams) == 1:
+        async for out in streams[0].iterate("delta"):
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s) -> None:
+        try:
+            async for out in s.iterate("delta"):
+                await queue.put((i, out, None))
+        except Exception as e:                       # handed to the reader
+            await queue.put((i, None, e))
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        done = 0
+        while done < len(tasks):
+            i, out, err = await queue.get()
+            if err is not None:
+                raise err
+            if out is None:
+                done += 1
+            else:
+                yield i, out
+    finally:
+        for t in tasks:                             # cancelled: their streams abort
+            t.cancel()
+
+
+def _usage(finals: list[RequestOutput]) -> P.UsageInfo:
+    n_prompt = sum(len(o.prompt_token_ids) for o in finals)
+    n_out = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    cached = sum(o.metrics.num_cached_tokens for o in finals if o.metrics is not None)
+    return P.UsageInfo(prompt_tokens=n_prompt, completion_tokens=n_out, total_tokens=n_prompt + n_out,
+                       prompt_tokens_details={"cached_tokens": cached})
