@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -48,6 +49,9 @@ class EngineConfig:
     # speculative decoding: proposer name ("ngram", "draft") or None, and draft length k
     speculative: str | None = None
     num_speculative_tokens: int = 0
+    # scheduling policy of the continuous / static scheduler: a name ("fcfs", "priority",
+    # "sjf", "sjf_output", "lpm", "vtc", "edf"), a Policy class or a Policy instance
+    policy: Any = "fcfs"
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
@@ -83,6 +87,14 @@ class EngineConfig:
                self.num_blocks)
         _check(self.num_speculative_tokens >= 0, "num_speculative_tokens", ">= 0",
                self.num_speculative_tokens)
+        if isinstance(self.policy, str):
+            from toolkit.schedulers.policies import POLICIES
+
+            _check(self.policy.lower() in POLICIES, "policy", f"one of {sorted(POLICIES)}, a Policy class "
+                   "or instance", self.policy)
+        elif self.policy is None or isinstance(self.policy, (bool, int, float)):
+            raise TypeError(f"EngineConfig.policy must be a policy name, a Policy class or instance, "
+                            f"got {type(self.policy).__name__} {self.policy!r}")
         if self.speculative is not None:
             _check(self.num_speculative_tokens >= 1, "num_speculative_tokens",
                    ">= 1 when speculative is set", self.num_speculative_tokens)

@@ -59,6 +59,21 @@ def _create(kind: str, spec: Any, **kwargs: Any) -> Any:
     return part
 
 
+def _check_policy(scheduler: Any, policy: Any) -> None:
+    """A policy other than the default must have reached the scheduler (a scheduler built
+    here from a class that takes `policy=`, not an instance or a class without it)."""
+    from toolkit.schedulers.policies import policy_of
+
+    if isinstance(policy, str) and policy.lower() == "fcfs":
+        return
+    got = policy_of(scheduler)
+    name = policy.lower() if isinstance(policy, str) else None
+    if got is None or not (got is policy or type(got) is policy or getattr(got, "name", None) == name):
+        raise ValueError(f"policy={policy!r} did not reach scheduler {type(scheduler).__name__} (it "
+                         f"runs {got!r}); give the policy to a scheduler that takes policy= "
+                         "('continuous', 'static'), or build your scheduler instance with it")
+
+
 def _has_tokenizer(folder) -> bool:
     from pathlib import Path
 
@@ -116,9 +131,10 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         num_lookahead_tokens=cfg.num_speculative_tokens if cfg.speculative == "draft" else 0,
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
-        enable_chunked_prefill=cfg.enable_chunked_prefill)
+        enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy)
+    _check_policy(scheduler, cfg.policy)
     if attention == "auto":
-        attention = "triton" if device.type == "cuda" else "cpu"   # "torch": the slow reference
+        attention = "triton" if device.type == "cuda" else "torch"
     attention = _create("attention", attention, kv_cache=kv_cache, **model.attention_kwargs())
     sampler = _create("sampler", sampler)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)

@@ -32,6 +32,7 @@ from toolkit.engine.runner import Runner
 from toolkit.engine.siblings import SiblingQueue
 from toolkit.engine.structured import StructuredOutputManager
 from toolkit.samplers.base import check_token_ids
+from toolkit.schedulers.policies import policy_of, warn_ignored_priority
 from toolkit.types import (
     Request,
     RequestOutput,
@@ -84,9 +85,14 @@ class Engine:
     # -- requests --
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0,
-                    arrival_time: float | None = None) -> str:
+                    arrival_time: float | None = None, client_id: str | None = None,
+                    deadline: float | None = None, expected_output_len: int | None = None) -> str:
         """Validate and queue one request (n > 1: its n samples); returns its id. Bad input
         raises ValueError / TypeError naming what was wrong, and nothing is queued.
+
+        priority, client_id, deadline (seconds after arrival) and expected_output_len are
+        stored on the Request for the scheduler's policy; a policy that needs one the request
+        lacks refuses it, and a priority given to a policy that ignores it warns.
 
         With n > 1 the samples are sequences "<id>#0" ... "<id>#(n-1)" for the scheduler; the
         outputs merge them into one RequestOutput with n completions. Samples 1.. wait until
@@ -104,7 +110,10 @@ class Engine:
             raise ValueError(f"request id {rid!r} is already in use")
         text, ids = self.tokenize(prompt)
         self._check_prompt(ids, params)
-        sequences = [self._sequence(rid, j, ids, params, priority, arrival_time) for j in range(params.n)]
+        fields = dict(priority=priority, client_id=client_id, deadline=deadline,
+                      expected_output_len=expected_output_len)
+        warn_ignored_priority(policy_of(self.scheduler), priority)
+        sequences = [self._sequence(rid, j, ids, params, fields, arrival_time) for j in range(params.n)]
         if params.structured is not None:
             for seq in sequences:               # cheap grammar errors raise here: nothing kept
                 self.structured.submit(seq)
@@ -121,7 +130,7 @@ class Engine:
             self._host_tokens.update(s.request_id for s in sequences)
         return rid
 
-    def _sequence(self, rid: str, j: int, ids: list[int], params: SamplingParams, priority: int,
+    def _sequence(self, rid: str, j: int, ids: list[int], params: SamplingParams, fields: dict,
                   arrival_time: float | None) -> Request:
         """Sample j of a request: its own seed (derived from the request's), n = 1."""
         sid = sequence_ids(rid, params.n)[j]
@@ -131,7 +140,7 @@ class Engine:
         params = self._with_model_eos(params)
         # prompt logprobs need every prompt position computed: no prefix-cache hits (own salt)
         salt = next(self._salts) if params.prompt_logprobs is not None else 0
-        return Request(sid, ids, params, eos_token_id=self.eos_token_id, priority=priority,
+        return Request(sid, ids, params, eos_token_id=self.eos_token_id, **fields,
                        max_model_len=self.max_model_len, cache_salt=salt,
                        **({"arrival_time": arrival_time} if arrival_time is not None else {}))
 

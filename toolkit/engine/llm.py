@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from toolkit.config import EngineConfig
 from toolkit.engine.build import build_engine
 from toolkit.engine.progress import TokenProgress
+from toolkit.engine.request_fields import per_prompt_fields
 from toolkit.types import RequestOutput, SamplingParams
 
 Prompt = str | Sequence[int]
@@ -44,6 +45,8 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 priority: int | Sequence[int] | None = None, client_id: Any = None, deadline: Any = None,
+                 expected_output_len: Any = None,
                  priorities: Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Run prompts (text, or token ids as a list, numpy array or tensor) to completion;
         outputs in the order of the prompts, each with its n completions.
@@ -55,13 +58,15 @@ class LLM:
         engine = self._engine()
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
-        if priorities is not None and len(priorities) != len(prompts):
-            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        # scheduling fields (one value or one per prompt), stored on each request for the policy
+        fields = per_prompt_fields(len(prompts), priority=priority, priorities=priorities,
+                                   client_id=client_id, deadline=deadline,
+                                   expected_output_len=expected_output_len)
         order: dict[str, int] = {}
         done: dict[str, RequestOutput] = {}
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
-                rid = engine.add_request(p, sp, priority=priorities[i] if priorities else 0)
+                rid = engine.add_request(p, sp, **fields[i])
                 order[rid] = i
             with TokenProgress(engine, order, params, enabled=use_tqdm) as bar:
                 while engine.has_unfinished():

@@ -7,18 +7,24 @@ Each step grants tokens so that `num_computed_tokens` catches up with
    leaves (a chunk). When blocks run out, the policy's victim among the not yet scheduled
    running requests is preempted by recompute; if the victim is the request itself it
    waits. Nothing is admitted in a step that preempted.
-2. waiting requests, in policy order (preempted ones are requeued at the front): a
-   prefix-cache hit over the full blocks (never the last token), then a chunk of the
-   remaining budget (or, without chunked prefill, the whole rest or wait). Admission
-   stops at the first request that does not fit (no overtaking: FCFS cannot starve).
+2. waiting requests, in the policy's admission order (preempted ones are requeued at the
+   front), each first asked `policy.admit(req)` ("defer": after all the others; "reject":
+   finished now): a prefix-cache hit over the full blocks (never the last token), then a
+   chunk of the remaining budget (or, without chunked prefill, the whole rest or wait).
+   Admission stops at the first request that does not fit (no overtaking: FCFS cannot
+   starve).
+The policy (toolkit/schedulers/policy_base.py) sees each grant (`on_grant`), each queued
+request (`on_add`, after `check` accepted it) and each finish (`on_finish`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from toolkit.schedulers.core import SchedulerCore
 from toolkit.schedulers.policies import Policy, resolve_policy
+from toolkit.schedulers.policy_base import ADMIT, REJECT, VERDICTS
+from toolkit.schedulers.view import SchedulerView
 from toolkit.types import Request, RequestStatus, ScheduledRequest, SchedulerOutput
 
 
@@ -28,13 +34,26 @@ class ContinuousBatchingScheduler(SchedulerCore):
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                  policy: str | Policy | Any = "fcfs", enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, num_lookahead_tokens: int = 0) -> None:
+                 enable_chunked_prefill: bool = True, num_lookahead_tokens: int = 0,
+                 clock: Callable[[], float] | None = None) -> None:
         super().__init__(allocator, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                          enable_prefix_caching=enable_prefix_caching,
-                         num_lookahead_tokens=num_lookahead_tokens)
+                         num_lookahead_tokens=num_lookahead_tokens, clock=clock)
         self.policy = resolve_policy(policy)
+        self.policy.bind(SchedulerView(self))
         self.enable_chunked_prefill = bool(enable_chunked_prefill)
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; a policy that needs a field the request lacks refuses it
+        (ValueError), and nothing is queued."""
+        self.policy.check(request)
+        super().add_request(request)
+        if request.request_id in self.requests:
+            self.policy.on_add(request)
+
+    def _on_finish(self, req: Request) -> None:
+        self.policy.on_finish(req)
 
     def never_fits(self, request: Request) -> str | None:
         p = request.num_prompt_tokens
@@ -71,6 +90,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
 
     # -- one step --
     def schedule(self) -> SchedulerOutput:
+        self._tick()
         out = SchedulerOutput(finished_ids=self._drain_finished())
         budget = self.max_num_batched_tokens
         self.running.sort(key=self.policy.sort_key)
@@ -81,19 +101,47 @@ class ContinuousBatchingScheduler(SchedulerCore):
             if not self._grow(req, end, i, out):
                 continue                       # req itself was preempted; running[i] is the next one
             n = end - req.num_computed_tokens
-            out.scheduled.append(self._scheduled(req, n))
+            out.scheduled.append(self._grant(self._scheduled(req, n)))
             budget -= n
             i += 1
         if not out.preempted_ids:
-            for req in sorted(self.waiting, key=self.policy.sort_key):
-                if budget <= 0 or len(self.running) >= self.max_num_seqs:
-                    break
-                s = self._admit(req, budget)
-                if s is None:
-                    break
-                out.scheduled.append(s)
-                budget -= s.num_new_tokens
+            self._admit_waiting(out, budget)
         return out
+
+    def _grant(self, s: ScheduledRequest) -> ScheduledRequest:
+        self.policy.on_grant(s)
+        return s
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Admit waiting requests in the policy's order; deferred ones go after all others."""
+        key = self.policy.admission_key
+        queue = sorted(self.waiting, key=key)
+        deferred: list[Request] = []
+        i, second_pass = 0, False
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            if i == len(queue):
+                if second_pass or not deferred:
+                    return
+                queue, i, second_pass = deferred, 0, True     # best effort: the deferred ones
+            req = queue[i]
+            i += 1
+            if not second_pass:
+                verdict = self.policy.admit(req)
+                if verdict not in VERDICTS:
+                    raise ValueError(f"policy {self.policy!r}.admit returned {verdict!r}; valid: {VERDICTS}")
+                if verdict == REJECT and not req.output_token_ids:
+                    self._reject(req)
+                    continue
+                if verdict != ADMIT:       # DEFER (or REJECT of a request that has output)
+                    deferred.append(req)
+                    continue
+            s = self._admit(req, budget)
+            if s is None:
+                return                     # no overtaking
+            out.scheduled.append(self._grant(s))
+            budget -= s.num_new_tokens
+            if self.policy.reorder_after_grant:
+                queue[i:] = sorted(queue[i:], key=key)
 
     def _grow(self, req: Request, end: int, i: int, out: SchedulerOutput) -> bool:
         """Give req blocks up to `end` (+ lookahead), preempting policy victims among

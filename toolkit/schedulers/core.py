@@ -12,7 +12,8 @@ Conventions it relies on:
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+import time
+from typing import Callable, Iterable, Mapping, Sequence
 
 from toolkit.schedulers.kv_cache_manager import KVCacheManager
 from toolkit.types import (
@@ -61,7 +62,11 @@ class SchedulerCore:
 
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
-                 enable_prefix_caching: bool = False, num_lookahead_tokens: int = 0) -> None:
+                 enable_prefix_caching: bool = False, num_lookahead_tokens: int = 0,
+                 clock: Callable[[], float] | None = None) -> None:
+        # the time policies read (Request.arrival_time's clock); the simulator sets a virtual one
+        self.clock: Callable[[], float] = clock if clock is not None else time.monotonic
+        self.now = self.clock()                   # read at the start of each schedule()
         self.block_size = _positive("block_size", block_size)
         self.kv = KVCacheManager(allocator, block_size=block_size,
                                  enable_prefix_caching=enable_prefix_caching,
@@ -294,9 +299,24 @@ class SchedulerCore:
         self.kv.forget(rid)
         self._limits.pop(rid, None)
         self._finished_ids.append(rid)
+        self._on_finish(req)
 
     def _free(self, req: Request) -> None:
         self.kv.free(req)
+
+    def _on_finish(self, req: Request) -> None:
+        """Hook: a queued request just finished (a policy's per-request state ends here)."""
+
+    def _reject(self, req: Request) -> None:
+        """Finish a queued request that has produced nothing as "rejected" (a policy's
+        admission decision); the next update() reports it, as for one rejected at add."""
+        assert not req.output_token_ids, "only a request with no output can be rejected"
+        self._finish(req, RequestStatus.FINISHED_IGNORED)
+        self._ignored[req.request_id] = req
+
+    def _tick(self) -> None:
+        """The step's time, read once so a policy's keys are consistent within a step."""
+        self.now = self.clock()
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Recompute preemption: free the blocks, forget progress, requeue at the front."""
@@ -322,3 +342,8 @@ class SchedulerCore:
         return (f"{type(self).__name__}(running={len(self.running)}, waiting={len(self.waiting)}, "
                 f"free_blocks={self.allocator.num_free_blocks()}/{self.allocator.num_blocks}, "
                 f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens={self.max_num_batched_tokens})")
+
+    def _repr_html_(self) -> str:
+        from toolkit.schedulers.describe import scheduler_html
+
+        return scheduler_html(self)

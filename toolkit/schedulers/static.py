@@ -14,6 +14,7 @@ from typing import Any
 
 from toolkit.schedulers.core import SchedulerCore
 from toolkit.schedulers.policies import Policy, resolve_policy
+from toolkit.schedulers.view import SchedulerView
 from toolkit.types import Request, RequestStatus, SchedulerOutput
 
 
@@ -25,13 +26,19 @@ class StaticBatchingScheduler(SchedulerCore):
                  policy: str | Policy | Any = "fcfs") -> None:
         super().__init__(allocator, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
-        self.policy = resolve_policy(policy)
+        self.policy = resolve_policy(policy)      # its order only (admission is all or nothing here)
+        self.policy.bind(SchedulerView(self))
+
+    def add_request(self, request: Request) -> None:
+        self.policy.check(request)
+        super().add_request(request)
 
     def reserved_blocks(self, request: Request) -> int:
         """Blocks for every position the request may ever compute."""
         return self.blocks_for(self.cap_end(request))
 
     def schedule(self) -> SchedulerOutput:
+        self._tick()
         out = SchedulerOutput(finished_ids=self._drain_finished())
         if not self.running:
             self._admit_batch()
