@@ -82,3 +82,18 @@ def server(tiny_chat_dir):
     srv, engine = start_server(tiny_chat_dir)
     yield srv, engine
     srv.stop()
+
+
+@pytest.fixture
+def make_server():
+    """start_server as a fixture; every server it started is stopped at teardown."""
+    started: list[Server] = []
+
+    def make(model_dir: str, **app_kwargs):
+        srv, engine = start_server(model_dir, **app_kwargs)
+        started.append(srv)
+        return srv, engine
+
+    yield make
+    for srv in started:
+        srv.stop()
