@@ -33,6 +33,9 @@ class StepRecord:
     kv_blocks_used: int = 0                  # blocks held or cached-and-unevictable (after the step)
     kv_blocks_cached: int = 0                # blocks holding a published prefix
     kv_blocks_total: int = 0
+    # the step's plan itself (its ScheduledRequests name each request, its start and grant):
+    # what a trace recorder keeps to replay the run on the simulator
+    scheduler_output: SchedulerOutput | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -46,7 +49,7 @@ class StepRecord:
 def step_record(step: int, start: float, end: float, out: SchedulerOutput, result: StepResult,
                 scheduler, allocator, num_finished: int) -> StepRecord:
     """The record of one step: the plan, its result and the state after it."""
-    rec = StepRecord(step, start, end - start, num_preempted=len(out.preempted_ids),
+    rec = StepRecord(step, start, end - start, num_preempted=len(out.preempted_ids), scheduler_output=out,
                      num_finished=num_finished, num_running=scheduler.num_running,
                      num_waiting=scheduler.num_waiting, kv_blocks_total=allocator.num_blocks,
                      kv_blocks_used=allocator.num_blocks - allocator.num_free_blocks(),
