@@ -94,36 +94,38 @@ class AsyncEngine:
 
     # -- requests --
     def add(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-            request_id: str | None = None, priority: int = 0) -> "_Stream":
+            request_id: str | None = None, **fields: Any) -> "_Stream":
         """Queue a request from any thread and wait for the engine to take it; returns its
-        stream. Raises what `Engine.add_request` raises for bad input (nothing is queued
-        then), `Overloaded` past `max_pending`, EngineDeadError after shutdown."""
-        stream, taken = self._submit(prompt, params, request_id, priority, _running_loop())
+        stream. `fields` are what `Engine.add_request` stores for the scheduling policy
+        (priority, client_id, deadline, expected_output_len, arrival_time). Raises what
+        `add_request` raises for bad input (nothing is queued then), `Overloaded` past
+        `max_pending`, EngineDeadError after shutdown."""
+        stream, taken = self._submit(prompt, params, request_id, fields, _running_loop())
         taken.result()
         return stream
 
     async def add_async(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-                        request_id: str | None = None, priority: int = 0) -> "_Stream":
+                        request_id: str | None = None, **fields: Any) -> "_Stream":
         """`add` without blocking the event loop while the engine thread takes it."""
-        stream, taken = self._submit(prompt, params, request_id, priority, asyncio.get_running_loop())
+        stream, taken = self._submit(prompt, params, request_id, fields, asyncio.get_running_loop())
         await asyncio.wrap_future(taken)
         return stream
 
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-                       request_id: str | None = None, priority: int = 0,
-                       output_kind: OutputKind = "delta") -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, output_kind: OutputKind = "delta",
+                       **fields: Any) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs. "delta": each output holds only what is new since
         the last one (text, token ids, logprobs; completions that did not change left out);
         "cumulative": everything so far; "final": one output at the end. Leaving the loop
         early, or cancelling the task, aborts the request."""
         if output_kind not in ("delta", "cumulative", "final"):
             raise ValueError(f"output_kind must be 'delta', 'cumulative' or 'final', got {output_kind!r}")
-        stream = await self.add_async(prompt, params, request_id=request_id, priority=priority)
+        stream = await self.add_async(prompt, params, request_id=request_id, **fields)
         async for out in stream.iterate(output_kind):
             yield out
 
     def _submit(self, prompt: Any, params: SamplingParams | None, request_id: str | None,
-                priority: int, loop: asyncio.AbstractEventLoop | None,
+                fields: dict[str, Any], loop: asyncio.AbstractEventLoop | None,
                 ) -> tuple["_Stream", concurrent.futures.Future]:
         if not self.accepting:
             raise EngineDeadError("the engine is shutting down or stopped; it takes no new requests"
@@ -137,7 +139,7 @@ class AsyncEngine:
         def add() -> str:                          # on the loop thread
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
-            self.engine.add_request(prompt, params, request_id=rid, priority=priority)
+            self.engine.add_request(prompt, params, request_id=rid, **fields)
             self._streams[rid] = stream
             return rid
 

@@ -27,22 +27,20 @@ class Prepared:
     params: list[SamplingParams]
     priority: int
     n: int
+    client_id: str | None = None  # OpenAI's `user`: the client a fair-share policy counts
     echo: bool = False           # completions: the prompt's text starts each choice
 
 
 class OpenAIHandlers:
-    """Completions and chat completions over one AsyncEngine.
+    """Completions and chat completions over one AsyncEngine: `prepare_*` validates a
+    request into a `Prepared` (a custom server may change it before running it: its
+    params, priority, client), `complete` runs it to one response, `stream` to SSE lines."""
 
-    `params_hook(request, params) -> params` lets a custom server adjust what a request
-    runs with (a per-user cap on max_tokens, a forced seed); `priority_hook(request) -> int`
-    sets its priority for the scheduler's policy."""
-
-    def __init__(self, engine: AsyncEngine, model_name: str, *, max_model_len: int | None = None,
-                 priority_hook: Any = None) -> None:
+    def __init__(self, engine: AsyncEngine, model_name: str, *, max_model_len: int | None = None
+                 ) -> None:
         self.engine, self.model_name = engine, model_name
         self.tokenizer = engine.tokenizer
         self.max_model_len = max_model_len or engine.engine.max_model_len
-        self.priority_hook = priority_hook
 
     # -- preparation (raises ProtocolError for anything the client got wrong) --
     def check_model(self, name: str | None) -> None:
@@ -69,7 +67,7 @@ class OpenAIHandlers:
         params = [req.sampling_params(self.max_model_len, len(i)) for i in ids]
         texts = [p if isinstance(p, str) else (self._decode(p) if req.echo else None) for p in prompts]
         return Prepared(req.request_id or P.new_id("cmpl"), self.model_name, ids, texts, params,
-                        priority or req.priority, req.n, echo=req.echo)
+                        priority or req.priority, req.n, echo=req.echo, client_id=req.user)
 
     def prepare_chat(self, req: P.ChatCompletionRequest, priority: int = 0) -> Prepared:
         self.check_model(req.model)
@@ -79,7 +77,7 @@ class OpenAIHandlers:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         params = req.sampling_params(self.max_model_len, len(ids))
         return Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
-                        [params], priority or req.priority, req.n)
+                        [params], priority or req.priority, req.n, client_id=req.user)
 
     def render_chat(self, req: P.ChatCompletionRequest) -> str:
         messages = req.template_messages()
@@ -107,8 +105,10 @@ class OpenAIHandlers:
         try:
             for i, (ids, sp) in enumerate(zip(prep.prompts, prep.params)):
                 rid = prep.request_id if len(prep.prompts) == 1 else f"{prep.request_id}-{i}"
-                streams.append(await self.engine.add_async(ids, sp, request_id=rid,
-                                                           priority=prep.priority))
+                fields = {"priority": prep.priority}
+                if prep.client_id is not None:
+                    fields["client_id"] = prep.client_id
+                streams.append(await self.engine.add_async(ids, sp, request_id=rid, **fields))
         except BaseException:
             for s in streams:
                 self.engine.abort(s.request_id)
