@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.config import EngineConfig
-from toolkit.types import RequestOutput, SamplingParams
+from toolkit.types import BeamSearchParams, RequestOutput, SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "EngineConfig", "RequestOutput"]
 __version__ = "0.1.0"
 
 

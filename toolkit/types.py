@@ -61,7 +61,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0              # > 0; 1 = off (prompt and output tokens)
     logit_bias: dict[int, float] | None = None   # token id -> added to the logit
     allowed_token_ids: list[int] | None = None   # only these may be sampled
-    bad_words: list[list[int]] | None = None     # token-id sequences never to complete
+    bad_words: list[list[int] | str] | None = None  # token-id sequences never to complete;
+                                                 # words as text are tokenized by the engine
     seed: int | None = None                      # per-request generator, batch-independent
     logprobs: int | None = None                  # top-N logprobs (+ the sampled token)
     prompt_logprobs: int | None = None           # top-N logprobs of every prompt token
@@ -73,8 +74,14 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured: Any = None                       # a grammar spec (see samplers.grammar)
+    best_of: int | None = None                   # sample this many, return the n most likely
+    # vLLM's spellings of `structured` (GuidedDecodingParams / StructuredOutputsParams or a
+    # dict): read into `structured`, then set back to None
+    guided_decoding: Any = None
+    structured_outputs: Any = None
 
     def __post_init__(self) -> None:
+        self._read_vllm_structured()
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
             setattr(self, name, _real(name, getattr(self, name), finite=name != "temperature"))
@@ -122,13 +129,17 @@ class SamplingParams:
         if self.bad_words is not None:
             _int_list("bad_words", self.bad_words)
             for w in self.bad_words:
-                _int_list("bad_words[i]", w)
+                if not isinstance(w, str):
+                    _int_list("bad_words[i]", w)
         if self.allowed_token_ids is not None:
             _check(len(self.allowed_token_ids) > 0 and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids),
                    "allowed_token_ids", "a non-empty list of non-negative token ids", self.allowed_token_ids)
         if self.bad_words is not None:
-            _check(all(len(w) > 0 and all(_is_int(t) and t >= 0 for t in w) for w in self.bad_words),
-                   "bad_words", "a list of non-empty token-id lists", self.bad_words)
+            _check(all(len(w) > 0 and (isinstance(w, str) or all(_is_int(t) and t >= 0 for t in w))
+                       for w in self.bad_words),
+                   "bad_words", "a list of non-empty words (text) or token-id lists", self.bad_words)
+        _check(self.best_of is None or (_is_int(self.best_of) and self.best_of >= self.n),
+               "best_of", f"None or an integer >= n={self.n}", self.best_of)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None:
@@ -140,9 +151,78 @@ class SamplingParams:
             _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                    "a list of non-negative token ids", self.stop_token_ids)
 
+    def _read_vllm_structured(self) -> None:
+        given = [k for k in ("structured", "guided_decoding", "structured_outputs")
+                 if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of structured, guided_decoding, structured_outputs; got {given}")
+        for name in ("guided_decoding", "structured_outputs"):
+            if getattr(self, name) is not None:
+                from toolkit.samplers.grammar.guided import from_guided
+
+                self.structured = from_guided(getattr(self, name), name)
+                setattr(self, name, None)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_text_bad_words(self) -> bool:
+        """Whether some bad word is text (the engine tokenizes it when the request is added)."""
+        return any(isinstance(w, str) for w in self.bad_words or ())
+
+    def __repr__(self) -> str:
+        """Only the fields that differ from the defaults: SamplingParams(temperature=0, max_tokens=8)."""
+        return f"SamplingParams({', '.join(f'{k}={v!r}' for k, v in _non_defaults(self))})"
+
+    def _repr_html_(self) -> str:
+        from toolkit.display import html_table
+
+        rows = {k: repr(v) for k, v in _non_defaults(self)}
+        return html_table("SamplingParams", rows or {"(all defaults)": ""}, kind="sampling-params")
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's beam-search parameters: `llm.beam_search(prompts, BeamSearchParams(beam_width=4,
+    max_tokens=32))`. Beams are ranked by cum_logprob / generated_len ** length_penalty."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0                     # only 0 (deterministic beams) is supported
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False     # accepted for vLLM; beams stop on EOS only
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise TypeError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
+            _check(v >= 1, name, "an integer >= 1", v)
+        self.length_penalty = _real("length_penalty", self.length_penalty, finite=True)
+        _check(_real("temperature", self.temperature) == 0.0, "temperature",
+               "0 (beam search here is deterministic)", self.temperature)
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+    def __repr__(self) -> str:
+        return f"BeamSearchParams({', '.join(f'{k}={v!r}' for k, v in _non_defaults(self))})"
+
+
+def _non_defaults(sp: Any) -> list[tuple[str, Any]]:
+    """(name, value) of the dataclass fields of `sp` whose value is not the default."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(sp):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        v = getattr(sp, f.name)
+        if f.repr and not (v is default or v == default):
+            out.append((f.name, v))
+    return out
 
 
 class RequestStatus(enum.Enum):
@@ -456,6 +536,6 @@ def as_token_lists(x: Sequence[int] | Sequence[Sequence[int]]) -> list[list[int]
 
 
 __all__ = [
-    "SamplingParams", "RequestStatus", "Request", "ScheduledRequest", "SchedulerOutput",
+    "SamplingParams", "BeamSearchParams", "RequestStatus", "Request", "ScheduledRequest", "SchedulerOutput",
     "RequestMetrics", "CompletionOutput", "RequestOutput", "StepResult", "Mapping",
 ]

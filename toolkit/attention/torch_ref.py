@@ -51,6 +51,16 @@ class TorchAttention:
                 self.sliding_window, self.soft_cap).to(q.dtype)
         return out
 
+    def __repr__(self) -> str:
+        from toolkit.attention.describe import attention_repr
+
+        return attention_repr(self)
+
+    def _repr_html_(self) -> str:
+        from toolkit.attention.describe import attention_html
+
+        return attention_html(self, {"path": "reference twin: one sequence at a time, float32"})
+
 
 def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, table: list[int], kv_len: int,
                         scale: float, sliding_window: int | None = None,

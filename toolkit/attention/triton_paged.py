@@ -141,3 +141,11 @@ class TritonPagedAttention:
                 f"prefill tiles" if s else "not planned")
         return (f"TritonPagedAttention(heads={self.num_heads}/{self.num_kv_heads}, d={self.head_dim}, "
                 f"window={self.sliding_window}, soft_cap={self.soft_cap}, {plan})")
+
+    def _repr_html_(self) -> str:
+        from toolkit.attention.describe import attention_html
+
+        s = self.schedule
+        plan = (f"{len(s.decode)} decode items x {s.num_splits} splits max, {len(s.prefill)} "
+                f"prefill tiles" if s else "not planned")
+        return attention_html(self, {"tile schedule": plan})

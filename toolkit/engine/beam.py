@@ -19,6 +19,7 @@ class Beam:
     cum_logprob: float = 0.0
     num_generated: int = 0
     finished: bool = False
+    text: str = ""                  # the generated tokens decoded (vLLM's BeamSearchSequence.text)
 
     def score(self, length_penalty: float) -> float:
         return length_normalized(self.cum_logprob, max(self.num_generated, 1), length_penalty)
@@ -81,6 +82,8 @@ def beam_search(engine, prompts: list[list[int]], beam_width: int, max_tokens: i
         ranked = sorted(done[i] + live[i], key=lambda b: -b.score(length_penalty))[:beam_width]
         texts = [engine.tokenizer.decode(b.tokens[len(p):], skip_special_tokens=True)
                  if engine.tokenizer is not None else "" for b in ranked]
+        for b, t in zip(ranked, texts):
+            b.text = t
         outs.append(BeamSearchOutput(list(p), ranked, texts))
     return outs
 

@@ -31,6 +31,7 @@ from toolkit.engine.output import OutputProcessor, sequence_ids
 from toolkit.engine.runner import Runner
 from toolkit.engine.siblings import SiblingQueue
 from toolkit.engine.structured import StructuredOutputManager
+from toolkit.engine.vllm_compat import BestOf, resolve_words
 from toolkit.samplers.base import check_token_ids
 from toolkit.schedulers.policies import policy_of, warn_ignored_priority
 from toolkit.types import (
@@ -71,6 +72,7 @@ class Engine:
         self._host_tokens: set[str] = set()
         self._undelivered: list[RequestOutput] = []      # outputs the next step returns first
         self._ids = itertools.count()
+        self.best_of = BestOf()                      # best_of > n: only the n best are reported
         self._salts = itertools.count(1)             # a private prefix-cache key per prompt_logprobs request
         self.closed = False
         self.startup: dict[str, float] = {}              # seconds: load, kv_cache, warmup (build_engine)
@@ -103,13 +105,15 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}"
                             + (" (build one: SamplingParams(**d))" if isinstance(params, dict) else ""))
-        rid = request_id if request_id is not None else str(next(self._ids))
+        rid = request_id if request_id is not None else self._new_id()
         if not isinstance(rid, str):
             raise TypeError(f"request_id must be a string, got {type(rid).__name__}")
         if rid in self.output_processor or self.output_processor.group_of(rid) is not None:
             raise ValueError(f"request id {rid!r} is already in use")
         text, ids = self.tokenize(prompt)
+        params = resolve_words(params, self.tokenizer)      # bad words as text -> token ids
         self._check_prompt(ids, params)
+        params = self.best_of.expand(rid, params)
         fields = dict(priority=priority, client_id=client_id, deadline=deadline,
                       expected_output_len=expected_output_len)
         warn_ignored_priority(policy_of(self.scheduler), priority)
@@ -129,6 +133,13 @@ class Engine:
         if _needs_host_tokens(params):
             self._host_tokens.update(s.request_id for s in sequences)
         return rid
+
+    def _new_id(self) -> str:
+        """The next free automatic id (one a caller chose itself is skipped)."""
+        while True:
+            rid = str(next(self._ids))
+            if rid not in self.output_processor and self.output_processor.group_of(rid) is None:
+                return rid
 
     def _sequence(self, rid: str, j: int, ids: list[int], params: SamplingParams, fields: dict,
                   arrival_time: float | None) -> Request:
@@ -182,6 +193,7 @@ class Engine:
         self._host_tokens.difference_update(seqs)
         for rid in ids:
             self.output_processor.forget(rid)
+        self.best_of.forget(ids)
 
     def has_unfinished(self) -> bool:
         return bool(self.structured.num_compiling or self._undelivered or len(self.siblings)
@@ -206,7 +218,7 @@ class Engine:
             outputs += self._land(start)
         self._count(out, overlap)
         earlier, self._undelivered = self._undelivered, []
-        return earlier + outputs
+        return self.best_of.filter(earlier + outputs)
 
     def _can_overlap(self, out: SchedulerOutput) -> bool:
         """Async, and no sequence of this step reads its last token's value on the host."""
@@ -317,6 +329,16 @@ class Engine:
                 obs(rec)
             except Exception:                # an observer's bug must not lose the step's outputs
                 log.exception("step observer %r raised; the engine goes on", obs)
+
+    def __repr__(self) -> str:
+        from toolkit.engine.describe import engine_repr
+
+        return engine_repr(self)
+
+    def _repr_html_(self) -> str:
+        from toolkit.engine.describe import engine_html
+
+        return engine_html(self)
 
     @property
     def spec_metrics(self) -> dict[str, float]:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from toolkit.config import EngineConfig
 from toolkit.engine.build import build_engine
 from toolkit.engine.progress import TokenProgress
 from toolkit.engine.request_fields import per_prompt_fields
-from toolkit.types import RequestOutput, SamplingParams
+from toolkit.types import BeamSearchParams, RequestOutput, SamplingParams
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | Mapping[str, Any]    # text, token ids, or vLLM's {"prompt": ...}
 
 
 class LLM:
@@ -47,14 +48,17 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  priority: int | Sequence[int] | None = None, client_id: Any = None, deadline: Any = None,
                  expected_output_len: Any = None,
-                 priorities: Sequence[int] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+                 priorities: Sequence[int] | None = None, use_tqdm: bool = True,
+                 live: bool = False) -> list[RequestOutput]:
         """Run prompts (text, or token ids as a list, numpy array or tensor) to completion;
         outputs in the order of the prompts, each with its n completions.
 
         All or nothing: if anything raises (a bad prompt, an error inside a step, Ctrl-C),
         every request this call queued is aborted before the exception leaves, so no block
         stays held and the next call starts clean. The progress bar counts tokens (prompt
-        tokens computed and output tokens), so a long prefill shows progress too."""
+        tokens computed and output tokens), so a long prefill shows progress too.
+        live=True: in Jupyter, a LiveView (KV block map, queues, tokens per step) updates
+        while the engine runs, and the recording is plotted at the end."""
         engine = self._engine()
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
@@ -68,7 +72,7 @@ class LLM:
             for i, (p, sp) in enumerate(zip(prompts, params)):
                 rid = engine.add_request(p, sp, **fields[i])
                 order[rid] = i
-            with TokenProgress(engine, order, params, enabled=use_tqdm) as bar:
+            with _live_view(self, live), TokenProgress(engine, order, params, enabled=use_tqdm) as bar:
                 while engine.has_unfinished():
                     for o in engine.step():
                         if o.finished and o.request_id in order:
@@ -83,16 +87,27 @@ class LLM:
                                "from elsewhere during generate?")
         return [done[rid] for rid in sorted(order, key=order.get)]
 
-    def beam_search(self, prompts: Prompt | Sequence[Prompt], beam_width: int, max_tokens: int, *,
-                    length_penalty: float = 1.0, ignore_eos: bool = False):
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams | int,
+                    max_tokens: int | None = None, *, length_penalty: float = 1.0,
+                    ignore_eos: bool = False):
         """Beam search (Hugging Face's rules) on the engine's parts; beams share prefix blocks
-        through the allocator. Returns per prompt the beam_width best sequences, best first."""
+        through the allocator. Returns per prompt the beam width's best sequences, best first.
+
+        vLLM's form `beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=16))`, or
+        `beam_search(prompts, beam_width, max_tokens, length_penalty=, ignore_eos=)`."""
         from toolkit.engine.beam import beam_search
 
+        if not isinstance(params, BeamSearchParams):
+            if max_tokens is None:
+                raise TypeError("beam_search takes a BeamSearchParams, or beam_width and max_tokens")
+            params = BeamSearchParams(beam_width=params, max_tokens=max_tokens,
+                                      length_penalty=length_penalty, ignore_eos=ignore_eos)
+        elif max_tokens is not None:
+            raise TypeError("max_tokens is given by the BeamSearchParams; pass it there")
         engine = self._engine()
         ids = [engine.tokenize(p)[1] for p in _as_prompt_list(prompts)]
-        return beam_search(engine, ids, beam_width, max_tokens,
-                           length_penalty=length_penalty, ignore_eos=ignore_eos)
+        return beam_search(engine, ids, params.beam_width, params.max_tokens,
+                           length_penalty=params.length_penalty, ignore_eos=params.ignore_eos)
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, **kwargs: Any) -> list[RequestOutput]:
@@ -102,9 +117,12 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer; this LLM has none")
-        ids = [self.tokenizer.encode(apply_chat_template(self.tokenizer, c), add_special_tokens=False)
-               for c in convs]
-        return self.generate(ids, sampling_params, **kwargs)
+        texts = [apply_chat_template(self.tokenizer, c) for c in convs]
+        ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        outs = self.generate(ids, sampling_params, **kwargs)
+        for o, text in zip(outs, texts):
+            o.prompt = text                         # the rendered conversation, as vLLM fills it
+        return outs
 
     def _engine(self):
         if self.engine is None:
@@ -125,22 +143,30 @@ class LLM:
         self.close()
 
     def __repr__(self) -> str:
-        e = self.engine
-        if e is None:
-            return "LLM(closed)"
-        r = e.runner
-        return (f"LLM(model={type(e.model).__name__}, scheduler={type(e.scheduler).__name__}, "
-                f"allocator={type(e.scheduler.allocator).__name__ if hasattr(e.scheduler, 'allocator') else '?'}, "
-                f"attention={type(r.attention).__name__}, sampler={type(r.sampler).__name__}, "
-                f"kv={r.kv_cache.num_blocks}x{r.kv_cache.block_size} tokens)")
+        from toolkit.engine.describe import engine_repr
+
+        return engine_repr(self.engine, "LLM")
+
+    def _repr_html_(self) -> str:
+        from toolkit.engine.describe import engine_html
+
+        return engine_html(self.engine, "LLM")
+
+
+def _live_view(llm: LLM, live: bool) -> Any:
+    if not live:
+        return contextlib.nullcontext()
+    from toolkit.notebook.live import LiveView
+
+    return LiveView(llm)
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     """One prompt (text, or token ids as a list / tuple / 1-d array) or a list of them."""
     if prompts is None:
         raise TypeError("prompts must be text, token ids, or a list of them; got None")
-    if isinstance(prompts, str):
-        return [prompts]
+    if isinstance(prompts, (str, Mapping)):
+        return [_prompt_of(prompts)]
     if hasattr(prompts, "ndim") and hasattr(prompts, "tolist"):     # numpy array / torch tensor
         if prompts.ndim == 1:
             return [prompts]
@@ -150,9 +176,23 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     prompts = list(prompts)
     if not prompts:
         raise ValueError("no prompts given")
-    if not isinstance(prompts[0], (str, Sequence)) and getattr(prompts[0], "ndim", 0) < 1:
+    if not isinstance(prompts[0], (str, Sequence, Mapping)) and getattr(prompts[0], "ndim", 0) < 1:
         return [prompts]  # one prompt of token ids (its elements are checked by add_request)
-    return prompts
+    return [_prompt_of(p) for p in prompts]
+
+
+def _prompt_of(p: Any) -> Any:
+    """vLLM's TextPrompt {"prompt": str} / TokensPrompt {"prompt_token_ids": [...]} as text or
+    ids; anything else unchanged."""
+    if not isinstance(p, Mapping):
+        return p
+    keys = set(p)
+    if keys == {"prompt"}:
+        return p["prompt"]
+    if keys == {"prompt_token_ids"} or keys == {"prompt", "prompt_token_ids"}:
+        return p["prompt_token_ids"]
+    raise ValueError(f"a prompt given as a dict takes 'prompt' (text) or 'prompt_token_ids'; got keys "
+                     f"{sorted(keys)} (multi-modal data and the like are not supported)")
 
 
 def _as_params_list(sp: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:

@@ -56,7 +56,9 @@ def step_record(step: int, start: float, end: float, out: SchedulerOutput, resul
                      kv_blocks_cached=allocator.num_cached_blocks())
     for s in out.scheduled:
         rec.grants[s.request_id] = s.num_new_tokens
-        if s.samples and s.num_new_tokens == 1 + s.num_spec_tokens:
+        # read after update(): the request has grown since, so `s.samples` no longer tells;
+        # a decode is one token (+ drafts) past the prompt, anything else a prompt or recompute chunk
+        if s.num_new_tokens == 1 + s.num_spec_tokens and s.start >= s.request.num_prompt_tokens:
             rec.num_decode_tokens += s.num_new_tokens
         else:
             rec.num_prefill_tokens += s.num_new_tokens

@@ -73,7 +73,23 @@ class Sampler:
         return self
 
     def __repr__(self) -> str:
-        return f"Sampler({' -> '.join(self.names)})"
+        cut = fusable_tail(self.stages)
+        head = " -> ".join(self.names[:cut])
+        tail = " -> ".join(self.names[cut:])
+        fused = f"fused tail: {tail} + race" if tail else "fused tail: off"
+        where = {None: "auto", True: "on", False: "off"}[self.use_triton]
+        return f"Sampler({head}{' | ' if head else ''}{fused}; triton={where})"
+
+    def _repr_html_(self) -> str:
+        from toolkit.display import chips, html_table
+
+        cut = fusable_tail(self.stages)
+        return html_table("Sampler", {
+            "stages": chips(self.names[:cut], "#e0e7ff"),
+            "fused tail": (chips(self.names[cut:] + ["race"], "#fde68a") if cut < len(self.stages)
+                           else "off (a stage after the tail, or no tail stage): stages then gumbel_sample"),
+            "triton": {None: "on CUDA only", True: "on", False: "off"}[self.use_triton],
+        }, kind="sampler")
 
     # ---- running it ---------------------------------------------------------------------
     def process(self, logits: Tensor, meta: SamplingMetadata,

@@ -1,0 +1,72 @@
+"""What `repr(llm)`, `repr(llm.engine)` and their `_repr_html_` show: the parts and the
+live state (queues, KV blocks, steps). One place, so the LLM and the Engine agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolkit.display import Raw, bar, html_table
+
+
+def _html_or_repr(part: Any) -> Any:
+    """A part's own HTML when it has one, else its repr."""
+    if hasattr(part, "_repr_html_"):
+        try:
+            return Raw(part._repr_html_())
+        except Exception:                  # a user's part whose HTML fails: show its repr
+            pass
+    return repr(part)
+
+
+def engine_rows(engine: Any, html: bool) -> dict[str, Any]:
+    """name -> value of an open engine: model, parts, KV cache, state, counters."""
+    model = engine.model
+    cfg = getattr(model, "config", None)
+    model_desc = (f"{type(model).__name__} ({getattr(cfg, 'model_type', '?')}, {model.num_layers} layers, "
+                  f"vocab {model.vocab_size}, {getattr(model, 'dtype', '?')} on {getattr(model, 'device', '?')})")
+    show = _html_or_repr if html else repr
+    r = engine.runner
+    alloc = engine.allocator
+    used = alloc.num_blocks - alloc.num_free_blocks()
+    kv = (bar([("used", used, "#93c5fd"), ("cached", alloc.num_cached_blocks(), "#86efac")],
+              alloc.num_blocks) if html else
+          f"{used}/{alloc.num_blocks} blocks used, {alloc.num_cached_blocks()} cached")
+    rows = {
+        "model": model_desc,
+        "scheduler": show(engine.scheduler),
+        "allocator": repr(alloc),
+        "sampler": show(r.sampler),
+        "attention": show(r.attention),
+        "kv cache": repr(r.kv_cache),
+        "kv blocks": kv,
+        "max_model_len": engine.max_model_len,
+        "async scheduling": engine.async_scheduling,
+        "steps run": engine.num_steps,
+        "preemptions": engine.num_preemptions,
+        "observers": len(engine.observers),
+    }
+    if engine.proposer is not None:
+        rows["proposer"] = f"{engine.proposer!r}, k={engine.num_spec_tokens}"
+    return rows
+
+
+def engine_repr(engine: Any, name: str = "Engine") -> str:
+    if engine is None or engine.closed:
+        return f"{name}(closed)"
+    r = engine.runner
+    alloc = engine.allocator
+    return (f"{name}(model={type(engine.model).__name__}, scheduler={type(engine.scheduler).__name__}, "
+            f"allocator={type(alloc).__name__}, attention={type(r.attention).__name__}, "
+            f"sampler={type(r.sampler).__name__}, kv={r.kv_cache.num_blocks}x{r.kv_cache.block_size} "
+            f"tokens, running={_count(engine.scheduler, 'num_running')}, "
+            f"waiting={_count(engine.scheduler, 'num_waiting')}, steps={engine.num_steps})")
+
+
+def engine_html(engine: Any, name: str = "Engine") -> str:
+    if engine is None or engine.closed:
+        return html_table(name, {"state": "closed"}, kind=name.lower())
+    return html_table(name, engine_rows(engine, html=True), kind=name.lower())
+
+
+def _count(scheduler: Any, name: str) -> Any:
+    return getattr(scheduler, name, "?")
