@@ -32,9 +32,9 @@ from toolkit.serving.metrics import ServerMetrics
 def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str | None = None,
               max_pending: int | None = None, retry_after_s: int = 1,
               shutdown_timeout: float = 5.0, close_engine: bool = True,
-              priority_hook: Callable[[Request, Any], int] | None = None) -> FastAPI:
-    """The app. `priority_hook(http_request, body) -> int` gives each request its priority
-    (lower first, for the priority policy), e.g. from its API key."""
+              priority_hook: Callable[[Request, Any], int | None] | None = None) -> FastAPI:
+    """The app. `priority_hook(http_request, body) -> int | None` gives each request its
+    priority (lower first, for the priority policy) in place of the body's `priority`."""
     handlers = OpenAIHandlers(engine, model_name)
     metrics = ServerMetrics(model_name)
     state = {"draining": False}
@@ -99,7 +99,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         busy = admit()
         if busy is not None:
             return busy
-        priority = priority_hook(request, body) if priority_hook is not None else 0
+        priority = priority_hook(request, body) if priority_hook is not None else None
         prep = prepare(body, priority)
         try:
             if body.stream:

@@ -60,16 +60,16 @@ class OpenAIHandlers:
             raise P.ProtocolError(f"token ids must be in [0, {vocab}), got {bad[:3]}", param=param)
         return list(prompt)
 
-    def prepare_completion(self, req: P.CompletionRequest, priority: int = 0) -> Prepared:
+    def prepare_completion(self, req: P.CompletionRequest, priority: int | None = None) -> Prepared:
         self.check_model(req.model)
         prompts = req.prompts()
         ids = [self._tokenize(p, "prompt") for p in prompts]
         params = [req.sampling_params(self.max_model_len, len(i)) for i in ids]
         texts = [p if isinstance(p, str) else (self._decode(p) if req.echo else None) for p in prompts]
         return Prepared(req.request_id or P.new_id("cmpl"), self.model_name, ids, texts, params,
-                        priority or req.priority, req.n, echo=req.echo, client_id=req.user)
+                        req.priority if priority is None else priority, req.n, echo=req.echo, client_id=req.user)
 
-    def prepare_chat(self, req: P.ChatCompletionRequest, priority: int = 0) -> Prepared:
+    def prepare_chat(self, req: P.ChatCompletionRequest, priority: int | None = None) -> Prepared:
         self.check_model(req.model)
         if self.tokenizer is None:
             raise P.ProtocolError("chat needs a tokenizer with a chat template; this server has none")
@@ -77,7 +77,7 @@ class OpenAIHandlers:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         params = req.sampling_params(self.max_model_len, len(ids))
         return Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
-                        [params], priority or req.priority, req.n, client_id=req.user)
+                        [params], req.priority if priority is None else priority, req.n, client_id=req.user)
 
     def render_chat(self, req: P.ChatCompletionRequest) -> str:
         messages = req.template_messages()

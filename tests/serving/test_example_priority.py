@@ -1,0 +1,60 @@
+"""examples/priority_server.py: a gold key's request overtakes the free tier's queue."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+
+def load_example():
+    path = Path(__file__).resolve().parents[2] / "examples" / "priority_server.py"
+    spec = importlib.util.spec_from_file_location("priority_server", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gold_key_overtakes_queued_free_requests(tiny_chat_dir):
+    from conftest import Server, free_port
+
+    from toolkit import LLM
+    from toolkit.engine.async_engine import AsyncEngine
+    from toolkit.schedulers.policies import Priority
+
+    example = load_example()
+    engine = AsyncEngine(LLM(tiny_chat_dir, num_blocks=128, block_size=8, max_num_seqs=1,
+                             policy=Priority()))
+    srv = Server(example.build_priority_app(engine, {"gold": 0, "free": 5}, "tiny"), free_port())
+    order: list[str] = []
+
+    async def run():
+        def client(key):
+            return openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+        async def one(key, tag):
+            c = client(key)
+            try:
+                await c.completions.create(model="tiny", prompt="go", max_tokens=12,
+                                           extra_body={"ignore_eos": True})
+            finally:
+                await c.close()
+            order.append(tag)
+
+        free = [asyncio.create_task(one("free", f"free{i}")) for i in range(5)]
+        await asyncio.sleep(0.5)               # the free requests are queued behind one running
+        gold = asyncio.create_task(one("gold", "gold"))
+        with pytest.raises(openai.AuthenticationError):
+            await client("nobody").completions.create(model="tiny", prompt="x", max_tokens=2)
+        await asyncio.gather(gold, *free)
+
+    try:
+        asyncio.run(run())
+    finally:
+        srv.stop()
+    # one runs at a time: the gold request goes next after the one running when it came
+    assert order.index("gold") <= 2, order
