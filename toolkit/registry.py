@@ -14,6 +14,7 @@ REGISTRY: dict[str, dict[str, str]] = {
         "free_list": "toolkit.blocks.free_list:FreeListAllocator",
         "prefix_caching": "toolkit.blocks.prefix_caching:PrefixCachingAllocator",
         "reference": "toolkit.blocks.reference:ReferenceAllocator",
+        "radix": "toolkit.blocks.radix:RadixAllocator",
     },
     "scheduler": {
         "continuous": "toolkit.schedulers.continuous:ContinuousBatchingScheduler",

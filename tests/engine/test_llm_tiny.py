@@ -45,6 +45,8 @@ CONFIGS = {
     "one_seq": dict(max_num_seqs=1),
     "static": dict(scheduler="static", max_num_seqs=3),
     "reference_scheduler": dict(scheduler="reference"),
+    "radix": dict(allocator="radix"),
+    "radix_preempting_pool": dict(allocator="radix", num_blocks=24, block_size=4, max_num_batched_tokens=16),
 }
 
 
@@ -52,7 +54,7 @@ CONFIGS = {
 def test_greedy_equals_hf(tiny_llama_dir, expected, name):
     stats: dict = {}
     assert _run(tiny_llama_dir, _prompts(), stats, **CONFIGS[name]) == expected
-    if name == "preempting_pool":
+    if name.endswith("preempting_pool"):
         assert stats["preemptions"] > 0, "the small pool was meant to force preemption"
 
 

@@ -11,6 +11,13 @@ class OutOfBlocks(RuntimeError):
 
 @runtime_checkable
 class BlockAllocator(Protocol):
+    """Optional capability `keyed_by_tokens` (class attribute, default False when absent): a
+    prefix cache keyed by token ids (blocks/radix.py) sets it True, and callers then pass,
+    besides the hashes, `lookup(hashes, tokens=ids, extra=salt)` / `peek(...)` (ids: the
+    request's tokens, at least len(hashes) full blocks) and `publish(id, hash, tokens=the
+    block's block_size ids, parent=the previous block's hash or None for the first, extra=salt)`.
+    Hash-keyed allocators are called exactly as before."""
+
     block_size: int
     num_blocks: int
     num_reserved: int        # blocks never handed out (0 for the toolkit's allocators)

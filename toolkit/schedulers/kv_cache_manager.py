@@ -40,6 +40,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.num_lookahead_tokens = num_lookahead_tokens
+        self.keyed_by_tokens = bool(getattr(allocator, "keyed_by_tokens", False))
         # usable blocks: what the cache can give one request when it runs alone
         self.capacity_blocks = allocator.num_blocks - allocator.num_reserved
         self._hashes: dict[str, list[int]] = {}     # block hash chain of each live request
@@ -62,7 +63,7 @@ class KVCacheManager:
         """Leading tokens of `req` a prefix-cache lookup would hit now (no references taken)."""
         if not self.enable_prefix_caching:
             return 0
-        return self.allocator.peek(self._lookup_hashes(req)) * self.block_size
+        return self.allocator.peek(self._lookup_hashes(req), **self._token_key(req)) * self.block_size
 
     # -- admission --
     def computed_blocks(self, req: Request) -> list[int]:
@@ -71,12 +72,18 @@ class KVCacheManager:
         token must be computed for its logits."""
         if not self.enable_prefix_caching:
             return []
-        return self.allocator.lookup(self._lookup_hashes(req))
+        return self.allocator.lookup(self._lookup_hashes(req), **self._token_key(req))
 
     def release(self, hits: Sequence[int]) -> None:
         """Give back hits that allocate_slots did not take."""
         if hits:
             self.allocator.free(list(reversed(hits)))
+
+    def _token_key(self, req: Request) -> dict:
+        """lookup/peek's token arguments for an allocator keyed by tokens (blocks/base.py)."""
+        if not self.keyed_by_tokens:
+            return {}
+        return {"tokens": req.all_token_ids, "extra": req.cache_salt}
 
     def _lookup_hashes(self, req: Request) -> list[int]:
         return self._block_hashes(req, (req.num_tokens - 1) // self.block_size)
@@ -151,8 +158,14 @@ class KVCacheManager:
         if full <= done:
             return
         hashes = self._block_hashes(req, full)
-        for i in range(done, full):
-            self.allocator.publish(req.block_ids[i], hashes[i])
+        if self.keyed_by_tokens:                     # a token tree also needs the block's ids
+            bs, toks, salt = self.block_size, req.all_token_ids, req.cache_salt
+            for i in range(done, full):
+                self.allocator.publish(req.block_ids[i], hashes[i], tokens=toks[i * bs:(i + 1) * bs],
+                                       parent=hashes[i - 1] if i else None, extra=salt)
+        else:
+            for i in range(done, full):
+                self.allocator.publish(req.block_ids[i], hashes[i])
         self._published[req.request_id] = full
 
     def free(self, req: Request) -> None:

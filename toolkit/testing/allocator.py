@@ -6,7 +6,8 @@ against ReferenceAllocator.
     check_allocator(MyPlainAllocator, prefix_caching=False)
 
 Besides the BlockAllocator protocol the suite needs `ref_count(block_id)` and
-`num_cached_blocks()`; `num_reserved` (default 0) tells it how many ids the allocator
+`num_cached_blocks()`; an allocator with `keyed_by_tokens = True` also gets the tokens behind
+the hashes (blocks/base.py); `num_reserved` (default 0) tells it how many ids the allocator
 never hands out. Block ids may differ from the reference's (fresh blocks may come in any
 order), so the machine pairs each allocator id with the reference id handed out in the
 same position, and checks that evictions and lookup hits pick the paired blocks.
@@ -82,6 +83,9 @@ def allocator_state_machine(factory: Factory, *, prefix_caching: bool = True, nu
             self.content: dict[int, Any] = {}     # impl id -> what its slots hold (physical)
             self.reqs: dict[int, _Req] = {}
             self.next_id = 0
+            # an allocator keyed by tokens (blocks/base.py) gets the tokens behind each hash
+            self.by_tokens = bool(getattr(self.impl, "keyed_by_tokens", False))
+            self.token_key: dict[int, dict] = {}  # hash -> publish's token arguments
 
         # -- helpers --
         def held(self) -> Counter:
@@ -138,9 +142,10 @@ def allocator_state_machine(factory: Factory, *, prefix_caching: bool = True, nu
         def lookup(self, tokens: tuple[int, ...], extra: int) -> tuple[list[int], list[int]]:
             hashes = hash_blocks(list(tokens), self.bs, extra)
             free = self.impl.num_free_blocks()
-            peeked = self.impl.peek(hashes)             # a look that takes nothing
+            kw = {"tokens": list(tokens), "extra": extra} if self.by_tokens else {}
+            peeked = self.impl.peek(hashes, **kw)       # a look that takes nothing
             _expect(self.impl.num_free_blocks() == free, "peek changed the number of free blocks")
-            a_hits = [int(b) for b in self.impl.lookup(hashes)]
+            a_hits = [int(b) for b in self.impl.lookup(hashes, **kw)]
             _expect(peeked == len(a_hits), f"peek said {peeked} blocks would hit, lookup hit {len(a_hits)}")
             r_hits = self.ref.lookup(hashes)
             _expect(len(a_hits) == len(r_hits), f"lookup hit {len(a_hits)} blocks, the reference "
@@ -156,8 +161,13 @@ def allocator_state_machine(factory: Factory, *, prefix_caching: bool = True, nu
         def publish(self, req: _Req, first: int, stop: int) -> None:
             hashes = hash_blocks(list(req.tokens), self.bs, req.extra)
             for i in range(first, stop):
-                self.impl.publish(req.blocks[i], hashes[i])
+                self.token_key[hashes[i]] = {"tokens": list(req.tokens[i * self.bs:(i + 1) * self.bs]),
+                                             "parent": hashes[i - 1] if i else None, "extra": req.extra}
+                self.impl.publish(req.blocks[i], hashes[i], **self.publish_kw(hashes[i]))
                 self.ref.publish(self.to_ref[req.blocks[i]], hashes[i])
+
+        def publish_kw(self, block_hash: int) -> dict:
+            return self.token_key[block_hash] if self.by_tokens else {}
 
         def pick(self, data: Any, with_tokens: bool = False) -> int:
             ids = sorted(k for k, r in self.reqs.items() if not with_tokens or r.tokens is not None)
@@ -267,7 +277,7 @@ def allocator_state_machine(factory: Factory, *, prefix_caching: bool = True, nu
             req = self.reqs[self.pick(data)]
             b = data.draw(st.sampled_from(req.blocks), label="block")
             h = data.draw(st.sampled_from(sorted(self.ref.block_of)), label="hash")
-            self.impl.publish(b, h)
+            self.impl.publish(b, h, **self.publish_kw(h))
             self.ref.publish(self.to_ref[b], h)
 
         @rule(data=st.data())
@@ -302,7 +312,7 @@ def allocator_state_machine(factory: Factory, *, prefix_caching: bool = True, nu
             try:
                 if op == "publish":
                     ids = [u]
-                    self.impl.publish(u, 123)
+                    self.impl.publish(u, 123, **({"tokens": [0] * self.bs} if self.by_tokens else {}))
                 else:
                     getattr(self.impl, op)(ids)
             except ValueError:
