@@ -156,3 +156,41 @@ def test_closed_llm_repr():
     llm = LLM(cfg, dtype="float32", device="cpu", num_blocks=4, block_size=4)
     llm.close()
     assert repr(llm) == "LLM(closed)" and "closed" in llm._repr_html_()
+
+
+def test_progress_bar_counts_tokens_and_shows_queues(llm, monkeypatch):
+    import toolkit.engine.progress as progress
+
+    seen = {"ticks": [], "queues": []}
+
+    class Bar:
+        def update(self, n=1):
+            seen["ticks"].append(n)
+
+        def set_queues(self, running, waiting):
+            seen["queues"].append((running, waiting))
+
+    class Cm:
+        def __enter__(self):
+            return Bar()
+
+        def __exit__(self, *a):
+            return None
+
+    kw = {}
+    monkeypatch.setattr(progress, "progress_bar", lambda **k: (kw.update(k), Cm())[1])
+    llm.generate([[20] * 30, [21] * 3, [22] * 3], PARAMS)        # max_num_seqs=4, 16 tokens a step
+    assert kw["unit"] == "tok" and sum(seen["ticks"]) == kw["total"] == 36 + 3 * PARAMS.max_tokens
+    assert seen["queues"][0][1] >= 1 and seen["queues"][-1] == (0, 0)
+
+
+def test_terminal_bar_shows_rate_and_queues():
+    from toolkit.engine.progress import progress_bar
+
+    with progress_bar(total=100, desc="generate", unit="tok") as bar:
+        bar.update(10)
+        bar.set_queues(3, 2)
+        task = bar.progress.tasks[0]
+        assert task.completed == 10 and task.fields["queues"] == "running 3, waiting 2"
+        columns = [getattr(c, "text_format", "") for c in bar.progress.columns]
+        assert "tok" in columns and "{task.fields[rate]}" in columns

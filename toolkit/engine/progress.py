@@ -11,6 +11,9 @@ class _Null:
     def update(self, n: int = 1) -> None:
         pass
 
+    def set_queues(self, running: int, waiting: int) -> None:
+        pass
+
 
 def _in_notebook() -> bool:
     shell = sys.modules.get("IPython")
@@ -20,27 +23,61 @@ def _in_notebook() -> bool:
         return False
 
 
+class _Tqdm:
+    """tqdm (notebook widget or text): tokens done / total, tokens/s, ETA, queues as postfix."""
+
+    def __init__(self, bar) -> None:
+        self.bar = bar
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+
+    def set_queues(self, running: int, waiting: int) -> None:
+        self.bar.set_postfix_str(f"running {running}, waiting {waiting}", refresh=False)
+
+
+class _Rich:
+    def __init__(self, progress, task) -> None:
+        self.progress, self.task = progress, task
+
+    def update(self, n: int = 1) -> None:
+        self.progress.advance(self.task, n)
+
+    def set_queues(self, running: int, waiting: int) -> None:
+        self.progress.update(self.task, queues=f"running {running}, waiting {waiting}")
+
+
 @contextlib.contextmanager
-def progress_bar(total: int, enabled: bool = True, desc: str = "") -> Iterator[object]:
+def progress_bar(total: int, enabled: bool = True, desc: str = "", unit: str = "it") -> Iterator[object]:
+    """A bar with update(n) and set_queues(running, waiting): tqdm.auto in notebooks, rich
+    in terminals; both show done / total, the rate in `unit`/s and the time left."""
     if not enabled or total < 2:
         yield _Null()
         return
     if _in_notebook():
         from tqdm.auto import tqdm
 
-        with tqdm(total=total, desc=desc) as bar:
-            yield bar
+        with tqdm(total=total, desc=desc, unit=unit, unit_scale=True) as bar:
+            yield _Tqdm(bar)
         return
-    from rich.progress import Progress
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeRemainingColumn)
 
-    with Progress(transient=True) as p:
-        task = p.add_task(desc, total=total)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn(unit), TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+               TextColumn("{task.fields[queues]}"))
+    with Progress(*columns, transient=True) as p:
+        task = p.add_task(desc, total=total, queues="", rate="")
+        bar = _Rich(p, task)
+        update = bar.update
 
-        class _Bar:
-            def update(self, n: int = 1) -> None:
-                p.advance(task, n)
+        def update_with_rate(n: int = 1) -> None:
+            update(n)
+            speed = p.tasks[0].speed
+            p.update(task, rate=f"{speed:,.0f} {unit}/s" if speed else "")
 
-        yield _Bar()
+        bar.update = update_with_rate      # type: ignore[method-assign]
+        yield bar
 
 
 class TokenProgress:
@@ -61,7 +98,8 @@ class TokenProgress:
             prompt = engine.output_processor.num_prompt_tokens(rid)
             self.share[rid] = prompt + sp.n * sp.max_tokens
         self.enabled = enabled
-        self._bar_cm = progress_bar(total=sum(self.share.values()), enabled=enabled, desc="generate")
+        self._bar_cm = progress_bar(total=sum(self.share.values()), enabled=enabled, desc="generate",
+                                    unit="tok")
 
     def __enter__(self) -> "TokenProgress":
         self.bar = self._bar_cm.__enter__()
@@ -84,6 +122,9 @@ class TokenProgress:
                 n += k
         if n:
             self.bar.update(n)
+        set_queues = getattr(self.bar, "set_queues", None)     # a user's bar may lack it
+        if set_queues is not None:
+            set_queues(rec.num_running, rec.num_waiting)
 
     def finished(self, o) -> None:
         left = self.share[o.request_id] - self.counted[o.request_id]

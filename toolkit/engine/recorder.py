@@ -10,7 +10,6 @@ An LLM or its Engine is accepted; `attach` / `detach` do the same without a `wit
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from toolkit.engine.observe import StepRecord
@@ -72,8 +71,8 @@ class StepRecorder:
         `records[i].grants`."""
         t0 = self.records[0].start_time if self.records else 0.0
         out = []
-        for r in self.records:
-            row = {k: v for k, v in dataclasses.asdict(r).items() if k != "grants"}
+        for r in self.records:                  # not dataclasses.asdict: it would copy the plan
+            row = {k: getattr(r, k) for k in COLUMNS if k not in ("time", "num_scheduled")}
             row["time"] = r.start_time - t0 + r.duration
             row["num_scheduled"] = len(r.grants)
             out.append({k: row[k] for k in COLUMNS})
