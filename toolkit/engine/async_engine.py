@@ -246,14 +246,17 @@ class AsyncEngine:
             self._fail_all(e)
             return
         self.num_steps += 1
+        woken: list[_Stream] = []
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            stream.put(out)
+            stream.put(out, signal=False)
+            woken.append(stream)
             if out.finished:
                 del self._streams[out.request_id]
                 self._finished(out)
+        _signal_all(woken)
         if not outputs and not self.engine.scheduler.has_unfinished():
             time.sleep(0.001)   # only grammars compiling elsewhere: do not spin on them
 
@@ -309,12 +312,15 @@ class _Stream:
         self._cond = threading.Condition()   # for readers without an event loop
 
     # loop thread side
-    def put(self, out: RequestOutput) -> None:
+    def put(self, out: RequestOutput, signal: bool = True) -> None:
+        """The request's latest output; with signal=False the caller wakes the reader
+        (`_signal_all`: one wake-up per event loop for a whole step's outputs)."""
         with self._cond:
             self._latest = self._last_seen = out
             self._done = out.finished
             self._cond.notify_all()
-        self._signal()
+        if signal:
+            self._signal()
 
     def fail(self, error: BaseException) -> None:
         with self._cond:
@@ -390,6 +396,28 @@ class _Stream:
             if self._error is not None:
                 raise self._error
             return self._latest
+
+
+def _signal_all(streams: list[_Stream]) -> None:
+    """Wake the readers of these streams: one call per event loop (each call_soon_threadsafe
+    writes to the loop's self-pipe, a system call; a step may update hundreds of streams)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+    for s in streams:
+        if s.loop is None or s._event is None:
+            continue
+        by_loop.setdefault(s.loop, []).append(s._event)
+    for loop, events in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_events, events)
+        except RuntimeError:            # the reader's loop is closed: nobody will read
+            for s in streams:
+                if s.loop is loop and s._abort is not None and not s._done:
+                    s._abort(s.request_id)
+
+
+def _set_events(events: list[asyncio.Event]) -> None:
+    for e in events:
+        e.set()
 
 
 class _DeltaTracker:

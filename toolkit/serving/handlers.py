@@ -155,22 +155,24 @@ class OpenAIHandlers:
                     index = i * prep.n + c.index
                     tokens[index] = tokens.get(index, 0) + len(c.token_ids)
                     reason = P.finish_reason(c.finish_reason)
+                    # chunks as plain dicts: a step at batch 256 makes 256 of them, and
+                    # building pydantic models for each costs the engine thread GIL time
                     if chat:
-                        choice = P.ChatChunkChoice(index=index, delta=P.ChatDelta(content=c.text),
-                                                   logprobs=self._chat_logprobs(c, prep.params[0].logprobs),
-                                                   finish_reason=reason)
-                        yield _sse(P.ChatCompletionChunk(id=prep.request_id, created=created,
-                                                         model=prep.model, choices=[choice]))
+                        lp = self._chat_logprobs(c, prep.params[0].logprobs)
+                        choice = {"index": index, "delta": {"content": c.text},
+                                  "logprobs": lp and lp.model_dump(exclude_none=True), "finish_reason": reason}
+                        yield _sse_dict({"id": prep.request_id, "object": "chat.completion.chunk",
+                                         "created": created, "model": prep.model, "choices": [choice]})
                     else:
                         text = c.text
                         if index not in offsets and prep.echo:
                             text = (prep.prompt_texts[i] or "") + text
                         lp = self._completion_logprobs(c, offsets.get(index, 0))
                         offsets[index] = offsets.get(index, 0) + len(text)
-                        yield _sse(P.CompletionResponse(
-                            id=prep.request_id, created=created, model=prep.model,
-                            choices=[P.CompletionChoice(index=index, text=text, logprobs=lp,
-                                                        finish_reason=reason)]))
+                        choice = {"index": index, "text": text, "logprobs": lp and lp.model_dump(),
+                                  "finish_reason": reason}
+                        yield _sse_dict({"id": prep.request_id, "object": "text_completion",
+                                         "created": created, "model": prep.model, "choices": [choice]})
             if include_usage:
                 n_prompt = sum(len(p) for p in prep.prompts)
                 n_out = sum(tokens.values())
@@ -228,6 +230,10 @@ def _finite(v: float | None) -> float:
 
 def _sse(model: Any) -> str:
     return "data: " + model.model_dump_json(exclude_none=True) + "\n\n"
+
+
+def _sse_dict(d: dict[str, Any]) -> str:
+    return "data: " + json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n\n"
 
 
 async def _final(stream) -> RequestOutput:
