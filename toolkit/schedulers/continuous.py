@@ -44,6 +44,15 @@ class ContinuousBatchingScheduler(SchedulerCore):
         self.policy.bind(SchedulerView(self))
         self.enable_chunked_prefill = bool(enable_chunked_prefill)
 
+    def set_policy(self, policy: str | Policy | Any) -> None:
+        """Run another policy from now on (only while nothing is queued: a policy's state,
+        e.g. fair-share counters, would not carry over). The new one is bound to this
+        scheduler, its state reset."""
+        if self.requests:
+            raise ValueError(f"set_policy needs an idle scheduler; {len(self.requests)} requests are queued")
+        self.policy = resolve_policy(policy)
+        self.policy.bind(SchedulerView(self))
+
     def add_request(self, request: Request) -> None:
         """Queue a request; a policy that needs a field the request lacks refuses it
         (ValueError), and nothing is queued."""

@@ -1,0 +1,61 @@
+"""What sim_calibrate.py and sim_validate.py share: the engine they measure (one config for
+both, so the fitted cost model describes the engine the validation runs) and the shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# engine settings of calibration and validation alike (GPU); --tiny shrinks them for the CPU
+GPU_ENGINE = dict(dtype="bfloat16", max_num_seqs=256, max_num_batched_tokens=8192,
+                  gpu_memory_utilization=0.85, max_model_len=4096, enable_prefix_caching=True)
+TINY_ENGINE = dict(device="cpu", dtype="float32", num_blocks=1024, max_num_seqs=32,
+                   max_num_batched_tokens=512, max_model_len=2048, enable_prefix_caching=True)
+
+SHAPE_NAMES = {"qwen3": "qwen3-0.6b", "llama8b": "llama-3.1-8b", "tiny": "tiny-llama"}
+
+
+def tiny_config() -> Any:
+    """A 2-layer Llama of hidden 64 (random weights): the CPU stand-in for a model shape."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048,
+                       eos_token_id=2, bos_token_id=1)
+
+
+def model_config(shape: str) -> Any:
+    from toolkit.models.shapes import llama31_8b, qwen3_0_6b
+
+    return {"qwen3": qwen3_0_6b, "llama8b": llama31_8b, "tiny": tiny_config}[shape]()
+
+
+def build_llm(shape: str) -> Any:
+    """An LLM with random weights at the shape, with the engine settings above."""
+    import torch
+
+    from toolkit import LLM
+
+    if shape == "tiny":
+        torch.set_num_threads(1)            # steadier step times on a shared CPU
+        return LLM(tiny_config(), **TINY_ENGINE)
+    return LLM(model_config(shape), **GPU_ENGINE)
+
+
+def engine_settings(llm: Any) -> dict:
+    """The Simulator keyword arguments that mirror this engine's scheduler."""
+    s = llm.engine.scheduler
+    return dict(num_blocks=s.allocator.num_blocks, block_size=s.block_size, max_num_seqs=s.max_num_seqs,
+                max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len,
+                enable_prefix_caching=s.enable_prefix_caching, enable_chunked_prefill=s.enable_chunked_prefill,
+                vocab_size=llm.engine.model.vocab_size, async_output=llm.engine.async_scheduling)
+
+
+# step shapes swept by the calibration: (batch, context) decodes, prefill chunks, and mixes
+GPU_SWEEP = dict(
+    decode=[(1, 256), (16, 256), (64, 256), (128, 512), (256, 512), (64, 1024), (128, 1024), (256, 1024),
+            (32, 2048), (128, 2048)],
+    prefill=[128, 512, 1024, 2048, 4096, 8000],
+    mixed=[(32, 512, 512), (128, 512, 2048), (64, 1024, 4096), (192, 1024, 1024)],
+    steps=10, warmup=3)
+TINY_SWEEP = dict(decode=[(1, 32), (8, 64), (16, 128), (32, 64), (32, 160)], prefill=[32, 128, 256, 448],
+                  mixed=[(8, 64, 128), (16, 64, 256)], steps=6, warmup=2)

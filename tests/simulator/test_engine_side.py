@@ -1,0 +1,88 @@
+"""The harness on the real engine (a tiny random Llama on the CPU): policies through LLM,
+a trace run and recorded, its replay on the simulator, and the profile the fit reads."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from transformers import LlamaConfig
+
+from toolkit import LLM, SamplingParams
+from toolkit.schedulers import VTC
+from toolkit.simulator import CostModel, Simulator, make_trace, synthetic_lengths
+from toolkit.simulator.calibrate import profile_engine
+from toolkit.simulator.replay import TraceRecorder, run_on_engine
+
+CFG = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, vocab_size=128, max_position_embeddings=512, eos_token_id=2)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with LLM(CFG, device="cpu", dtype="float32", num_blocks=128, block_size=16, max_num_seqs=8,
+             max_num_batched_tokens=128) as m:
+        yield m
+
+
+def test_policy_by_name_with_request_fields_through_generate(llm) -> None:
+    sp = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    llm.engine.scheduler.set_policy("vtc")
+    try:
+        with pytest.raises(ValueError, match="needs request.client_id"):
+            llm.generate([[5, 6, 7]], sp, use_tqdm=False)
+        assert not llm.engine.has_unfinished()
+        outs = llm.generate([[5, 6, 7], [8, 9]], sp, client_id=["a", "b"], use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outs] == [3, 3]
+        assert isinstance(llm.engine.scheduler.policy, VTC) and llm.engine.scheduler.policy.counters["b"] > 0
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            llm.generate([[5, 6]], sp, client_id="a", priorities=[2], use_tqdm=False)
+        assert any("ignores priorities" in str(x.message) for x in w)
+    finally:
+        llm.engine.scheduler.set_policy("fcfs")
+
+
+def test_trace_on_the_engine_is_recorded_and_replays_on_the_simulator(llm) -> None:
+    trace = make_trace(synthetic_lengths(6, seed=1, prompt_median=20, output_median=5, max_prompt=40,
+                                         max_total=60), rate=1e6, vocab_size=128)
+    real = run_on_engine(llm, trace, realtime=False)
+    for r in trace.requests:
+        t = real.requests[r.request_id]
+        assert t.finish is not None and len(t.token_times) == r.output_len
+    assert sum(s.prefill_tokens for s in real.steps) >= sum(r.prompt_len for r in trace.requests) - 16 * 6
+    rec = real.recording
+    back = rec.trace()
+    assert sorted((r.prompt_ids, r.output_len) for r in back.requests) == \
+        sorted((r.prompt_ids, r.output_len) for r in trace.requests)
+    cost = CostModel({"const": 1e-3})
+    sim = Simulator("fcfs", cost, num_blocks=128, block_size=16, max_num_seqs=8, max_num_batched_tokens=128,
+                    vocab_size=128).run(back)
+    assert sum(len(t.token_times) for t in sim.requests.values()) == \
+        sum(len(t.token_times) for t in real.requests.values())
+    # the same scheduler settings and arrivals at once: the simulated plan is the engine's
+    assert [s.decode_seqs for s in sim.steps] == [s.decode_seqs for s in real.steps]
+    assert [s.prefill_tokens for s in sim.steps] == [s.prefill_tokens for s in real.steps]
+
+
+def test_profile_gives_one_sample_per_shape_with_the_shape_in_its_features(llm) -> None:
+    samples = profile_engine(llm, decode=[(4, 20), (8, 40)], prefill=[30, 100], mixed=[(4, 20, 50)],
+                             steps=3, warmup=1)
+    assert not llm.engine.has_unfinished() and not llm.engine.scheduler.requests
+    feats = np.stack([x for x, _ in samples])
+    assert feats[:, 2].tolist() == [4, 8, 0, 0, 4]            # decode sequences
+    assert feats[:, 1].tolist() == [0, 0, 30, 100, 50]        # prefill tokens
+    assert all(y > 0 for _, y in samples)
+    with pytest.raises(ValueError, match="at least"):
+        CostModel.fit(samples[:2])
+
+
+def test_recorder_detaches_and_refits(llm) -> None:
+    rec = TraceRecorder(llm)
+    llm.generate([[3] * 40, [4] * 20, [5] * 10] * 2, SamplingParams(max_tokens=8, ignore_eos=True),
+                 use_tqdm=False)
+    rec.detach()
+    assert rec not in llm.engine.observers and len(rec.steps) >= 8
+    m = rec.fit_cost(skip=0)
+    assert m.fit_error["samples"] == len(rec.steps) and m.coef["const"] >= 0

@@ -1,0 +1,154 @@
+"""Cost model: the seconds of one engine step from what the step contains.
+
+    t = c_const + c_prefill * prefill_tokens + c_decode * decode_seqs
+        + c_decode_kv * decode_kv_tokens + c_prefill_attn * prefill_attn_ktokens
+
+- prefill_tokens: tokens of prompt (or recompute) chunks: the GEMMs' rows beyond decode.
+- decode_seqs: sequences decoding one token (+ drafts) this step.
+- decode_kv_tokens: KV tokens the decodes' attention reads (sum of their context lengths):
+  the memory-bound term.
+- prefill_attn_ktokens: query x key pairs of the prefill chunks' causal attention, / 1000:
+  the quadratic term of long prompts.
+
+Linear in these features, so it is fitted by least squares (non-negative, relative error)
+from (step, seconds) samples: a profile of the real engine (benchmarks/sim_calibrate.py,
+or `calibrate.profile_engine` on any device). Coefficients are data: JSON files in
+toolkit/simulator/data/ keyed "<device>/<model shape>", or any path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from toolkit.types import ScheduledRequest, SchedulerOutput
+
+FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens")
+DATA_DIR = Path(__file__).parent / "data"
+DEFAULT_FILE = DATA_DIR / "cost_models.json"
+
+
+def _is_decode(s: ScheduledRequest) -> bool:
+    # valid before and after update(): one token (+ drafts) past the prompt
+    return s.num_new_tokens == 1 + s.num_spec_tokens and s.start >= s.request.num_prompt_tokens
+
+
+def step_features(out: SchedulerOutput) -> np.ndarray:
+    """float64 [len(FEATURES)] of one step's plan (before or after its update)."""
+    prefill = decode = decode_kv = 0
+    attn = 0.0
+    for s in out.scheduled:
+        if _is_decode(s):
+            decode += 1
+            decode_kv += s.end
+        else:
+            prefill += s.num_new_tokens
+            attn += s.num_new_tokens * (s.start + s.end + 1) / 2 / 1000.0   # causal pairs
+    return np.array([1.0, prefill, decode, decode_kv, attn], dtype=np.float64)
+
+
+@dataclass
+class CostModel:
+    """Seconds of a step = coef . step_features(out). `source` says where the numbers come from."""
+
+    coef: dict[str, float]
+    source: str = "unfitted"
+    fit_error: dict[str, float] = field(default_factory=dict)   # mean / max relative error of the fit
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.coef) - set(FEATURES))
+        if unknown:
+            raise ValueError(f"unknown cost features {unknown}; valid: {list(FEATURES)}")
+        bad = {k: v for k, v in self.coef.items() if not (isinstance(v, (int, float)) and v >= 0)}
+        if bad:
+            raise ValueError(f"cost coefficients must be numbers >= 0, got {bad}")
+        self._vec = np.array([float(self.coef.get(f, 0.0)) for f in FEATURES])
+
+    def __call__(self, out: SchedulerOutput) -> float:
+        return self.predict(out)
+
+    def predict(self, out: SchedulerOutput) -> float:
+        return float(self._vec @ step_features(out))
+
+    def predict_features(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float64) @ self._vec
+
+    # -- fitting --
+    @classmethod
+    def fit(cls, samples: Iterable[tuple[np.ndarray | SchedulerOutput, float]], *,
+            source: str = "fitted", features: Sequence[str] = FEATURES) -> "CostModel":
+        """Least squares on relative error with non-negative coefficients, over samples of
+        (step features or SchedulerOutput, measured seconds). `features` may leave some
+        out (their coefficient is 0)."""
+        xs, ys = [], []
+        for x, y in samples:
+            xs.append(step_features(x) if isinstance(x, SchedulerOutput) else np.asarray(x, dtype=np.float64))
+            ys.append(float(y))
+        if len(xs) < len(features):
+            raise ValueError(f"fitting {len(features)} coefficients needs at least that many samples, "
+                             f"got {len(xs)}")
+        X, y = np.stack(xs), np.array(ys)
+        if np.any(y <= 0):
+            raise ValueError("measured step times must be > 0 seconds")
+        cols = [FEATURES.index(f) for f in features]
+        w = _nnls(X[:, cols] / y[:, None], np.ones_like(y))     # rows scaled by 1/y: relative error
+        coef = dict.fromkeys(FEATURES, 0.0)
+        for c, v in zip(cols, w):
+            coef[FEATURES[c]] = float(v)
+        model = cls(coef, source=source)
+        rel = np.abs(model.predict_features(X) - y) / y
+        model.fit_error = {"mean_rel": float(rel.mean()), "max_rel": float(rel.max()), "samples": len(y)}
+        return model
+
+    # -- data --
+    def to_dict(self) -> dict:
+        return {"coef": dict(self.coef), "source": self.source, "fit_error": dict(self.fit_error)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        return cls(dict(d["coef"]), source=d.get("source", "?"), fit_error=dict(d.get("fit_error", {})))
+
+    def save(self, key: str, path: str | Path = DEFAULT_FILE) -> None:
+        """Add or replace entry `key` ("<device>/<model shape>") in the JSON file at path."""
+        path = Path(path)
+        table = json.loads(path.read_text()) if path.exists() else {}
+        table[key] = self.to_dict()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, key: str, path: str | Path = DEFAULT_FILE) -> "CostModel":
+        path = Path(path)
+        table = json.loads(path.read_text()) if path.exists() else {}
+        if key not in table:
+            raise ValueError(f"no cost model {key!r} in {path}; available: {sorted(table)} "
+                             "(fit one with benchmarks/sim_calibrate.py or calibrate.profile_engine)")
+        return cls.from_dict(table[key])
+
+    @staticmethod
+    def available(path: str | Path = DEFAULT_FILE) -> list[str]:
+        path = Path(path)
+        return sorted(json.loads(path.read_text())) if path.exists() else []
+
+    def __repr__(self) -> str:
+        terms = ", ".join(f"{k}={v:.3g}" for k, v in self.coef.items() if v)
+        return f"CostModel({terms}; {self.source})"
+
+
+def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min ||A w - b|| with w >= 0: least squares on an active set, dropping the most
+    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 5 columns)."""
+    active = list(range(A.shape[1]))
+    w = np.zeros(A.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(A[:, active], b, rcond=None)
+        if np.all(sol >= 0):
+            w[:] = 0
+            w[active] = sol
+            return w
+        active.pop(int(np.argmin(sol)))
+    return w

@@ -1,0 +1,153 @@
+"""The real engine on the same traces: record a run, run a trace, replay a recording.
+
+    rec = TraceRecorder(llm)                 # a step observer: arrivals and each step's plan
+    llm.generate(prompts, params)            # any run (or run_on_engine below)
+    trace = rec.trace()                      # its arrivals, prompts and output lengths
+    cost = rec.fit_cost()                    # a cost model refit from its steps' wall times
+    rec.detach()
+
+    real = run_on_engine(llm, trace)         # arrivals in real time -> RunResult
+    sim = Simulator(policy, cost, ...).run(trace)   # the same trace, simulated
+
+Token times on the engine are when `engine.step()` returned them (with async scheduling,
+one step after they were computed, as a user sees them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from toolkit.simulator.cost import CostModel, _is_decode, step_features
+from toolkit.simulator.result import RequestTiming, RunResult, StepLog
+from toolkit.simulator.trace import Trace, TraceRequest
+
+
+@dataclass
+class RecordedStep:
+    time: float                   # engine clock (perf_counter) at the step's start
+    duration: float               # wall seconds
+    features: np.ndarray          # cost.step_features of its plan
+    grants: dict[str, int]        # sequence id -> tokens
+    log: StepLog
+
+
+def _engine_of(target: Any) -> Any:
+    engine = getattr(target, "engine", target)
+    if engine is None or not callable(getattr(engine, "add_observer", None)):
+        raise TypeError(f"expected an open LLM or an Engine, got {type(target).__name__}")
+    return engine
+
+
+class TraceRecorder:
+    """A step observer that keeps what a trace and a cost fit need: every request the
+    scheduler ran (its arrival, prompt, policy fields and, at the end, its output length)
+    and every step's plan and wall time."""
+
+    def __init__(self, target: Any, attach: bool = True) -> None:
+        self.engine = _engine_of(target)
+        self.requests: dict[str, Any] = {}      # sequence id -> scheduler Request (first seen)
+        self.steps: list[RecordedStep] = []
+        if attach:
+            self.engine.add_observer(self)
+
+    def __call__(self, rec) -> None:
+        out = rec.scheduler_output
+        if out is None:
+            return
+        by_client: dict[str, int] = {}
+        prefill = decode = 0
+        for s in out.scheduled:
+            self.requests.setdefault(s.request_id, s.request)
+            c = s.request.client_id or "-"
+            by_client[c] = by_client.get(c, 0) + s.num_new_tokens
+            if _is_decode(s):
+                decode += 1
+            else:
+                prefill += s.num_new_tokens
+        log = StepLog(rec.start_time, rec.duration, prefill, decode, rec.num_running, rec.num_waiting,
+                      rec.num_preempted, rec.kv_blocks_used, rec.kv_blocks_total, by_client)
+        self.steps.append(RecordedStep(rec.start_time, rec.duration, step_features(out), dict(rec.grants), log))
+
+    def detach(self) -> None:
+        if self in self.engine.observers:
+            self.engine.remove_observer(self)
+
+    def trace(self, label: str = "recorded") -> Trace:
+        """The recorded requests as a trace: arrivals relative to the first, the prompt ids,
+        the output length each actually produced, and their policy fields."""
+        if not self.requests:
+            raise ValueError("nothing recorded yet: run the engine with this recorder attached")
+        t0 = min(r.arrival_time for r in self.requests.values())
+        reqs = [TraceRequest(rid, r.arrival_time - t0, list(r.prompt_token_ids), max(1, r.num_output_tokens),
+                             client_id=r.client_id, priority=r.priority, deadline=r.deadline,
+                             expected_output_len=r.expected_output_len)
+                for rid, r in self.requests.items()]
+        return Trace(reqs, label, meta=dict(recorded_steps=len(self.steps)))
+
+    def fit_cost(self, source: str = "refit from a recorded run", skip: int = 2) -> CostModel:
+        """A cost model fitted to the recorded steps' wall times (the first `skip` steps,
+        which compile and warm caches, left out)."""
+        samples = [(s.features, s.duration) for s in self.steps[skip:] if s.duration > 0]
+        return CostModel.fit(samples, source=source)
+
+    def __repr__(self) -> str:
+        return f"TraceRecorder({len(self.requests)} requests, {len(self.steps)} steps)"
+
+
+def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime: bool = True,
+                  time_limit: float | None = None) -> RunResult:
+    """Run the trace on the real engine: each request is added when its arrival time comes
+    (realtime=False: all at once, for a saturation measurement), with the trace's policy
+    fields; returns the RunResult (token times as engine.step() returned them)."""
+    from toolkit.types import SamplingParams
+
+    engine = _engine_of(target)
+    rec = TraceRecorder(engine)
+    pending = list(trace.requests)
+    timing = {r.request_id: RequestTiming(r.request_id, r.arrival if realtime else 0.0, r.prompt_len,
+                                          r.output_len, r.client_id, r.deadline) for r in pending}
+    run = RunResult(timing, [], label)
+    t0 = time.monotonic()
+    pre0 = engine.num_preemptions
+    k = 0
+    try:
+        while k < len(pending) or engine.has_unfinished():
+            now = time.monotonic() - t0
+            if time_limit is not None and now > time_limit:
+                raise TimeoutError(f"run_on_engine: {trace!r} not done after {time_limit} s")
+            while k < len(pending) and (not realtime or pending[k].arrival <= now):
+                r = pending[k]
+                sp = SamplingParams(max_tokens=r.output_len, ignore_eos=True, temperature=0.0)
+                engine.add_request(r.prompt_ids, sp, request_id=r.request_id,
+                                   arrival_time=t0 + (r.arrival if realtime else 0.0), **r.policy_fields())
+                k += 1
+            if not engine.has_unfinished():
+                time.sleep(max(0.0, min(pending[k].arrival - now, 0.05)))
+                continue
+            outs = engine.step()
+            t = time.monotonic() - t0
+            for o in outs:
+                rt = timing.get(o.request_id)
+                if rt is None:
+                    continue
+                new = sum(len(c.new_token_ids) for c in o.outputs) if o.outputs else len(o.new_token_ids)
+                rt.token_times.extend([t] * new)
+                if o.finished:
+                    rt.finish, rt.finish_reason = t, o.finish_reason
+    except BaseException:
+        engine.abort([r.request_id for r in pending[:k] if timing[r.request_id].finish is None])
+        raise
+    finally:
+        rec.detach()
+    # step times on the trace's clock: perf_counter and monotonic share a rate; align at t0
+    offset = (time.perf_counter() - time.monotonic()) + t0
+    for s in rec.steps:
+        s.log.time = s.time - offset
+    run.steps = [s.log for s in rec.steps]
+    run.num_preemptions = engine.num_preemptions - pre0
+    run.recording = rec                   # the steps' features and wall times, for refits
+    return run
