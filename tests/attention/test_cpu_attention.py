@@ -98,6 +98,23 @@ def test_every_layer_reads_its_own_cache_and_write_kv_matches_the_twin() -> None
     assert not torch.allclose(fast.run(0, case.q), fast.run(1, case.q))
 
 
+def test_padding_sequences_are_never_written() -> None:
+    """num_pad_seqs: slots -1 (CUDA-graph padding) are skipped; the real rows are written."""
+    cache = KVCache(1, 6, 4, 2, 8, torch.float32, "cpu")
+    cache.layers[0].fill_(7.0)
+    layout = PagedKVLayout.build([[3, 5]], [6], [2], 4, num_pad_seqs=2)     # T = 4, 2 of them -1
+    attn = CPUAttention(cache, 2, 8)
+    attn.plan(layout)
+    k, v = torch.arange(4.0)[:, None, None].expand(4, 2, 8), -torch.ones(4, 2, 8)
+    attn.write_kv(0, k, v)
+    flat = cache.layers[0].view(2, -1, 2, 8)
+    assert flat[0, 5 * 4 + 0].eq(0).all() and flat[0, 5 * 4 + 1].eq(1).all()   # positions 4, 5
+    assert flat[1, 5 * 4:5 * 4 + 2].eq(-1).all()
+    written = torch.zeros(24, dtype=torch.bool)
+    written[[20, 21]] = True
+    assert flat[:, ~written].eq(7.0).all()          # block 0, where pads point, untouched
+
+
 def test_bad_input_names_the_problem() -> None:
     cache = KVCache(1, 4, 16, 2, 32, torch.float32, "cpu")
     with pytest.raises(ValueError, match="multiple"):

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from toolkit.attention.common import check_geometry, check_layout, check_qkv
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
-from toolkit.kernels import reference as ref
 
 # a group's padded work (n * Q_max * S_max) may exceed its real work (sum q * kv) by this
 # factor plus SLACK score elements before the next sequence starts a new group
@@ -59,6 +58,8 @@ class CPUAttention:
         self.soft_cap = soft_cap
         self.layout: PagedKVLayout | None = None
         self._groups: list[Group] = []
+        self._write_rows: torch.Tensor | None = None    # int64 [W]: rows of k/v written (None: all)
+        self._write_slots = torch.empty(0, dtype=torch.long)   # int64 [W]: their slots
 
     def __repr__(self) -> str:
         return (f"CPUAttention(heads={self.num_heads}/{self.num_kv_heads} (q/kv) x {self.head_dim}, "
@@ -76,6 +77,11 @@ class CPUAttention:
         device = self.kv_cache.layers[0].device
         self._groups = [self._group(seqs, qo, kvp, pages, kv_lens, q_lens, layout, device)
                         for seqs in _partition(q_lens, kv_lens)]
+        slots = host.slot_mapping.numpy()                                # [T], -1 = skip
+        keep = np.flatnonzero(slots >= 0)
+        as_long = lambda x: torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(device)
+        self._write_rows = None if len(keep) == len(slots) else as_long(keep)
+        self._write_slots = as_long(slots[keep])
         self.layout = layout
 
     def _group(self, seqs: np.ndarray, qo: np.ndarray, kvp: np.ndarray, pages: np.ndarray,
@@ -116,8 +122,15 @@ class CPUAttention:
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         assert self.layout is not None, "plan() first"
-        check_qkv(None, k, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
-        ref.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping)
+        cache = self.kv_cache[layer]                                     # [2, NB, BS, Hkv, D]
+        check_qkv(None, k, cache, self.num_heads, self.layout.num_tokens)
+        if v.shape != k.shape or v.dtype != k.dtype:
+            raise ValueError(f"v must match k {tuple(k.shape)} {k.dtype}, got {tuple(v.shape)} {v.dtype}")
+        flat = cache.view(2, -1, self.num_kv_heads, self.head_dim)       # [2, NB*BS, Hkv, D]
+        if self._write_rows is not None:                                 # slots -1 skipped
+            k, v = k.index_select(0, self._write_rows), v.index_select(0, self._write_rows)
+        flat[0].index_copy_(0, self._write_slots, k)
+        flat[1].index_copy_(0, self._write_slots, v)
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [T, H, D] -> [T, H, D], one padded attention call per group of the plan."""

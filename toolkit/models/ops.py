@@ -1,4 +1,4 @@
-"""Which implementation of the model's elementwise ops runs: Triton on CUDA, torch twins elsewhere."""
+"""Which implementation of the model's elementwise ops runs: Triton on CUDA, lean torch on the CPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-KERNELS = ("auto", "triton", "torch")
+KERNELS = ("auto", "triton", "cpu", "torch")
 
 
 @dataclass(frozen=True)
@@ -21,14 +21,17 @@ class ModelOps:
 
 
 def model_ops(device: torch.device | str, kernels: str = "auto") -> ModelOps:
-    """kernels="auto": the Triton kernels on a CUDA device, the pure-torch twins (the reference
-    path) otherwise; "triton" / "torch" force one (Triton on the CPU needs TRITON_INTERPRET=1)."""
+    """kernels="auto": the Triton kernels on a CUDA device, `models/cpu_ops.py` (plain torch, few
+    ops, float32 rounding of the twins) otherwise; "triton" / "cpu" / "torch" (the reference
+    twins) force one (Triton on the CPU needs TRITON_INTERPRET=1)."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
     if kernels == "triton" or (kernels == "auto" and torch.device(device).type == "cuda"):
         from toolkit.kernels.rms_norm import rms_norm
         from toolkit.kernels.rotary import rotary
         from toolkit.kernels.silu_and_mul import silu_and_mul
-    else:
+    elif kernels == "torch":
         from toolkit.kernels.reference_model import rms_norm, rotary, silu_and_mul
+    else:
+        from toolkit.models.cpu_ops import rms_norm, rotary, silu_and_mul
     return ModelOps(rms_norm=rms_norm, rotary=rotary, silu_and_mul=silu_and_mul)
