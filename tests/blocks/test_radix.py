@@ -199,8 +199,14 @@ def test_same_hits_as_the_hash_chain_on_a_shared_prefix_trace() -> None:
     of blocks and the free / cached counts agree after each request."""
     rng = random.Random(0)
     systems = [[rng.randrange(50) for _ in range(rng.randrange(8, 30))] for _ in range(5)]
+    evicted = []
+
+    class Counting(RadixAllocator):
+        def _evict(self, b: int) -> None:
+            evicted.append(b)
+            super()._evict(b)
     kvs = [KVCacheManager(cls(40, 4), block_size=4, enable_prefix_caching=True)
-           for cls in (RadixAllocator, PrefixCachingAllocator)]
+           for cls in (Counting, PrefixCachingAllocator)]
     live: list[list[Request]] = [[], []]
     for i in range(300):
         toks = rng.choice(systems) + [rng.randrange(50) for _ in range(rng.randrange(1, 9))]
@@ -221,3 +227,4 @@ def test_same_hits_as_the_hash_chain_on_a_shared_prefix_trace() -> None:
                 kv.free(mine.pop(0))
         assert [kv.num_free_blocks() for kv in kvs] == [kvs[1].num_free_blocks()] * 2
         assert kvs[0].num_cached_blocks() == kvs[1].num_cached_blocks()
+    assert len(evicted) > 50, "the pool was meant to be small enough to evict"

@@ -23,21 +23,29 @@ an empty inner node holding the subtree, and the subtree is reachable again as s
 the prefix is recomputed and republished, exactly as the hash chain's orphaned hashes
 become reachable again. Empty nodes without children are pruned at once.
 
-Where it beats the hash chain and where it does not (reasoning + CPU measurements with
-benchmarks/prefix_cache.py; the H200 figures go in benchmarks/RESULTS.md):
-- Hit rates, TTFT and throughput are the same: same policy, same hits, same evictions,
-  block for block (the conformance suite checks exactly that), so greedy outputs match.
-- It is exact: a hit compares token ids, so no collision bound is needed, and the tree
-  is a structure a notebook can walk (`prefixes()`: which prefixes are cached, shared by
-  how many branches).
-- It costs more host time per block than the hash chain: a lookup builds one token tuple
-  and one dict probe per block (the chain's hashes are computed anyway by the manager), and
-  every node costs a small Python object. On a 2k-token prefix that is tens of
-  microseconds per admission, small against a GPU step but not zero.
-- It does not dedup blocks computed twice concurrently (two requests admitted in one
-  step with the same uncached prefix both compute it; the second copy is not cached),
-  as SGLang's tree does by repointing the later request; the shared policy (a duplicate
-  publish keeps the existing block) rules that out for every allocator here.
+Where it beats the hash chain and where it does not (reasoning, and CPU measurements of
+benchmarks/prefix_cache.py on a shared 2-core machine; the lead adds the H200 figures):
+- Hits, evictions, TTFT and throughput: no difference, by construction. Both follow the
+  reference policy block for block (the conformance suite checks it), so hit rates are
+  identical on every trace (CPU, tiny model: 48.3% shared, 62.1% chat, for both; 67.0% for
+  both with a 48-block pool that evicted 40 cached blocks and preempted 10 times) and
+  greedy outputs are the same. The CPU TTFT / tok/s differences
+  were within the noise of the shared cores.
+- Exactness: a hit compares token ids, so it needs no collision bound, and a forged or
+  colliding hash cannot hand a request another prompt's KV (tests/blocks/test_radix.py).
+- Inspection: the cache is a tree a notebook can walk (`prefixes()`, `num_nodes()`).
+- Host cost: it is slower. Per 1-2k-token request (99 blocks of 16; best of 5, prefix cache
+  alone; two runs on the loaded machine) the hash chain's lookup + publish + free took
+  103 / 325 us and the tree's 337 / 706 us (2-3x: a token tuple, a dict probe and a node
+  per block), on top of the 505 / 1044 us of hashing both pay (the manager still hashes:
+  the contract and the tree's publish take hashes). That is +40% of the prefix cache's
+  host time, 0.2-0.4 ms per admitted request: small against a GPU prefill of that prompt,
+  but not zero on a host-bound step.
+- Not done here (the shared policy forbids it for every allocator): dedup of a prefix
+  computed twice by requests admitted in the same step (SGLang repoints the later request
+  at the tree's copy), and eviction that skips an inner node whose children are cached
+  (here the least recently freed block goes first even then; with the manager's tail-first
+  frees that block is a leaf anyway, except after such duplicate computations).
 """
 
 from __future__ import annotations
@@ -48,7 +56,6 @@ from collections.abc import Iterator, Sequence
 from toolkit.blocks._validate import check_count, check_held, check_size
 from toolkit.blocks.base import OutOfBlocks
 
-
 _NEEDS_TOKENS = ("RadixAllocator is keyed by token ids: pass tokens= (and extra=, parent= on "
                  "publish); the KVCacheManager does so for an allocator with keyed_by_tokens = True")
 
@@ -56,7 +63,7 @@ _NEEDS_TOKENS = ("RadixAllocator is keyed by token ids: pass tokens= (and extra=
 class _Node:
     """One block of a cached prefix; `block` None = empty (evicted, or not yet published)."""
 
-    __slots__ = ("key", "parent", "children", "block", "hash")
+    __slots__ = ("block", "children", "hash", "key", "parent")
 
     def __init__(self, block_hash: int | None) -> None:
         self.key: tuple | None = None            # edge key under parent; None = detached
