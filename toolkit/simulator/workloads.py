@@ -29,6 +29,10 @@ class Lengths(list):
         super().__init__(pairs)
         self.label = label
 
+    def __getitem__(self, i):
+        got = super().__getitem__(i)
+        return Lengths(got, self.label) if isinstance(i, slice) else got
+
 
 def sharegpt_lengths(n: int, *, seed: int = 0, path: str | Path | None = None,
                      max_prompt: int = 1024, max_total: int = 2048) -> Lengths:
@@ -146,7 +150,7 @@ def make_trace(lengths: Lengths, rate: float, *, arrivals: str = "poisson", cv: 
         reqs.append(TraceRequest(f"r{i}", float(t), gen.make(p, system), int(o), deadline=deadline,
                                  expected_output_len=int(o) if with_expected_output else None))
     what = f"{arrivals} at {rate:g}/s" + (f" cv={cv:g}" if arrivals == "gamma" else "")
-    return Trace(reqs, label or f"{lengths.label}; {what}",
+    return Trace(reqs, label or f"{getattr(lengths, 'label', 'lengths')}; {what}",
                  meta=dict(rate=rate, arrivals=arrivals, cv=cv, system_prompts=system_prompts))
 
 
@@ -167,4 +171,5 @@ def multi_client_trace(lengths: Lengths, rates: dict[str, float], *, vocab_size:
     reqs = [TraceRequest(f"r{i}", float(t), gen.make(p, int(c) if system_prompt_len else None), int(o),
                          client_id=names[int(c)], deadline=deadline)
             for i, ((p, o), t, c) in enumerate(zip(lengths, times, who))]
-    return Trace(reqs, label or f"{lengths.label}; clients {rates}", meta=dict(rates=rates))
+    return Trace(reqs, label or f"{getattr(lengths, 'label', 'lengths')}; clients {rates}",
+                 meta=dict(rates=rates))
