@@ -194,3 +194,17 @@ def test_terminal_bar_shows_rate_and_queues():
         assert task.completed == 10 and task.fields["queues"] == "running 3, waiting 2"
         columns = [getattr(c, "text_format", "") for c in bar.progress.columns]
         assert "tok" in columns and "{task.fields[rate]}" in columns
+
+
+def test_live_view_without_ipywidgets_says_how_to_get_them(llm, monkeypatch, capsys):
+    import sys
+
+    from toolkit.notebook import widgets_available
+
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)          # import ipywidgets -> ImportError
+    ok, why = widgets_available()
+    assert not ok and "pip install ipywidgets" in why
+    with LiveView(llm, interval=0, display=True, plot=False) as view:
+        llm.generate([[30, 31]], PARAMS, use_tqdm=False)
+    assert view.widget is None and "pip install ipywidgets" in capsys.readouterr().out
+    assert view.states and view.states[-1].num_finished == 1       # still recorded

@@ -57,7 +57,7 @@ def progress_bar(total: int, enabled: bool = True, desc: str = "", unit: str = "
     if _in_notebook():
         from tqdm.auto import tqdm
 
-        with tqdm(total=total, desc=desc, unit=unit, unit_scale=True) as bar:
+        with tqdm(total=total, desc=desc, unit=unit) as bar:
             yield _Tqdm(bar)
         return
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,

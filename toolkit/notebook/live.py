@@ -6,8 +6,9 @@
 While the engine steps, the view shows the step count, tokens/s, queue depths, KV usage,
 a tokens-per-step timeline and the KV block map; when the block ends it plots the whole
 recording (StepRecorder.plot). It is a step observer: nothing runs when none is attached.
-Without ipywidgets (or outside a notebook) the model still records and the plot is still
-drawn at the end; the live panes are skipped with a message saying why.
+Without ipywidgets the panes are replaced by a message saying how to get them, and the
+plot is still drawn at the end; outside a Jupyter kernel nothing is shown, the run is only
+recorded (`view.recorder`, `view.states`).
 """
 
 from __future__ import annotations
@@ -35,15 +36,20 @@ class LiveView:
 
     interval: seconds between redraws (the model is updated every step; the block map is
     looked at only when a redraw is due). plot: draw the recording when the view closes.
-    display: show the widget (False builds it without displaying: tests, scripts)."""
+    display: show the widget and the plot (None: when running in a Jupyter kernel; False
+    records only: tests, scripts)."""
 
     def __init__(self, target: Any, *, interval: float = 0.1, window: int = 120, plot: bool = True,
-                 display: bool = True) -> None:
+                 display: bool | None = None) -> None:
         if interval < 0:
             raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
         self.engine = engine_of(target)
         self.model = LiveModel(self.engine.allocator, window=window)
         self.recorder = StepRecorder(self.engine)
+        if display is None:
+            from toolkit.engine.progress import _in_notebook
+
+            display = _in_notebook()
         self.interval, self.plot, self.display = interval, plot, display
         self.states: list[LiveState] = []      # each state that was drawn
         self.message = ""
