@@ -1,5 +1,5 @@
 """RadixAllocator: the conformance suite, broken trees that must fail it, the tree's own
-bookkeeping (no node outlives its blocks), exactness under a forged hash collision, and
+bookkeeping (no node outlives its blocks), a miss on a forged block-hash collision, and
 the scheduler conformance storm (arrivals, aborts, preemption; zero leaked blocks) with
 the KV-cache manager handing it tokens."""
 

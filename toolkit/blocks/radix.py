@@ -3,10 +3,12 @@
 Each tree node is one full block: its edge key is the block's token ids (the root's
 children also carry the extra key: cache salt, adapter id), so the node's path from the
 root spells the whole token prefix it caches. `lookup` walks the tree from the root by
-the request's tokens and stops at the first missing or empty node; a hit is therefore an
-exact token match, with no hash-collision argument needed. Hashes are used only to
-find a published block's parent node in O(1) (`_by_hash`); a publish whose tokens
-disagree with the node its hash names (a collision, or a caller's bug) caches nothing.
+the request's tokens and stops at the first missing or empty node, so it never reads a
+hash. Hashes are used only at publish, to find the block's parent node in O(1)
+(`_by_hash`): a publish whose block hash names a node with other tokens (a collision, or
+a caller's bug) caches nothing, but a block is hung under whatever node its parent's hash
+names, so where a block is attached still rests on the chain hashes not colliding (the
+BLAKE2b-128 bound of blocks/hashing.py), as every hit of the hash chain does.
 
 The allocator keys by tokens (`keyed_by_tokens = True`), so the KV-cache manager hands it
 `tokens=` / `extra=` on lookup and peek and `tokens=` / `parent=` / `extra=` on publish
@@ -31,8 +33,11 @@ benchmarks/prefix_cache.py on a shared 2-core machine; the lead adds the H200 fi
   both with a 48-block pool that evicted 40 cached blocks and preempted 10 times) and
   greedy outputs are the same. The CPU TTFT / tok/s differences
   were within the noise of the shared cores.
-- Exactness: a hit compares token ids, so it needs no collision bound, and a forged or
-  colliding hash cannot hand a request another prompt's KV (tests/blocks/test_radix.py).
+- Collisions: lookups compare token ids, so a colliding or forged block hash makes a miss
+  where the chain would serve another prompt's KV (tests/blocks/test_radix.py); only a
+  collision of a parent's hash at publish time can misplace a block. In practice both
+  rest on the same 128-bit bound. (Linking a published block to its parent by the
+  request's previous block id instead of its hash would remove that last dependence.)
 - Inspection: the cache is a tree a notebook can walk (`prefixes()`, `num_nodes()`).
 - Host cost: it is slower. Per 1-2k-token request (99 blocks of 16; best of 5, prefix cache
   alone; two runs on the loaded machine) the hash chain's lookup + publish + free took
@@ -40,7 +45,8 @@ benchmarks/prefix_cache.py on a shared 2-core machine; the lead adds the H200 fi
   per block), on top of the 505 / 1044 us of hashing both pay (the manager still hashes:
   the contract and the tree's publish take hashes). That is +40% of the prefix cache's
   host time, 0.2-0.4 ms per admitted request: small against a GPU prefill of that prompt,
-  but not zero on a host-bound step.
+  but not zero on a host-bound step. A tree that linked blocks by id would need no hashes,
+  and then, skipping the chain's BLAKE2b, it would cost the host less than the chain.
 - Not done here (the shared policy forbids it for every allocator): dedup of a prefix
   computed twice by requests admitted in the same step (SGLang repoints the later request
   at the tree's copy), and eviction that skips an inner node whose children are cached
