@@ -30,7 +30,7 @@ def test_radix_passes_conformance() -> None:
 
 
 def test_radix_passes_conformance_bigger_blocks() -> None:
-    check_allocator(RadixAllocator, num_blocks=7, block_size=3, **PASS)
+    check_allocator(RadixAllocator, num_blocks=7, block_size=3, max_examples=60)
 
 
 def test_registered_and_protocol() -> None:
@@ -186,12 +186,14 @@ def test_no_tree_node_outlives_its_blocks(data) -> None:
     assert a.num_cached_blocks() == 0 and a.num_nodes() == 0 and not a._root.children
 
 
-def test_scheduler_storm_with_radix() -> None:
+@pytest.mark.parametrize("kw", [{}, {"policy": "priority", "enable_chunked_prefill": False}],
+                         ids=["fcfs_chunked", "priority_whole"])
+def test_scheduler_storm_with_radix(kw: dict) -> None:
     """The scheduler conformance machine (arrivals, aborts, preemption, drafts; zero leaked
     blocks at teardown) with the radix allocator behind the KV-cache manager."""
     check_scheduler(lambda alloc, bs, seqs, budget: ContinuousBatchingScheduler(
-        alloc, block_size=bs, max_num_seqs=seqs, max_num_batched_tokens=budget),
-        allocator_factory=RadixAllocator)
+        alloc, block_size=bs, max_num_seqs=seqs, max_num_batched_tokens=budget, **kw),
+        allocator_factory=RadixAllocator, prompts_within_budget="enable_chunked_prefill" in kw)
 
 
 def test_same_hits_as_the_hash_chain_on_a_shared_prefix_trace() -> None:
