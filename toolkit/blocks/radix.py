@@ -80,6 +80,14 @@ class _Node:
 
 
 class RadixAllocator:
+    """`LLM(..., allocator="radix")`; or by hand, with the tokens behind the hashes:
+
+        a = RadixAllocator(num_blocks=64, block_size=16)
+        hits = a.lookup(hashes, tokens=prompt_ids, extra=salt)       # refs taken
+        a.publish(block, hashes[i], tokens=prompt_ids[16 * i:16 * (i + 1)],
+                  parent=hashes[i - 1] if i else None, extra=salt)
+    """
+
     num_reserved = 0
     keyed_by_tokens = True           # the manager passes tokens (blocks/base.py)
 
