@@ -10,7 +10,8 @@ real engine, over the same ShareGPT trace with Poisson arrivals below and above 
 3. A table of mean / p90 TTFT and TPOT and throughput, simulated against real, with the
    relative difference; the issue's criteria: below saturation TTFT and TPOT (mean, p90)
    within 10%; above it throughput and mean TPOT within 10%. The TTFT curve over time of
-   the overloaded runs is drawn side by side (--plot).
+   the overloaded runs is drawn side by side (--plot). A diagnostic row: the simulator with
+   the cost model refit on that engine run's own steps (calibration error vs model error).
 
     python benchmarks/sharegpt_prep.py --num 1000 --out benchmarks/data/sharegpt.json   # on the CPU
     python benchmarks/sim_validate.py --num 300 --out benchmarks/results/sim_validate.json \
@@ -110,11 +111,18 @@ def main() -> None:
             s, r = sim.summary(), real.summary()
             row = compare(s, r)
             ok, keys = verdict(load, row)
+            # diagnostic: the cost model refit on this very run's steps; if this one agrees and
+            # the calibrated one does not, the calibration sweep (not the simulator) is off
+            refit = real.recording.fit_cost()
+            again = Simulator(policy, refit, **settings).run(trace, label=f"sim(refit) {name} {load:g}x").summary()
             results["runs"].append(dict(load=load, policy=name, rate=load * sat, sim=s, real=r, compare=row,
-                                        criteria=keys, within_10pct=ok, sim_wall_s=sim_s))
-            print(table([s, r]), flush=True)
+                                        criteria=keys, within_10pct=ok, sim_wall_s=sim_s,
+                                        refit=refit.to_dict(), compare_refit=compare(again, r)))
+            print(table([s, again, r]), flush=True)
             print("  " + ", ".join(f"{k} {row[k]['rel']:+.1%}" for k in row)
                   + f"  -> {'OK' if ok else 'OFF'} on {keys} (simulated in {sim_s:.2f} s)", flush=True)
+            print("  refit on this run: " + ", ".join(f"{k} {v['rel']:+.1%}" for k, v in compare(again, r).items()),
+                  flush=True)
             if load > 1:
                 over += [sim, real]
 

@@ -44,7 +44,7 @@ def test_policy_by_name_with_request_fields_through_generate(llm) -> None:
         llm.engine.scheduler.set_policy("fcfs")
 
 
-def test_trace_on_the_engine_is_recorded_and_replays_on_the_simulator(llm) -> None:
+def test_trace_on_the_engine_is_recorded_and_replays_on_the_simulator(llm, tmp_path) -> None:
     trace = make_trace(synthetic_lengths(6, seed=1, prompt_median=20, output_median=5, max_prompt=40,
                                          max_total=60), rate=1e6, vocab_size=128)
     real = run_on_engine(llm, trace, realtime=False)
@@ -56,6 +56,10 @@ def test_trace_on_the_engine_is_recorded_and_replays_on_the_simulator(llm) -> No
     back = rec.trace()
     assert sorted((r.prompt_ids, r.output_len) for r in back.requests) == \
         sorted((r.prompt_ids, r.output_len) for r in trace.requests)
+    rec.save(tmp_path / "rec.json")
+    loaded = TraceRecorder.load(tmp_path / "rec.json")
+    assert [r.prompt_ids for r in loaded.trace().requests] == [r.prompt_ids for r in back.requests]
+    assert [s.grants for s in loaded.steps] == [s.grants for s in rec.steps]
     cost = CostModel({"const": 1e-3})
     sim = Simulator("fcfs", cost, num_blocks=128, block_size=16, max_num_seqs=8, max_num_batched_tokens=128,
                     vocab_size=128).run(back)

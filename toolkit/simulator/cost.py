@@ -81,8 +81,9 @@ class CostModel:
     @classmethod
     def fit(cls, samples: Iterable[tuple[np.ndarray | SchedulerOutput, float]], *,
             source: str = "fitted", features: Sequence[str] = FEATURES) -> "CostModel":
-        """Least squares on relative error with non-negative coefficients, over samples of
-        (step features or SchedulerOutput, measured seconds). `features` may leave some
+        """Least squares on relative error with non-negative coefficients, scaled so the
+        predicted total equals the measured total, over samples of (step features or
+        SchedulerOutput, measured seconds). `features` may leave some
         out (their coefficient is 0)."""
         xs, ys = [], []
         for x, y in samples:
@@ -96,6 +97,11 @@ class CostModel:
             raise ValueError("measured step times must be > 0 seconds")
         cols = [FEATURES.index(f) for f in features]
         w = _nnls(X[:, cols] / y[:, None], np.ones_like(y))     # rows scaled by 1/y: relative error
+        # relative least squares runs low on noisy samples (it minimises (pred - y) / y); scale
+        # so the predicted total time is the measured total: a simulated run keeps its length
+        pred = X[:, cols] @ w
+        if pred.sum() > 0:
+            w = w * (y.sum() / pred.sum())
         coef = dict.fromkeys(FEATURES, 0.0)
         for c, v in zip(cols, w):
             coef[FEATURES[c]] = float(v)

@@ -5,6 +5,7 @@
     trace = rec.trace()                      # its arrivals, prompts and output lengths
     cost = rec.fit_cost()                    # a cost model refit from its steps' wall times
     rec.detach()
+    rec.save("run.json"); TraceRecorder.load("run.json").trace()   # replay / refit elsewhere
 
     real = run_on_engine(llm, trace)         # arrivals in real time -> RunResult
     sim = Simulator(policy, cost, ...).run(trace)   # the same trace, simulated
@@ -15,8 +16,11 @@ one step after they were computed, as a user sees them).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,10 +33,12 @@ from toolkit.simulator.trace import Trace, TraceRequest
 @dataclass
 class RecordedStep:
     time: float                   # engine clock (perf_counter) at the step's start
-    duration: float               # wall seconds
+    duration: float               # wall seconds from the step's start to its record
     features: np.ndarray          # cost.step_features of its plan
     grants: dict[str, int]        # sequence id -> tokens
     log: StepLog
+    period: float | None = None   # wall seconds of the engine.step() call that made the record
+                                  # (run_on_engine sets it: the step-to-step time a cost model predicts)
 
 
 def _engine_of(target: Any) -> Any:
@@ -47,11 +53,12 @@ class TraceRecorder:
     scheduler ran (its arrival, prompt, policy fields and, at the end, its output length)
     and every step's plan and wall time."""
 
-    def __init__(self, target: Any, attach: bool = True) -> None:
-        self.engine = _engine_of(target)
+    def __init__(self, target: Any = None, attach: bool = True) -> None:
+        self.engine = None if target is None else _engine_of(target)   # None: a loaded recording
         self.requests: dict[str, Any] = {}      # sequence id -> scheduler Request (first seen)
         self.steps: list[RecordedStep] = []
-        if attach:
+        self._trace: Trace | None = None        # a loaded recording's trace
+        if attach and self.engine is not None:
             self.engine.add_observer(self)
 
     def __call__(self, rec) -> None:
@@ -73,12 +80,34 @@ class TraceRecorder:
         self.steps.append(RecordedStep(rec.start_time, rec.duration, step_features(out), dict(rec.grants), log))
 
     def detach(self) -> None:
-        if self in self.engine.observers:
+        if self.engine is not None and self in self.engine.observers:
             self.engine.remove_observer(self)
+
+    def save(self, path: str) -> None:
+        """The trace and every step (start, wall times, features, grants, log) as JSON: record
+        on a GPU, replay and refit anywhere (`TraceRecorder.load`)."""
+        steps = [dict(time=s.time, duration=s.duration, period=s.period, features=s.features.tolist(),
+                      grants=s.grants, log=dataclasses.asdict(s.log)) for s in self.steps]
+        trace = self.trace()
+        Path(path).write_text(json.dumps({"trace": {"label": trace.label, "meta": trace.meta,
+                                                    "requests": [dataclasses.asdict(r) for r in trace.requests]},
+                                          "steps": steps}))
+
+    @classmethod
+    def load(cls, path: str) -> "TraceRecorder":
+        d = json.loads(Path(path).read_text())
+        rec = cls()
+        t = d["trace"]
+        rec._trace = Trace([TraceRequest(**r) for r in t["requests"]], t["label"], t["meta"])
+        rec.steps = [RecordedStep(s["time"], s["duration"], np.array(s["features"]), s["grants"],
+                                  StepLog(**s["log"]), s["period"]) for s in d["steps"]]
+        return rec
 
     def trace(self, label: str = "recorded") -> Trace:
         """The recorded requests as a trace: arrivals relative to the first, the prompt ids,
         the output length each actually produced, and their policy fields."""
+        if self._trace is not None:
+            return self._trace
         if not self.requests:
             raise ValueError("nothing recorded yet: run the engine with this recorder attached")
         t0 = min(r.arrival_time for r in self.requests.values())
@@ -89,9 +118,11 @@ class TraceRecorder:
         return Trace(reqs, label, meta=dict(recorded_steps=len(self.steps)))
 
     def fit_cost(self, source: str = "refit from a recorded run", skip: int = 2) -> CostModel:
-        """A cost model fitted to the recorded steps' wall times (the first `skip` steps,
-        which compile and warm caches, left out)."""
-        samples = [(s.features, s.duration) for s in self.steps[skip:] if s.duration > 0]
+        """A cost model fitted to the recorded steps' wall times (each engine.step() call's
+        when run_on_engine recorded them, else start to record; the first `skip` steps, which
+        compile and warm caches, left out)."""
+        samples = [(s.features, s.period if s.period is not None else s.duration)
+                   for s in self.steps[skip:] if (s.period or s.duration) > 0]
         return CostModel.fit(samples, source=source)
 
     def __repr__(self) -> str:
@@ -128,7 +159,10 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
             if not engine.has_unfinished():
                 time.sleep(max(0.0, min(pending[k].arrival - now, 0.05)))
                 continue
+            n_rec, call = len(rec.steps), time.perf_counter()
             outs = engine.step()
+            if len(rec.steps) > n_rec:
+                rec.steps[-1].period = time.perf_counter() - call
             t = time.monotonic() - t0
             for o in outs:
                 rt = timing.get(o.request_id)
