@@ -195,6 +195,10 @@ class Engine:
             self.output_processor.forget(rid)
         self.best_of.forget(ids)
 
+    def request_ids(self) -> list[str]:
+        """The user requests added and not yet finished (or aborted)."""
+        return self.output_processor.request_ids()
+
     def has_unfinished(self) -> bool:
         return bool(self.structured.num_compiling or self._undelivered or len(self.siblings)
                     or self._inflight is not None or self.scheduler.has_unfinished())

@@ -95,6 +95,9 @@ class OutputProcessor:
             self._seqs[req.request_id] = (group, seq)
         self._groups[request_id] = group
 
+    def request_ids(self) -> list[str]:
+        return list(self._groups)
+
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._groups
 
