@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--cost-key", default=None, help="cost model key (default: <device>/<shape>)")
     ap.add_argument("--data", default=None, help="ShareGPT requests JSON (benchmarks/sharegpt_prep.py)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run-limit", type=float, default=150.0, help="seconds one engine run may take")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, help="PNG of the TTFT curves over time (overloaded runs)")
     args = ap.parse_args()
@@ -91,7 +92,7 @@ def main() -> None:
 
     # 1. saturation: everything at once
     burst = make_trace(lengths, rate=1e9, vocab_size=vocab, seed=args.seed)
-    real_sat = run_on_engine(llm, burst, realtime=False, label="engine burst")
+    real_sat = run_on_engine(llm, burst, realtime=False, label="engine burst", time_limit=args.run_limit)
     sat = len(burst) / real_sat.makespan
     sim_sat = len(burst) / Simulator("fcfs", cost, **settings).run(burst).makespan
     print(f"saturation: engine {sat:.2f} req/s, simulator {sim_sat:.2f} req/s ({rel(sim_sat, sat):+.1%})", flush=True)
@@ -99,15 +100,17 @@ def main() -> None:
     results = dict(key=key, cost=cost.to_dict(), lengths=lengths.label, num=args.num,
                    saturation_req_s=dict(engine=sat, sim=sim_sat), runs=[])
     over: list = []
-    for load in [float(x) for x in args.loads.split(",")]:
-        trace = make_trace(lengths, rate=load * sat, vocab_size=vocab, seed=args.seed + 1)
-        for name in args.policies.split(","):
+    for i, load in enumerate(float(x) for x in args.loads.split(",")):
+        for j, name in enumerate(args.policies.split(",")):
+            # fresh prompt ids per run: the engine's prefix cache keeps earlier runs' blocks,
+            # the simulator starts empty, so a repeated prompt would be a hit on one side only
+            trace = make_trace(lengths, rate=load * sat, vocab_size=vocab, seed=args.seed + 1 + 100 * i + j)
             policy = resolve_policy(name)                  # one object: simulator, then engine
             t = time.perf_counter()
             sim = Simulator(policy, cost, **settings).run(trace, label=f"sim {name} {load:g}x")
             sim_s = time.perf_counter() - t
             llm.engine.scheduler.set_policy(policy)
-            real = run_on_engine(llm, trace, label=f"engine {name} {load:g}x")
+            real = run_on_engine(llm, trace, label=f"engine {name} {load:g}x", time_limit=args.run_limit)
             s, r = sim.summary(), real.summary()
             row = compare(s, r)
             ok, keys = verdict(load, row)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from hypothesis import settings as Settings
 
 from toolkit.blocks.reference import ReferenceAllocator
 from toolkit.engine.request_fields import per_prompt_fields
@@ -36,8 +37,7 @@ class Filled(ContinuousBatchingScheduler):
         super().add_request(r)
 
 
-POLICY_CASES = {
-    "fcfs": lambda: "fcfs",
+POLICY_CASES = {      # fcfs and priority without aging: test_scheduler_conformance.py
     "priority_aging": lambda: Priority(aging=0.5),
     "sjf_prompt": lambda: SJF("prompt"),
     "sjf_output": lambda: SJF("output"),
@@ -53,7 +53,8 @@ def test_policy_passes_check_scheduler(case: str) -> None:
     clock = Clock(0.0) if case == "edf_admit" else None
     check_scheduler(lambda a, bs, seqs, budget: Filled(
         a, block_size=bs, max_num_seqs=seqs, max_num_batched_tokens=budget,
-        policy=POLICY_CASES[case](), clock=clock))
+        policy=POLICY_CASES[case](), clock=clock),
+        settings=Settings(max_examples=15, stateful_step_count=30, deadline=None, derandomize=True))
 
 
 # -- hand-made cases --

@@ -116,8 +116,8 @@ class Engine:
         params = self.best_of.expand(rid, params)
         fields = dict(priority=priority, client_id=client_id, deadline=deadline,
                       expected_output_len=expected_output_len)
-        warn_ignored_priority(policy_of(self.scheduler), priority)
         sequences = [self._sequence(rid, j, ids, params, fields, arrival_time) for j in range(params.n)]
+        warn_ignored_priority(policy_of(self.scheduler), priority)     # once the fields are valid
         if params.structured is not None:
             for seq in sequences:               # cheap grammar errors raise here: nothing kept
                 self.structured.submit(seq)

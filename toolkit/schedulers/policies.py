@@ -92,7 +92,7 @@ class LPM(Policy):
         return (request.arrival_time,)
 
     def admission_key(self, request: Request) -> Any:
-        if self.view is None or len(self.view.waiting) > self.max_queue:
+        if self.view is None or self.view.num_waiting > self.max_queue:
             return (0, request.arrival_time)
         return (-self.view.kv.num_cached_tokens(request), request.arrival_time)
 

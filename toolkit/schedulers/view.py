@@ -72,6 +72,14 @@ class SchedulerView:
         return tuple(self._s.waiting)
 
     @property
+    def num_running(self) -> int:
+        return len(self._s.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._s.waiting)
+
+    @property
     def max_num_seqs(self) -> int:
         return self._s.max_num_seqs
 
