@@ -90,3 +90,28 @@ def test_recorder_detaches_and_refits(llm) -> None:
     assert rec not in llm.engine.observers and len(rec.steps) >= 8
     m = rec.fit_cost(skip=0)
     assert m.fit_error["samples"] == len(rec.steps) and m.coef["const"] >= 0
+
+
+def test_llm_takes_a_policy_by_name_class_or_instance_and_refuses_one_that_cannot_reach() -> None:
+    from toolkit.schedulers import SJF, Priority
+
+    class Mine:                       # duck-typed: sort_key and victim only
+        def sort_key(self, r):
+            return (-r.num_prompt_tokens,)
+
+        def victim(self, running):
+            return running[-1]
+
+    mine = Mine()
+    kw = dict(device="cpu", dtype="float32", num_blocks=32)
+    assert isinstance(LLM(CFG, policy="sjf_output", **kw).engine.scheduler.policy, SJF)
+    assert LLM(CFG, policy=Priority, **kw).engine.scheduler.policy.uses_priority
+    p = Priority(aging=2.0)
+    assert LLM(CFG, policy=p, **kw).engine.scheduler.policy is p
+    assert LLM(CFG, policy=mine, **kw).engine.scheduler.policy.wrapped is mine
+    with pytest.raises(ValueError, match="did not reach scheduler ReferenceScheduler"):
+        LLM(CFG, scheduler="reference", policy="priority", **kw)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        LLM(CFG, policy="lifo", **kw)
+    with pytest.raises(TypeError, match="EngineConfig.policy"):
+        LLM(CFG, policy=3, **kw)

@@ -68,7 +68,8 @@ def _check_policy(scheduler: Any, policy: Any) -> None:
         return
     got = policy_of(scheduler)
     name = policy.lower() if isinstance(policy, str) else None
-    if got is None or not (got is policy or type(got) is policy or getattr(got, "name", None) == name):
+    inner = getattr(got, "wrapped", got)           # a duck-typed policy is wrapped in Adapted
+    if got is None or not (inner is policy or type(inner) is policy or getattr(got, "name", None) == name):
         raise ValueError(f"policy={policy!r} did not reach scheduler {type(scheduler).__name__} (it "
                          f"runs {got!r}); give the policy to a scheduler that takes policy= "
                          "('continuous', 'static'), or build your scheduler instance with it")

@@ -55,7 +55,10 @@ class _Shapes:
 
     def decoders(self, batch: int, context: int) -> list[str]:
         """batch sequences with context-token prompts, prefilled (then they decode)."""
-        ids = [self.add(context, self.warmup + self.steps + 4) for _ in range(batch)]
+        # the first ones decode while the last ones prefill: enough tokens to outlast that
+        budget = getattr(self.engine.scheduler, "max_num_batched_tokens", batch * context)
+        prefill_steps = -(-batch * context // max(budget - batch, 1))
+        ids = [self.add(context, prefill_steps + self.warmup + self.steps + 4) for _ in range(batch)]
         sched = self.engine.scheduler
         while any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.requests.values()):
             self.engine.step()
