@@ -170,21 +170,21 @@ def client_main(argv: list[str]) -> None:
 
 
 # -- the run --
-def build(shape: str):
+def build_args(shape: str) -> tuple:
+    """(model, options) of LLM(model, **options) for a shape: random weights."""
     import torch
     from transformers import LlamaConfig
 
-    from toolkit import LLM
     from toolkit.models.shapes import llama31_8b, qwen3_0_6b
 
     if shape == "tiny":
         cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096)
-        return LLM(cfg, num_blocks=2048, block_size=16, max_num_seqs=64), cfg
+        return cfg, dict(num_blocks=2048, block_size=16, max_num_seqs=64)
     cfg = llama31_8b() if shape == "llama8b" else qwen3_0_6b()
     dev = torch.cuda.is_available()
-    return LLM(cfg, dtype="bfloat16" if dev else "float32", max_num_seqs=256, max_num_batched_tokens=8192,
-               gpu_memory_utilization=0.85, max_model_len=4096), cfg
+    return cfg, dict(dtype="bfloat16" if dev else "float32", max_num_seqs=256, max_num_batched_tokens=8192,
+                     gpu_memory_utilization=0.85, max_model_len=4096)
 
 
 def main() -> None:
@@ -197,17 +197,17 @@ def main() -> None:
     ap.add_argument("--max-output", type=int, default=None, help="cap output lengths (CPU checks)")
     ap.add_argument("--rates", default="inf,4,8", help="requests/s, comma separated; inf = all at once")
     ap.add_argument("--port", type=int, default=18431)
+    ap.add_argument("--cores", default="thread,process",
+                    help="where AsyncEngine runs the engine: thread (this process), process (its own)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    import uvicorn
-
-    from toolkit import SamplingParams
+    from toolkit import LLM, SamplingParams
     from toolkit.engine.async_engine import AsyncEngine
-    from toolkit.serving.app import build_app
 
     t0 = time.perf_counter()
-    llm, cfg = build(args.shape)
+    cfg, options = build_args(args.shape)
+    llm = LLM(cfg, **options)
     reqs = load_requests(args.data, args.num, cfg.vocab_size, args.max_output)
     results: dict[str, Any] = dict(shape=args.shape, num=len(reqs), startup_s=time.perf_counter() - t0,
                                    data=args.data if os.path.exists(args.data) else "random")
@@ -220,26 +220,52 @@ def main() -> None:
     dt = time.perf_counter() - t
     toks = sum(len(o.outputs[0].token_ids) for o in outs)
     results["generate"] = dict(duration_s=dt, output_tokens=toks, output_tok_s=toks / dt)
+    save(args.out, results)
     print(f"[generate] {toks} tokens in {dt:.1f} s = {toks / dt:.0f} tok/s", flush=True)
 
     rates = [float(r) for r in args.rates.split(",")]
-    engine = AsyncEngine(llm)
-    results["direct"], results["http"] = {}, {}
+    req_file = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"serving_reqs_{os.getpid()}.json")
+    with open(req_file, "w") as f:
+        json.dump(reqs, f)
+    for core in args.cores.split(","):
+        if core == "thread":
+            engine = AsyncEngine(llm)
+        else:                           # the engine in its own process: free this one's GPU memory
+            llm.close()
+            engine = AsyncEngine.build(cfg, process=True, **options)
+            engine.add([1] * 300, SamplingParams(max_tokens=8, ignore_eos=True)).result()
+        results[core] = serve_and_measure(engine, reqs, rates, args, req_file, results)
+        engine.close()
+        inf = str(float("inf"))
+        gen = results["generate"]["output_tok_s"]
+        if inf in results[core]["http"]:
+            results[core]["http_over_generate"] = results[core]["http"][inf]["output_tok_s"] / gen
+            results[core]["direct_over_generate"] = results[core]["direct"][inf]["output_tok_s"] / gen
+            print(f"[{core} ratio] rate inf: HTTP / generate = {results[core]['http_over_generate']:.3f}, "
+                  f"AsyncEngine / generate = {results[core]['direct_over_generate']:.3f}", flush=True)
+        save(args.out, results)
+
+
+def serve_and_measure(engine, reqs, rates: list[float], args, req_file: str, results: dict) -> dict:
+    """Each rate through AsyncEngine directly, then through HTTP (uvicorn on a thread here,
+    the client in a child process)."""
+    import uvicorn
+
+    from toolkit.serving.app import build_app
+
+    tag = "process" if engine.engine is None else "thread"
+    out: dict[str, dict] = {"direct": {}, "http": {}}
     for rate in rates:
         r = asyncio.run(run_direct(engine, reqs, rate))
-        results["direct"][str(rate)] = r
-        print(f"[direct rate={rate}] {r['output_tok_s']:.0f} tok/s, TTFT p50 {r['ttft_ms']['p50']:.1f} ms, "
+        out["direct"][str(rate)] = r
+        print(f"[{tag} direct rate={rate}] {r['output_tok_s']:.0f} tok/s, TTFT p50 {r['ttft_ms']['p50']:.1f} ms, "
               f"TPOT p50 {r['tpot_ms']['p50']:.2f} ms", flush=True)
-
     server = uvicorn.Server(uvicorn.Config(build_app(engine, model_name="bench", close_engine=False),
                                            host="127.0.0.1", port=args.port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.05)
-    req_file = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"serving_reqs_{os.getpid()}.json")
-    with open(req_file, "w") as f:
-        json.dump(reqs, f)
     for rate in rates:
         proc = subprocess.run([sys.executable, __file__, "client", "--url", f"http://127.0.0.1:{args.port}",
                                "--model", "bench", "--requests", req_file, "--rate", str(rate)],
@@ -247,22 +273,20 @@ def main() -> None:
         if proc.returncode:
             raise RuntimeError(f"client failed: {proc.stderr[-2000:]}")
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        results["http"][str(rate)] = r
-        print(f"[http rate={rate}] {r['output_tok_s']:.0f} tok/s, TTFT p50 {r['ttft_ms']['p50']:.1f} ms "
+        out["http"][str(rate)] = r
+        print(f"[{tag} http rate={rate}] {r['output_tok_s']:.0f} tok/s, TTFT p50 {r['ttft_ms']['p50']:.1f} ms "
               f"p99 {r['ttft_ms']['p99']:.1f}, TPOT p50 {r['tpot_ms']['p50']:.2f} ms, "
               f"ITL p50 {r['itl_ms']['p50']:.2f} ms p99 {r['itl_ms']['p99']:.2f}", flush=True)
     server.should_exit = True
     thread.join(timeout=30)
-    engine.close()
-    inf = str(float("inf"))
-    if inf in results["http"]:
-        results["http_over_generate"] = results["http"][inf]["output_tok_s"] / results["generate"]["output_tok_s"]
-        results["direct_over_generate"] = results["direct"][inf]["output_tok_s"] / results["generate"]["output_tok_s"]
-        print(f"[ratio] rate inf: HTTP / generate = {results['http_over_generate']:.3f}, "
-              f"AsyncEngine / generate = {results['direct_over_generate']:.3f}", flush=True)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
+    return out
+
+
+def save(path: str | None, results: dict) -> None:
+    """Written after every phase: a run cut short keeps what it measured."""
+    if path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
             json.dump(results, f, indent=1)
 
 

@@ -41,7 +41,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine.call(lambda e: e.add_observer(metrics.observe_step)).result()
+        engine.add_step_observer(metrics.observe_step)
         engine.finished_listeners.append(metrics.observe_finished)
         yield
         state["draining"] = True

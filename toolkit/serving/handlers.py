@@ -40,7 +40,7 @@ class OpenAIHandlers:
                  ) -> None:
         self.engine, self.model_name = engine, model_name
         self.tokenizer = engine.tokenizer
-        self.max_model_len = max_model_len or engine.engine.max_model_len
+        self.max_model_len = max_model_len or engine.max_model_len
 
     # -- preparation (raises ProtocolError for anything the client got wrong) --
     def check_model(self, name: str | None) -> None:
@@ -54,7 +54,7 @@ class OpenAIHandlers:
             if self.tokenizer is None:
                 raise P.ProtocolError("this server has no tokenizer; send token ids", param=param)
             return list(self.tokenizer.encode(prompt))
-        vocab = self.engine.engine.model.vocab_size
+        vocab = self.engine.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise P.ProtocolError(f"token ids must be in [0, {vocab}), got {bad[:3]}", param=param)

@@ -91,8 +91,6 @@ class _SamplingFields(_Strict):
 
     def _structured(self, response_format: "ResponseFormat | None" = None) -> Any:
         """The one grammar this request asks for, or None; two at once is an error."""
-        from toolkit.samplers.grammar.spec import Structured
-
         asked: list[tuple[str, Any]] = []
         so = self.structured_outputs
         if so is not None:
@@ -120,6 +118,8 @@ class _SamplingFields(_Strict):
             raise ProtocolError(f"one structured output at a time; got {[a for a, _ in asked]}",
                                 param=asked[1][0])
         param, (kind, value) = asked[0]
+        from toolkit.samplers.grammar.spec import Structured   # the grammar package, only if asked
+
         try:
             if kind == "json":
                 return Structured.json(value)
