@@ -19,6 +19,11 @@ for step in "$@"; do
     profile)    timeout ${PROFILE_TIMEOUT:-200} python3 -m benchmarks.profile_step --batch ${BATCH:-256} ${PROFILE_ARGS:-} 2>&1 | tail -70 ;;
     attention)  timeout 300 python3 benchmarks/attention.py --out $OUT/attention.json 2>&1 | tail -40 ;;
     prefix_cache) timeout ${PC_TIMEOUT:-300} python3 benchmarks/prefix_cache.py ${PC_ARGS:-} --out $OUT/prefix_cache.json 2>&1 | grep -v Warning | tail -20 ;;
+    # the simulator's cost model: fit on both shapes, the updated JSON copied back to $OUT
+    sim_calibrate) timeout ${CAL_TIMEOUT:-470} python3 benchmarks/sim_calibrate.py ${CAL_ARGS:---shapes qwen3,llama8b} --out $OUT/sim_calibrate.json 2>&1 | grep -v Warning | tail -50
+                   cp toolkit/simulator/data/cost_models.json $OUT/ ;;
+    # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)
+    sim_validate) timeout ${VAL_TIMEOUT:-470} python3 benchmarks/sim_validate.py --num ${VAL_NUM:-300} ${VAL_ARGS:-} --out $OUT/sim_validate.json --plot $OUT/sim_validate_ttft.png 2>&1 | grep -v Warning | tail -60 ;;
   esac
   echo "== $step done (rc ${PIPESTATUS[0]})"
 done
