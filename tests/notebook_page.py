@@ -77,11 +77,9 @@ def render(page: pathlib.Path, screenshot: pathlib.Path, browser: str, width: in
     """Screenshot `page` to `screenshot` and return the DOM after load (with the counts)."""
     common = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
               "--allow-file-access-from-files", f"--window-size={width},{height}"]
-    subprocess.run(common + [f"--screenshot={screenshot}", page.as_uri()], check=True,
-                   capture_output=True, timeout=timeout)
-    dom = subprocess.run(common + ["--virtual-time-budget=2000", "--dump-dom", page.as_uri()],
-                         check=True, capture_output=True, timeout=timeout, text=True)
-    return dom.stdout
+    dom = subprocess.run(common + ["--virtual-time-budget=2000", "--dump-dom", f"--screenshot={screenshot}",
+                                   page.as_uri()], check=True, capture_output=True, timeout=timeout, text=True)
+    return dom.stdout                                # one launch: the DOM after load, and the picture
 
 
 def ink_fraction(png: pathlib.Path) -> float:
