@@ -107,7 +107,11 @@ def test_beam_search_params_and_dict_prompts(llm):
     p = BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True)
     a = llm.beam_search([{"prompt_token_ids": [5, 6, 7]}], p)
     b = llm.beam_search([[5, 6, 7]], 2, 3, ignore_eos=True)
-    assert [s.tokens for s in a[0].sequences] == [s.tokens for s in b[0].sequences]
+    c = llm.beam_search([[5, 6, 7]], beam_width=2, max_tokens=3, ignore_eos=True)
+    assert [s.tokens for s in a[0].sequences] == [s.tokens for s in b[0].sequences] == \
+        [s.tokens for s in c[0].sequences]
+    with pytest.raises(TypeError, match="beam_width"):
+        llm.beam_search([[5]], max_tokens=3)
     assert a[0].sequences[0].text == a[0].texts[0]
     with pytest.raises(ValueError, match="temperature"):
         BeamSearchParams(beam_width=2, max_tokens=3, temperature=0.5)

@@ -87,18 +87,22 @@ class LLM:
                                "from elsewhere during generate?")
         return [done[rid] for rid in sorted(order, key=order.get)]
 
-    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams | int,
-                    max_tokens: int | None = None, *, length_penalty: float = 1.0,
-                    ignore_eos: bool = False):
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams | int | None = None,
+                    max_tokens: int | None = None, *, beam_width: int | None = None,
+                    length_penalty: float = 1.0, ignore_eos: bool = False):
         """Beam search (Hugging Face's rules) on the engine's parts; beams share prefix blocks
         through the allocator. Returns per prompt the beam width's best sequences, best first.
 
         vLLM's form `beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=16))`, or
-        `beam_search(prompts, beam_width, max_tokens, length_penalty=, ignore_eos=)`."""
+        `beam_search(prompts, beam_width=4, max_tokens=16, length_penalty=, ignore_eos=)`."""
         from toolkit.engine.beam import beam_search
 
+        if params is None or beam_width is not None:
+            if params is not None:
+                raise TypeError("give the beam width once: as params or as beam_width=")
+            params = beam_width
         if not isinstance(params, BeamSearchParams):
-            if max_tokens is None:
+            if params is None or max_tokens is None:
                 raise TypeError("beam_search takes a BeamSearchParams, or beam_width and max_tokens")
             params = BeamSearchParams(beam_width=params, max_tokens=max_tokens,
                                       length_penalty=length_penalty, ignore_eos=ignore_eos)
