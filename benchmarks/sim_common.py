@@ -7,7 +7,7 @@ from typing import Any
 
 # engine settings of calibration and validation alike (GPU); --tiny shrinks them for the CPU
 GPU_ENGINE = dict(dtype="bfloat16", max_num_seqs=256, max_num_batched_tokens=8192,
-                  gpu_memory_utilization=0.85, max_model_len=4096, enable_prefix_caching=True)
+                  gpu_memory_utilization=0.85, max_model_len=8192, enable_prefix_caching=True)
 TINY_ENGINE = dict(device="cpu", dtype="float32", num_blocks=1024, max_num_seqs=32,
                    max_num_batched_tokens=512, max_model_len=2048, enable_prefix_caching=True)
 

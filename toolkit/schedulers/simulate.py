@@ -5,6 +5,8 @@
 
 The fake model samples token `fake_token(request_id, position)`, a hash, so a request's
 tokens do not depend on the batch around it (nor on preemption and recompute).
+The research harness (fitted cost models, traces, metrics, plots, the same trace on the real
+engine) is toolkit.simulator; this loop is its minimal core, kept for tests.
 """
 
 from __future__ import annotations
