@@ -176,3 +176,17 @@ def test_async_output_reports_each_step_one_step_later() -> None:
     assert sync.token_times == [0.5, 1.0, 1.5]
     assert late.token_times == [1.0, 1.5, 1.5]        # the last one lands in a step that runs nothing
     assert late.finish == 1.5
+
+
+def test_finish_estimate_from_a_cost_model_drives_edf_admission() -> None:
+    from toolkit.schedulers import EDF
+    from toolkit.types import Request, SamplingParams
+
+    cost = CostModel({"const": 0.01, "prefill_tokens": 1e-4, "decode_seqs": 1e-3})
+    est = cost.finish_estimate(batch=10, context=100, prefill_chunk=1000)
+    r = Request("x", list(range(500)), SamplingParams(max_tokens=50), expected_output_len=20)
+    assert est(r, 0.0) == pytest.approx(0.01 + 500 * 1e-4 + 20 * (0.01 + 10 * 1e-3))
+    trace = Trace([TraceRequest("tight", 0.0, list(range(500)), 20, deadline=0.3),
+                   TraceRequest("easy", 0.0, list(range(600, 1100)), 20, deadline=5.0)])
+    run = Simulator(EDF(estimate=est, on_miss="reject"), const(0.02), num_blocks=128).run(trace)
+    assert run.requests["tight"].finish_reason == "rejected" and run.requests["easy"].finish_reason == "length"

@@ -11,8 +11,9 @@ deadline any more, by the estimate
 not allowed to take capacity from requests that can: `on_miss="defer"` admits it only
 after every other waiting request (best effort), `on_miss="reject"` finishes it at once
 with finish reason "rejected" (goodput: its slot goes to a request that can still make it).
-`estimate(request, now) -> seconds` replaces the built-in estimate (e.g. from a fitted
-cost model).
+`estimate(request, now) -> seconds` replaces the built-in estimate, e.g.
+`CostModel.finish_estimate(batch=..., context=...)` from a fitted cost model
+(toolkit/simulator/cost.py).
 """
 
 from __future__ import annotations

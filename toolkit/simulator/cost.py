@@ -77,6 +77,26 @@ class CostModel:
     def predict_features(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float64) @ self._vec
 
+    def finish_estimate(self, *, batch: int = 32, context: int = 1024, prefill_chunk: int = 2048):
+        """`estimate(request, now) -> seconds` for `EDF(estimate=...)`: the prompt left, in
+        chunks of prefill_chunk tokens, then each output token left at the time of a decode
+        step of `batch` sequences at `context` tokens (output left: expected_output_len if
+        given, else max_tokens)."""
+        c = self.coef
+        step = c.get("const", 0.0) + batch * (c.get("decode_seqs", 0.0) + context * c.get("decode_kv_tokens", 0.0))
+
+        def estimate(request, now: float) -> float:
+            p = max(request.num_tokens - request.num_computed_tokens, 0)
+            chunks = -(-p // prefill_chunk)
+            prefill = (chunks * c.get("const", 0.0) + p * c.get("prefill_tokens", 0.0)
+                       + c.get("prefill_attn_ktokens", 0.0) * p * (p + 1) / 2 / 1000.0)
+            want = request.expected_output_len
+            if want is None:
+                want = request.sampling_params.max_tokens
+            return prefill + max(want - request.num_output_tokens, 1) * step
+
+        return estimate
+
     # -- fitting --
     @classmethod
     def fit(cls, samples: Iterable[tuple[np.ndarray | SchedulerOutput, float]], *,
