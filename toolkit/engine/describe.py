@@ -28,9 +28,9 @@ def engine_rows(engine: Any, html: bool) -> dict[str, Any]:
     r = engine.runner
     alloc = engine.allocator
     used = alloc.num_blocks - alloc.num_free_blocks()
-    kv = (bar([("used", used, "#93c5fd"), ("cached", alloc.num_cached_blocks(), "#86efac")],
-              alloc.num_blocks) if html else
-          f"{used}/{alloc.num_blocks} blocks used, {alloc.num_cached_blocks()} cached")
+    cached = alloc.num_cached_blocks()        # held or evictable: may overlap the blocks in use
+    kv = (Raw(f"{bar([('in use', used, '#93c5fd')], alloc.num_blocks)} {cached} hold a cached prefix")
+          if html else f"{used}/{alloc.num_blocks} blocks in use, {cached} hold a cached prefix")
     rows = {
         "model": model_desc,
         "scheduler": show(engine.scheduler),

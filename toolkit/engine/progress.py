@@ -15,7 +15,8 @@ class _Null:
         pass
 
 
-def _in_notebook() -> bool:
+def in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (a ZMQ shell): widgets and inline plots show."""
     shell = sys.modules.get("IPython")
     try:
         return shell is not None and shell.get_ipython().__class__.__name__ == "ZMQInteractiveShell"
@@ -54,7 +55,7 @@ def progress_bar(total: int, enabled: bool = True, desc: str = "", unit: str = "
     if not enabled or total < 2:
         yield _Null()
         return
-    if _in_notebook():
+    if in_notebook():
         from tqdm.auto import tqdm
 
         with tqdm(total=total, desc=desc, unit=unit) as bar:

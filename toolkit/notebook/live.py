@@ -47,9 +47,9 @@ class LiveView:
         self.model = LiveModel(self.engine.allocator, window=window)
         self.recorder = StepRecorder(self.engine)
         if display is None:
-            from toolkit.engine.progress import _in_notebook
+            from toolkit.engine.progress import in_notebook
 
-            display = _in_notebook()
+            display = in_notebook()
         self.interval, self.plot, self.display = interval, plot, display
         self.states: list[LiveState] = []      # each state that was drawn
         self.message = ""
