@@ -205,8 +205,11 @@ def test_duck_typed_policy_is_adapted_and_rebinding_resets_state() -> None:
     v = VTC()
     make(v).add_request(req("a", client_id="a"))
     assert v._live["a"] == 1
-    make(v)                               # bound to a new scheduler: fresh counters
-    assert not v._live and not v.counters
+    b = make(v)                           # bound to a new scheduler: fresh counters
+    assert not v._live and not v.counters and v.view is b.policy.view
+    a = make(v, clock=Clock(7.0))
+    b.schedule()                          # b takes it back (a simulation used it meanwhile)
+    assert v.view is b._view and v.view is not a._view
 
 
 def test_priority_warning_and_per_prompt_fields() -> None:

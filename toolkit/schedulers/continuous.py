@@ -40,8 +40,9 @@ class ContinuousBatchingScheduler(SchedulerCore):
                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                          enable_prefix_caching=enable_prefix_caching,
                          num_lookahead_tokens=num_lookahead_tokens, clock=clock)
+        self._view = SchedulerView(self)
         self.policy = resolve_policy(policy)
-        self.policy.bind(SchedulerView(self))
+        self.policy.bind(self._view)
         self.enable_chunked_prefill = bool(enable_chunked_prefill)
 
     def set_policy(self, policy: str | Policy | Any) -> None:
@@ -51,11 +52,18 @@ class ContinuousBatchingScheduler(SchedulerCore):
         if self.requests:
             raise ValueError(f"set_policy needs an idle scheduler; {len(self.requests)} requests are queued")
         self.policy = resolve_policy(policy)
-        self.policy.bind(SchedulerView(self))
+        self.policy.bind(self._view)
+
+    def _own_policy(self) -> None:
+        """A policy object runs one scheduler at a time: if another scheduler (a simulation)
+        bound it since, it is bound back here, its state reset."""
+        if self.policy.view is not self._view:
+            self.policy.bind(self._view)
 
     def add_request(self, request: Request) -> None:
         """Queue a request; a policy that needs a field the request lacks refuses it
         (ValueError), and nothing is queued."""
+        self._own_policy()
         self.policy.check(request)
         super().add_request(request)
         if request.request_id in self.requests:
@@ -100,6 +108,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
     # -- one step --
     def schedule(self) -> SchedulerOutput:
         self._tick()
+        self._own_policy()
         out = SchedulerOutput(finished_ids=self._drain_finished())
         budget = self.max_num_batched_tokens
         self.running.sort(key=self.policy.sort_key)

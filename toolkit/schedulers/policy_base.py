@@ -25,7 +25,8 @@ scheduler's clock: time.monotonic in the engine, virtual in the simulator), the 
 Stateful policies (fair share counters) use the hooks `on_add(request)`,
 `on_grant(scheduled)` (each grant of a step, as it is made), `on_finish(request)`;
 `reset()` clears their state and runs at `bind`, so one object runs one scheduler at a
-time, and a fresh run (a simulation, then the engine) starts clean. With
+time, and a fresh run (a simulation, then the engine) starts clean: a scheduler whose
+policy was bound by another since binds it back (reset) at its next add_request / schedule. With
 `reorder_after_grant = True` the waiting queue is sorted again after each admission (a key
 that a grant changes).
 

@@ -27,7 +27,8 @@ class StaticBatchingScheduler(SchedulerCore):
         super().__init__(allocator, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
         self.policy = resolve_policy(policy)      # its order only (admission is all or nothing here)
-        self.policy.bind(SchedulerView(self))
+        self._view = SchedulerView(self)
+        self.policy.bind(self._view)
 
     def add_request(self, request: Request) -> None:
         self.policy.check(request)
@@ -39,6 +40,8 @@ class StaticBatchingScheduler(SchedulerCore):
 
     def schedule(self) -> SchedulerOutput:
         self._tick()
+        if self.policy.view is not self._view:       # bound by another scheduler since
+            self.policy.bind(self._view)
         out = SchedulerOutput(finished_ids=self._drain_finished())
         if not self.running:
             self._admit_batch()
