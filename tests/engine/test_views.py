@@ -61,6 +61,9 @@ def test_recorder_table_matches_the_run(llm):
     assert titles == ["tokens per step", "queue depths", "KV cache"]
     assert all(ax.get_xlabel() == "step" and ax.get_ylabel() for ax in fig.axes)
     assert all(ax.get_legend() is not None for ax in fig.axes)
+    fig.canvas.draw()
+    for ax in fig.axes:                                # steps, tokens, requests, blocks: counts
+        assert all(float(t).is_integer() for t in [*ax.get_xticks(), *ax.get_yticks()]), ax.get_title()
     import matplotlib.pyplot as plt
 
     plt.close(fig)
