@@ -118,7 +118,7 @@ def test_reprs_are_readable_and_html_has_the_parts(llm):
     for obj in (llm, e, e.scheduler, e.runner.sampler, e.runner.attention, ref):
         text = repr(obj)
         assert " object at 0x" not in text and text.startswith(type(obj).__name__), text
-    for obj in (llm, e, e.scheduler, e.runner.sampler, ref):
+    for obj in (llm, e, e.scheduler, e.runner.sampler, e.runner.attention, ref):
         assert "<table" in obj._repr_html_()
     assert "sliding_window=8" in repr(ref) and "4 blocks x 4 tokens" in ref._repr_html_()
     page = llm._repr_html_()

@@ -66,6 +66,11 @@ class CPUAttention:
                 f"scale={self.scale:.4g}, sliding_window={self.sliding_window}, "
                 f"soft_cap={self.soft_cap})")
 
+    def _repr_html_(self) -> str:
+        from toolkit.attention.describe import attention_html
+
+        return attention_html(self, {"path": "SDPA over K/V gathered from the paged cache"})
+
     def plan(self, layout: PagedKVLayout) -> None:
         check_layout(layout, self.kv_cache)
         host = layout.host
