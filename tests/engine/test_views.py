@@ -211,3 +211,18 @@ def test_live_view_without_ipywidgets_says_how_to_get_them(llm, monkeypatch, cap
         llm.generate([[30, 31]], PARAMS, use_tqdm=False)
     assert view.widget is None and "pip install ipywidgets" in capsys.readouterr().out
     assert view.states and view.states[-1].num_finished == 1       # still recorded
+
+
+def test_notebook_dir_finds_the_notebooks_folder_from_anywhere(tmp_path, monkeypatch):
+    import pathlib
+
+    from toolkit.notebook.paths import notebook_dir
+
+    nb = tmp_path / "mine.ipynb"
+    nb.write_text("{}")
+    monkeypatch.setenv("JPY_SESSION_NAME", str(nb))
+    assert notebook_dir() == tmp_path.resolve()
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    monkeypatch.chdir(tmp_path)                         # a kernel started elsewhere
+    here = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
+    assert notebook_dir() == here and (notebook_dir() / "03_attention.ipynb").exists()
