@@ -113,3 +113,23 @@ def test_embedded_model_chat_and_stop_string(make_server):
         assert streamed == cut.choices[0].message.content
     finally:
         srv.stop()
+
+
+def test_a_failing_step_is_a_500_error_body_and_the_server_goes_on(tiny_chat_dir, make_server):
+    srv, engine = make_server(tiny_chat_dir)
+    runner = engine.engine.runner
+    real, calls = runner.launch, {"n": 0}
+
+    def broken(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected step failure")
+        return real(*a, **kw)
+
+    runner.launch = broken
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 4}
+    status, _, out = post(srv.url + "/v1/completions", body)
+    assert status == 500 and "injected step failure" in out["error"]["message"]
+    assert out["error"]["type"] == "server_error"
+    status, _, out = post(srv.url + "/v1/completions", body)
+    assert status == 200 and out["usage"]["completion_tokens"] >= 1

@@ -70,6 +70,11 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         return error(400, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}",
                      param=".".join(loc) or None)
 
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        # a bug or a failed engine step: still OpenAI's error body, and the server goes on
+        return error(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+
     @app.exception_handler(P.ProtocolError)
     async def _protocol(request: Request, exc: P.ProtocolError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)

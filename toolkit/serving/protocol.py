@@ -44,7 +44,6 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 class StructuredOutputs(_Strict):
@@ -247,12 +246,10 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
     # extras
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    echo: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":
