@@ -71,7 +71,7 @@ def test_recorder_table_matches_the_run(llm):
 
 def test_live_view_state_after_each_step(llm):
     with LiveView(llm, interval=0, display=False, plot=False) as view:
-        llm.generate([[5] * 10, [6, 7, 8]], PARAMS, use_tqdm=False)
+        outs = llm.generate([[5] * 10, [6, 7, 8]], PARAMS, use_tqdm=False)
     states, recs = view.states, view.recorder.records
     assert len(states) >= len(recs) and [s.step for s in states[:len(recs)]] == [r.step for r in recs]
     total = 0
@@ -83,8 +83,14 @@ def test_live_view_state_after_each_step(llm):
         assert len(s.block_cells) == 24 and s.blocks_per_cell == 1
     last = states[-1]
     assert last.num_finished == 2 and last.num_running == 0 and last.tokens_per_s > 0
-    # mid-run, blocks are held; at the end none is (cached prefixes may stay, evictable)
+    # mid-run, blocks are held, by the running requests; at the end none is (cached prefixes
+    # may stay, evictable)
     assert any({"held", "cached", "shared"} & set(s.block_cells) for s in states[:-1])
+    for s in states:
+        assert all(s.block_cells[b] in ("held", "cached", "shared") for b, _ in s.block_owners)
+    holders = {who for s in states for _, who in s.block_owners}
+    assert holders == {o.request_id for o in outs}
+    assert "held by" in render_all(next(s for s in states if s.block_owners))
     assert not {"held", "cached", "shared"} & set(last.block_cells)
     page = render_all(last)
     assert f"step {last.step + 1}" in page and "tokens per step" in page

@@ -44,7 +44,7 @@ class LiveView:
         if interval < 0:
             raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
         self.engine = engine_of(target)
-        self.model = LiveModel(self.engine.allocator, window=window)
+        self.model = LiveModel(self.engine.allocator, window=window, scheduler=self.engine.scheduler)
         self.recorder = StepRecorder(self.engine)
         if display is None:
             from toolkit.engine.progress import in_notebook

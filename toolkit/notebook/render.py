@@ -49,8 +49,12 @@ def render_blocks(s: LiveState, columns: int = 64) -> str:
     if s.block_cells is None:
         return '<div data-live="blocks" style="font:11px monospace">block map: not looked at yet</div>'
     per = s.blocks_per_cell
-    cells = "".join(f'<div title="{html.escape(st)}" style="background:{COLORS[st]};width:8px;'
-                    f'height:8px"></div>' for st in s.block_cells)
+    owners = dict(s.block_owners)
+    first = [f"blocks {i * per}-{i * per + per - 1}" if per > 1 else f"block {i}"
+             for i in range(len(s.block_cells))]
+    cells = "".join(f'<div title="{html.escape(f"{name}: {st}" + (f", held by {owners[i]}" if i in owners else ""))}"'
+                    f' style="background:{COLORS[st]};width:8px;height:8px"></div>'
+                    for i, (name, st) in enumerate(zip(first, s.block_cells)))
     legend = " ".join(f'<span style="background:{c};padding:0 4px">{k}</span>' for k, c in COLORS.items())
     unit = "block" if per == 1 else f"{per} blocks"
     return (f'<div data-live="blocks" style="font:11px monospace">KV block map (a cell = {unit})'

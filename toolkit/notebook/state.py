@@ -33,6 +33,7 @@ class LiveState:
     timeline: tuple[tuple[int, int, int], ...]   # (step, prefill, decode) of the last `window` steps
     blocks_per_cell: int               # 1, or the group size of a big cache
     block_cells: tuple[str, ...] | None = None   # a state per cell (render.COLORS' names); None: not looked
+    block_owners: tuple[tuple[int, str], ...] = ()  # (block id, sequence ids holding it), one block a cell
 
 
 def block_cells(allocator: Any, max_cells: int = MAX_CELLS) -> tuple[int, tuple[str, ...]]:
@@ -54,10 +55,11 @@ def block_cells(allocator: Any, max_cells: int = MAX_CELLS) -> tuple[int, tuple[
 class LiveModel:
     """Folds step records into LiveStates."""
 
-    def __init__(self, allocator: Any = None, window: int = 120) -> None:
+    def __init__(self, allocator: Any = None, window: int = 120, scheduler: Any = None) -> None:
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an integer >= 1 (steps on the timeline), got {window!r}")
         self.allocator = allocator
+        self.scheduler = scheduler          # its running / waiting requests name the blocks' holders
         self.timeline: deque[tuple[int, int, int]] = deque(maxlen=window)
         self.start: float | None = None
         self.tokens = self.preempted = self.finished = 0
@@ -72,14 +74,24 @@ class LiveModel:
         self.finished += rec.num_finished
         self.timeline.append((rec.step, rec.num_prefill_tokens, rec.num_decode_tokens))
         elapsed = rec.start_time + rec.duration - self.start
-        per, cells = 1, None
+        per, cells, owners = 1, None, ()
         if look_at_blocks and self.allocator is not None:
             per, cells = block_cells(self.allocator)
+            owners = self._owners() if per == 1 else ()
         self.state = LiveState(
             rec.step, elapsed, self.tokens / elapsed if elapsed > 0 else 0.0, self.tokens,
             rec.num_running, rec.num_waiting, self.preempted, self.finished, rec.kv_blocks_used,
-            rec.kv_blocks_cached, rec.kv_blocks_total, tuple(self.timeline), per, cells)
+            rec.kv_blocks_cached, rec.kv_blocks_total, tuple(self.timeline), per, cells, owners)
         return self.state
+
+    def _owners(self) -> tuple[tuple[int, str], ...]:
+        """(block id, "seq, seq") for each block a live request of the scheduler holds."""
+        by_block: dict[int, list[str]] = {}
+        for q in ("running", "waiting"):
+            for req in getattr(self.scheduler, q, ()):
+                for b in getattr(req, "block_ids", ()):
+                    by_block.setdefault(b, []).append(req.request_id)
+        return tuple((b, ", ".join(ids)) for b, ids in sorted(by_block.items()))
 
     def update_blocks(self) -> LiveState:
         """The current state with the block map looked at now (the last frame of a run)."""
@@ -87,5 +99,6 @@ class LiveModel:
 
         if self.allocator is not None:
             per, cells = block_cells(self.allocator)
-            self.state = dataclasses.replace(self.state, blocks_per_cell=per, block_cells=cells)
+            self.state = dataclasses.replace(self.state, blocks_per_cell=per, block_cells=cells,
+                                             block_owners=self._owners() if per == 1 else ())
         return self.state
