@@ -36,6 +36,8 @@ def kernel(name: str, logits: Tensor, use_triton: bool | None) -> Callable:
     """The Triton op on CUDA (or when forced), else its torch twin of the same signature."""
     if logits.is_cuda if use_triton is None else use_triton:
         return getattr(importlib.import_module(_KERNEL_MODULE[name]), name)
+    if name in ("truncated_sample", "gumbel_sample"):   # the twin's tokens, noise only where kept
+        return getattr(importlib.import_module("toolkit.samplers.cpu_tail"), name)
     return getattr(reference_sampling, name)
 
 
