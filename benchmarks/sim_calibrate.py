@@ -1,7 +1,7 @@
 """Fit the simulator's cost model on the real engine: sweep step shapes, fit, write the data.
 
 For each model shape (random weights): decode steps at batch B and context L, prefill steps
-of P tokens, and mixes (B decodes + a P-token prompt), each timed as the median wall time of
+of P tokens, and mixes (B decodes + a P-token prompt), each timed as the mean wall time of
 engine.step() in a run of identical steps (toolkit/simulator/calibrate.py); then a
 non-negative least-squares fit on relative error of
 

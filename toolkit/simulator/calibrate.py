@@ -8,8 +8,10 @@ Each shape is a run of identical steps through the public engine (`add_request`,
 - decode (B, L): B sequences with L-token prompts, all prefilled, then decode steps;
 - prefill P: one new P-token prompt per step (max_tokens=1), nothing else running;
 - mixed (B, L, P): the B decodes plus one new P-token prompt per step.
-One sample per shape: the median wall time of `engine.step()` over `steps` calls (after
-`warmup`), with the median features of the steps the observer saw. The engine's
+One sample per shape: the mean wall time of `engine.step()` over `steps` calls (after
+`warmup`), with the mean features of the steps the observer saw. The mean, not the median:
+a simulated run's length is the sum of its steps, so occasional slow steps (a busy shared
+CPU, a collection) count as they do in a real run. The engine's
 max_num_batched_tokens must hold P (and B + P), and max_num_seqs B + 1.
 """
 
@@ -65,7 +67,7 @@ class _Shapes:
         return ids
 
     def timed(self, prefill: int | None) -> tuple[np.ndarray, float]:
-        """Median features and wall seconds of `steps` steps (after `warmup`), each adding one
+        """Mean features and wall seconds of `steps` steps (after `warmup`), each adding one
         prefill-token prompt first when prefill is set."""
         walls = []
         first = len(self.rec.steps)
@@ -78,7 +80,7 @@ class _Shapes:
                 walls.append(time.perf_counter() - t)
         feats = [s.features for s in self.rec.steps[first + self.warmup:]] or \
             [s.features for s in self.rec.steps[first:]]
-        return np.median(np.stack(feats), axis=0), statistics.median(walls)
+        return np.mean(np.stack(feats), axis=0), statistics.fmean(walls)
 
     def drain(self, ids: Sequence[str] = ()) -> None:
         self.engine.abort(list(ids))
