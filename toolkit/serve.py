@@ -42,8 +42,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-format", default="auto", help="auto, safetensors, pt or dummy (random weights)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="NAME=VALUE",
                    help="any other LLM(...) option; repeatable")
-    p.add_argument("--engine-process", action="store_true",
-                   help="run the engine in its own process (the HTTP side then never holds its GIL)")
+    p.add_argument("--engine", choices=["process", "thread"], default="process",
+                   help="where the engine loop runs: its own process (default; the HTTP side never "
+                        "holds its GIL: 0.96x LLM.generate through HTTP on the H200, against 0.72x "
+                        "for a thread, benchmarks/RESULTS.md) or a thread of the server's process")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -77,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                       else "smollm2-135m-instruct")
-    engine = AsyncEngine.build(args.model, process=args.engine_process, **engine_options(args))
+    engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
     app = build_app(engine, model_name=name, api_key=args.api_key, max_pending=args.max_pending,
                     shutdown_timeout=args.shutdown_timeout)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
