@@ -135,7 +135,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy)
     _check_policy(scheduler, cfg.policy)
     if attention == "auto":
-        attention = "triton" if device.type == "cuda" else "torch"
+        attention = "triton" if device.type == "cuda" else "cpu"   # "torch": the slow reference
     attention = _create("attention", attention, kv_cache=kv_cache, **model.attention_kwargs())
     sampler = _create("sampler", sampler)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
