@@ -145,9 +145,12 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
 
 
 async def _prepend(first: str, rest) -> Any:
-    yield first
-    async for chunk in rest:
-        yield chunk
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()          # a client gone mid-stream: its requests abort now, not at GC
 
 
 async def _until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
