@@ -4,9 +4,6 @@ SmolLM2's tokenizer and chat template (fast, and the text path is real)."""
 from __future__ import annotations
 
 import shutil
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,8 @@ import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
+
+from server_util import Server, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -35,46 +34,6 @@ def tiny_chat_dir(tmp_path_factory) -> str:
         if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
             shutil.copy(f, path / f.name)
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """uvicorn in a thread of the test process (so the test can look at the engine)."""
-
-    def __init__(self, app, port: int) -> None:
-        import uvicorn
-
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                                    timeout_graceful_shutdown=5))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-
-def start_server(model_dir: str, **app_kwargs):
-    """(server, async_engine) on a free port; the caller stops the server."""
-    from toolkit import LLM
-    from toolkit.engine.async_engine import AsyncEngine
-    from toolkit.serving.app import build_app
-
-    engine = AsyncEngine(LLM(model_dir, num_blocks=256, block_size=8, max_num_seqs=32))
-    app = build_app(engine, model_name="tiny", **app_kwargs)
-    return Server(app, free_port()), engine
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ def load_example():
 
 
 def test_gold_key_overtakes_queued_free_requests(tiny_chat_dir):
-    from conftest import Server, free_port
+    from server_util import Server, free_port
 
     from toolkit import LLM
     from toolkit.engine.async_engine import AsyncEngine
@@ -39,13 +39,13 @@ def test_gold_key_overtakes_queued_free_requests(tiny_chat_dir):
         async def one(key, tag):
             c = client(key)
             try:
-                await c.completions.create(model="tiny", prompt="go", max_tokens=12,
+                await c.completions.create(model="tiny", prompt="go", max_tokens=8,
                                            extra_body={"ignore_eos": True})
             finally:
                 await c.close()
             order.append(tag)
 
-        free = [asyncio.create_task(one("free", f"free{i}")) for i in range(5)]
+        free = [asyncio.create_task(one("free", f"free{i}")) for i in range(4)]
         await asyncio.sleep(0.5)               # the free requests are queued behind one running
         gold = asyncio.create_task(one("gold", "gold"))
         with pytest.raises(openai.AuthenticationError):

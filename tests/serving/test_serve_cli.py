@@ -28,7 +28,7 @@ def test_engine_options_from_flags():
 
 
 def test_serve_command_answers_and_stops(tiny_chat_dir):
-    from conftest import free_port
+    from server_util import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "toolkit.serve", tiny_chat_dir, "--port", str(port),
