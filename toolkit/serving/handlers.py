@@ -144,19 +144,19 @@ class OpenAIHandlers:
         streams = await self.add(prep)
         offsets: dict[int, int] = {}                 # choice index -> text characters sent
         tokens: dict[int, int] = {}                  # choice index -> output tokens so far
-        if chat:                                     # the role comes first, as OpenAI sends it
-            for i in range(len(streams) * prep.n):
-                yield _sse(P.ChatCompletionChunk(id=prep.request_id, created=created, model=prep.model,
-                                                 choices=[P.ChatChunkChoice(index=i, delta=P.ChatDelta(
-                                                     role="assistant", content=""))]))
         try:
+            if chat:                                 # the role comes first, as OpenAI sends it
+                for i in range(len(streams) * prep.n):
+                    yield _sse(P.ChatCompletionChunk(
+                        id=prep.request_id, created=created, model=prep.model,
+                        choices=[P.ChatChunkChoice(index=i, delta=P.ChatDelta(role="assistant", content=""))]))
             async for i, out in _merged(streams):
                 for c in out.outputs:
                     index = i * prep.n + c.index
                     tokens[index] = tokens.get(index, 0) + len(c.token_ids)
                     reason = P.finish_reason(c.finish_reason)
-                    # chunks as plain dicts: a step at batch 256 makes 256 of them, and
-                    # building pydantic models for each costs the engine thread GIL time
+                    # chunks as plain dicts: a step at batch 256 makes 256 of them, and a
+                    # pydantic model for each costs the server's GIL time every step
                     if chat:
                         lp = self._chat_logprobs(c, prep.params[0].logprobs)
                         choice = {"index": index, "delta": {"content": c.text},
@@ -183,6 +183,9 @@ class OpenAIHandlers:
                                usage=usage))
         except (ValueError, RuntimeError) as e:      # a request that failed inside the engine
             yield "data: " + json.dumps(P.error_body(str(e), type="server_error")) + "\n\n"
+        finally:                                     # closed early (client gone): free its blocks
+            for s in streams:
+                self.engine.abort(s.request_id)      # a finished request's id is ignored
         yield "data: [DONE]\n\n"
 
     # -- logprobs in OpenAI's two shapes --
