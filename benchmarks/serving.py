@@ -78,6 +78,12 @@ def summarize(records: list[dict], duration: float) -> dict[str, Any]:
                             p99=pct(itl, 99)))
 
 
+def record(t0: float, times: list[float], tokens: int) -> dict:
+    """One request's figures from its send time and the arrival times of its chunks."""
+    return dict(ttft=times[0] - t0, e2e=times[-1] - t0, tokens=tokens,
+                itl=[b - a for a, b in zip(times, times[1:])])
+
+
 # -- HTTP client (asyncio streams: no client library needed on the GPU machine) --
 async def sse_post(host: str, port: int, path: str, body: dict):
     """POST and yield each server-sent event's data (bytes), HTTP/1.1 chunked."""
@@ -127,8 +133,7 @@ async def run_http(url: str, model: str, reqs, rate: float) -> dict:
                 tokens = msg["usage"]["completion_tokens"]
             if msg.get("choices"):
                 times.append(time.perf_counter())
-        records.append(dict(ttft=times[0] - t0, e2e=times[-1] - t0, tokens=tokens,
-                            itl=[b - a for a, b in zip(times, times[1:])]))
+        records.append(record(t0, times, tokens))
 
     start = time.perf_counter()
     await asyncio.gather(*(one(d, p, o, start) for d, (p, o) in zip(arrivals(len(reqs), rate), reqs)))
@@ -149,8 +154,7 @@ async def run_direct(engine, reqs, rate: float) -> dict:
         async for out in engine.generate(prompt, sp):
             times.append(time.perf_counter())
             tokens += sum(len(c.token_ids) for c in out.outputs)
-        records.append(dict(ttft=times[0] - t0, e2e=times[-1] - t0, tokens=tokens,
-                            itl=[b - a for a, b in zip(times, times[1:])]))
+        records.append(record(t0, times, tokens))
 
     start = time.perf_counter()
     await asyncio.gather(*(one(d, p, o, start) for d, (p, o) in zip(arrivals(len(reqs), rate), reqs)))

@@ -55,7 +55,6 @@ class ProcessCore:
             raise EngineDeadError(f"the engine process failed to start: {info}")
         self.tokenizer = info["tokenizer"]
         self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
-        self.description = info["description"]
         self._on_outputs, self._on_error = on_outputs, on_error
         self._send_lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future] = {}
@@ -171,7 +170,7 @@ def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
         return
     engine = llm.engine
     conn.send(("ready", dict(tokenizer=engine.tokenizer, max_model_len=engine.max_model_len,
-                             vocab_size=engine.model.vocab_size, description=repr(llm))))
+                             vocab_size=engine.model.vocab_size)))
     trackers: dict[str, _Tracker] = {}
     records: list[Any] = []
     observing = False

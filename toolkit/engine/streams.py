@@ -79,13 +79,7 @@ class Stream:
         return out
 
     def _signal(self) -> None:
-        if self.loop is None or self._event is None:
-            return
-        try:
-            self.loop.call_soon_threadsafe(self._event.set)
-        except RuntimeError:            # the reader's loop is closed: nobody will read
-            if self._abort is not None and not self._done:
-                self._abort(self.request_id)
+        signal_all([self])
 
     # reader side
     async def iterate(self, kind: OutputKind = "delta") -> AsyncIterator[RequestOutput]:

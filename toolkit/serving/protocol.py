@@ -185,7 +185,8 @@ class CompletionRequest(_SamplingFields):
         if isinstance(p, str):
             return [p]
         if not p:
-            raise ProtocolError("prompt is empty", param="prompt")
+            raise ProtocolError("prompt is an empty list; give text, token ids, or a list of either",
+                                param="prompt")
         if isinstance(p[0], int):
             return [list(p)]                   # type: ignore[arg-type]
         return list(p)                         # type: ignore[arg-type]
