@@ -68,8 +68,8 @@ class PublishReplaces(PrefixCachingAllocator):
 
     def publish(self, block_id: int, block_hash: int) -> None:
         old = self._block_of.get(block_hash)
-        if old is not None and old != block_id and block_id not in self._hash_of:
-            del self._hash_of[old]
+        if old is not None and old != block_id and block_id not in self._cached:
+            del self._cached[old]
             if self._ref[old] == 0:
                 del self._lru[old]
                 self._free.append(old)

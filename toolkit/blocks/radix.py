@@ -56,11 +56,10 @@ benchmarks/prefix_cache.py on a shared 2-core machine; the lead adds the H200 fi
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
-from toolkit.blocks._validate import check_count, check_held, check_size
-from toolkit.blocks.base import OutOfBlocks
+from toolkit.blocks._validate import check_held
+from toolkit.blocks.cached_pool import CachedBlockPool
 
 _NEEDS_TOKENS = ("RadixAllocator is keyed by token ids: pass tokens= (and extra=, parent= on "
                  "publish); the KVCacheManager does so for an allocator with keyed_by_tokens = True")
@@ -79,7 +78,7 @@ class _Node:
         self.hash = block_hash
 
 
-class RadixAllocator:
+class RadixAllocator(CachedBlockPool):
     """`LLM(..., allocator="radix")`; or by hand, with the tokens behind the hashes:
 
         a = RadixAllocator(num_blocks=64, block_size=16)
@@ -88,59 +87,16 @@ class RadixAllocator:
                   parent=hashes[i - 1] if i else None, extra=salt)
     """
 
-    num_reserved = 0
     keyed_by_tokens = True           # the manager passes tokens (blocks/base.py)
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.num_blocks = check_size("num_blocks", num_blocks)
-        self.block_size = check_size("block_size", block_size)
-        self._ref = [0] * num_blocks                          # [num_blocks] ref counts
-        self._free = list(range(num_blocks - 1, -1, -1))      # never-cached free blocks (stack)
-        self._lru: OrderedDict[int, None] = OrderedDict()     # evictable cached blocks, LRU first
+        super().__init__(num_blocks, block_size)   # _cached: cached block -> its node
         self._root = _Node(None)
-        self._node_of: dict[int, _Node] = {}                  # cached block -> its node
         # chain hash -> node, for every node (empty and detached ones too): a publish finds
         # its parent node by the parent's hash instead of walking from the root
         self._by_hash: dict[int, _Node] = {}
 
-    # -- the allocator contract --
-    def num_free_blocks(self) -> int:
-        return len(self._free) + len(self._lru)
-
-    def allocate(self, n: int) -> list[int]:
-        check_count(n)
-        avail = self.num_free_blocks()
-        if n > avail:
-            raise OutOfBlocks(f"asked for {n} blocks, {avail} free (of {self.num_blocks}, "
-                              f"{len(self._lru)} of them evictable cached); ask for at most {avail}")
-        k = min(n, len(self._free))                # fresh blocks first
-        out = self._free[len(self._free) - k:] if k else []
-        del self._free[len(self._free) - k:]
-        out.reverse()
-        for _ in range(n - k):                      # then evict, least recently freed first
-            b, _ = self._lru.popitem(last=False)
-            self._evict(b)
-            out.append(b)
-        for b in out:
-            self._ref[b] = 1
-        return out
-
-    def free(self, block_ids: Sequence[int]) -> None:
-        check_held(self._ref, block_ids, "free")
-        ref, node_of = self._ref, self._node_of
-        for b in block_ids:
-            ref[b] -= 1
-            if ref[b] == 0:
-                if b in node_of:
-                    self._lru[b] = None              # most recently used end
-                else:
-                    self._free.append(b)
-
-    def fork(self, block_ids: Sequence[int]) -> None:
-        check_held(self._ref, block_ids, "fork")
-        for b in block_ids:
-            self._ref[b] += 1
-
+    # -- the allocator contract (allocate / free / fork: CachedBlockPool) --
     def lookup(self, block_hashes: Sequence[int], *, tokens: Sequence[int] | None = None,
                extra: int = 0) -> list[int]:
         out = [node.block for node in self._walk(block_hashes, tokens, extra)]
@@ -162,7 +118,7 @@ class RadixAllocator:
         (extra, tokens))."""
         check_held(self._ref, [block_id], "publish")
         key = self._key(tokens, 0, parent is None, extra)
-        if block_id in self._node_of:
+        if block_id in self._cached:
             return                                   # keep the block's first content
         node = self._by_hash.get(block_hash)
         if node is None:
@@ -175,18 +131,9 @@ class RadixAllocator:
         if node.key != key or node.parent.hash != parent:
             return                                   # hash collision: cache nothing
         node.block = block_id
-        self._node_of[block_id] = node
-
-    def ref_count(self, block_id: int) -> int:
-        return self._ref[block_id] if 0 <= block_id < self.num_blocks else 0
-
-    def num_cached_blocks(self) -> int:
-        return len(self._node_of)
+        self._cached[block_id] = node
 
     # -- introspection (render, notebooks) --
-    def cached_blocks(self) -> frozenset[int]:
-        return frozenset(self._node_of)
-
     def num_nodes(self) -> int:
         """Tree nodes, empty inner ones included (memory the tree costs beyond its blocks)."""
         return len(self._by_hash)
@@ -245,7 +192,7 @@ class RadixAllocator:
         return True
 
     def _evict(self, b: int) -> None:
-        node = self._node_of.pop(b)
+        node = self._cached.pop(b)
         node.block = None
         self._prune(node)
 
@@ -264,12 +211,4 @@ class RadixAllocator:
         held = self.num_blocks - self.num_free_blocks()
         return (f"RadixAllocator(blocks={self.num_blocks}x{self.block_size}, "
                 f"free={self.num_free_blocks()} ({len(self._lru)} evictable cached), "
-                f"held={held}, cached={len(self._node_of)}, nodes={len(self._by_hash)})")
-
-    def _repr_html_(self) -> str:
-        from toolkit.blocks.render import block_map_html
-        return block_map_html(self)
-
-    def __rich__(self):  # -> rich.console.RenderableType
-        from toolkit.blocks.render import block_map_rich
-        return block_map_rich(self)
+                f"held={held}, cached={len(self._cached)}, nodes={len(self._by_hash)})")
