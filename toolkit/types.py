@@ -379,6 +379,11 @@ class SchedulerOutput:
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)   # finished since the last step
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
+    # host tier (blocks/host_tier.py): (device block, host slot) copied to the host, and
+    # (host slot, device block) copied back; the runner runs swap-outs, then swap-ins, then
+    # blocks_to_copy, in stream order before the step's forward
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

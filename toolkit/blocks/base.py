@@ -16,7 +16,12 @@ class BlockAllocator(Protocol):
     besides the hashes, `lookup(hashes, tokens=ids, extra=salt)` / `peek(...)` (ids: the
     request's tokens, at least len(hashes) full blocks) and `publish(id, hash, tokens=the
     block's block_size ids, parent=the previous block's hash or None for the first, extra=salt)`.
-    Hash-keyed allocators are called exactly as before."""
+    Hash-keyed allocators are called exactly as before.
+
+    Optional capability `reports_evictions` (default False when absent): the allocator calls
+    its attribute `on_evict(block_id, block_hash)` (when set, by the KV-cache manager) for
+    each cached block it evicts, before `allocate` returns that block. The manager's host
+    tier needs it (blocks/host_tier.py)."""
 
     block_size: int
     num_blocks: int

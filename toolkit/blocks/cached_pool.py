@@ -4,14 +4,19 @@ Ref counts, a stack of never-cached free blocks, and an LRU of unreferenced cach
 following the policy of toolkit/blocks/reference.py: fresh blocks first, then evict the
 least recently freed; free order = eviction order. A subclass keeps its cache in
 `self._cached` (cached block -> its key: a hash, a tree node) and says in `_evict(b)` how a
-block leaves it.
+block leaves it (returning the block's chain hash).
+
+Evictions are reported (`reports_evictions`, blocks/base.py): when `on_evict` is set, it is
+called with (block id, block hash) of each cached block just before it is reused, which is
+how the KV-cache manager moves evicted blocks to its host tier without either prefix cache
+knowing about one.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable
 
 from toolkit.blocks._validate import check_count, check_held, check_size
 from toolkit.blocks.base import OutOfBlocks
@@ -19,6 +24,8 @@ from toolkit.blocks.base import OutOfBlocks
 
 class CachedBlockPool:
     num_reserved = 0
+    reports_evictions = True
+    on_evict: Callable[[int, int], None] | None = None    # (block id, block hash); set by the caller
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = check_size("num_blocks", num_blocks)
@@ -28,8 +35,8 @@ class CachedBlockPool:
         self._lru: OrderedDict[int, None] = OrderedDict()     # evictable cached blocks, LRU first
         self._cached: dict[int, Any] = {}                     # cached block -> its key
 
-    def _evict(self, b: int) -> None:
-        """Block b leaves the cache (it is about to be reused)."""
+    def _evict(self, b: int) -> int:
+        """Block b leaves the cache (it is about to be reused); returns its chain hash."""
         raise NotImplementedError
 
     def num_free_blocks(self) -> int:
@@ -47,7 +54,9 @@ class CachedBlockPool:
         out.reverse()
         for _ in range(n - k):                      # then evict, least recently freed first
             b, _ = self._lru.popitem(last=False)
-            self._evict(b)
+            h = self._evict(b)
+            if self.on_evict is not None:
+                self.on_evict(b, h)
             out.append(b)
         ref = self._ref
         for b in out:

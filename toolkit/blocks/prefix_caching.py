@@ -25,8 +25,10 @@ class PrefixCachingAllocator(CachedBlockPool):
         super().__init__(num_blocks, block_size)
         self._block_of: dict[int, int] = {}                   # hash -> cached block
 
-    def _evict(self, b: int) -> None:
-        del self._block_of[self._cached.pop(b)]
+    def _evict(self, b: int) -> int:
+        h = self._cached.pop(b)
+        del self._block_of[h]
+        return h
 
     def lookup(self, block_hashes: Sequence[int]) -> list[int]:
         out = []

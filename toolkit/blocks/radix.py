@@ -191,10 +191,11 @@ class RadixAllocator(CachedBlockPool):
         node.key, node.parent = key, up
         return True
 
-    def _evict(self, b: int) -> None:
+    def _evict(self, b: int) -> int:
         node = self._cached.pop(b)
         node.block = None
         self._prune(node)
+        return node.hash
 
     def _prune(self, node: _Node) -> None:
         """Drop empty childless nodes, walking up (an empty node with children stays: its

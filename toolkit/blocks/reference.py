@@ -123,3 +123,104 @@ class ReferenceAllocator:
 
     def num_cached_blocks(self) -> int:
         return len(self.hash_of)
+
+
+class ReferenceHostTier:
+    """The twin of toolkit/blocks/host_tier.py's HostTier: the same policy, written with
+    plain lists and a scan of every slot (see that module for the policy)."""
+
+    def __init__(self, num_slots: int) -> None:
+        if not isinstance(num_slots, int) or isinstance(num_slots, bool) or num_slots < 1:
+            raise ValueError(f"HostTier num_slots must be a positive integer, got {num_slots!r}")
+        self.num_slots = num_slots
+        self.state: dict[int, str] = {s: "free" for s in range(num_slots)}  # free/cached/owned/pending
+        self.cached: list[tuple[int, int]] = []     # (key, slot), least recently used first
+        self.pinned: set[int] = set()
+
+    def num_free_slots(self) -> int:
+        return sum(1 for s, st in self.state.items()
+                   if st == "free" or (st == "cached" and s not in self.pinned))
+
+    def num_cached(self) -> int:
+        return len(self.cached)
+
+    def num_owned(self) -> int:
+        return sum(1 for st in self.state.values() if st == "owned")
+
+    def __contains__(self, key: int) -> bool:
+        return any(k == key for k, _ in self.cached)
+
+    def peek(self, keys: Sequence[int]) -> int:
+        n = 0
+        for k in keys:
+            if k not in self:
+                break
+            n += 1
+        return n
+
+    def begin_step(self) -> None:
+        self.pinned = set()
+        for s, st in self.state.items():
+            if st == "pending":
+                self.state[s] = "free"
+
+    def _slot(self, key: int) -> int:
+        return next(s for k, s in self.cached if k == key)
+
+    def _touch(self, key: int) -> int:
+        s = self._slot(key)
+        self.cached.remove((key, s))
+        self.cached.append((key, s))
+        return s
+
+    def _take(self) -> int | None:
+        free = [s for s, st in self.state.items() if st == "free"]
+        if free:
+            return min(free)
+        for k, s in self.cached:
+            if s not in self.pinned:
+                self.cached.remove((k, s))
+                self.state[s] = "free"
+                return s
+        return None
+
+    def store(self, key: int) -> int | None:
+        if key in self:
+            self._touch(key)
+            return None
+        s = self._take()
+        if s is None:
+            return None
+        self.state[s] = "cached"
+        self.cached.append((key, s))
+        self.pinned.add(s)
+        return s
+
+    def load(self, keys: Sequence[int]) -> list[int]:
+        out = []
+        for k in keys:
+            if k not in self:
+                break
+            s = self._touch(k)
+            self.pinned.add(s)
+            out.append(s)
+        return out
+
+    def allocate(self, n: int) -> list[int] | None:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"slot count must be a non-negative integer, got {n!r}")
+        if n > self.num_free_slots():
+            return None
+        out = []
+        for _ in range(n):
+            s = self._take()
+            self.state[s] = "owned"
+            self.pinned.add(s)
+            out.append(s)
+        return out
+
+    def free(self, slots: Sequence[int]) -> None:
+        if len(set(slots)) != len(slots) or any(self.state.get(s) != "owned" for s in slots):
+            raise ValueError(f"cannot free host slots {list(slots)}: not owned")
+        for s in slots:
+            self.state[s] = "pending"
