@@ -268,7 +268,7 @@ class LlamaForCausalLM(nn.Module):
         The tokens are a flattened ragged batch whose layout `attention` was planned with.
         """
         ops, g = self._ops, self.geometry
-        x = F.embedding(input_ids, self.model.embed_tokens.weight)  # [T, hidden]
+        x = self.embed(input_ids)  # [T, hidden]
         residual: torch.Tensor | None = None
         for i, layer in enumerate(self.model.layers):
             h, residual = ops.rms_norm(x, layer.input_layernorm.weight, g.eps, residual)
@@ -277,6 +277,10 @@ class LlamaForCausalLM(nn.Module):
             x = layer.mlp(h, ops)
         out, _ = ops.rms_norm(x, self.model.norm.weight, g.eps, residual)
         return out
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids int64 [T] -> [T, hidden] (a tensor-parallel shard overrides it)."""
+        return F.embedding(input_ids, self.model.embed_tokens.weight)
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -30,16 +30,19 @@ from toolkit.types import Request, RequestStatus, ScheduledRequest, SchedulerOut
 
 class ContinuousBatchingScheduler(SchedulerCore):
     supports_async = True    # schedule() reads token counts, never token values
+    supports_host_tier = True   # host_tier= / preemption="swap" (blocks/host_tier.py)
 
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                  policy: str | Policy | Any = "fcfs", enable_prefix_caching: bool = True,
                  enable_chunked_prefill: bool = True, num_lookahead_tokens: int = 0,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, host_tier=None,
+                 preemption: str = "auto") -> None:
         super().__init__(allocator, block_size=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                          enable_prefix_caching=enable_prefix_caching,
-                         num_lookahead_tokens=num_lookahead_tokens, clock=clock)
+                         num_lookahead_tokens=num_lookahead_tokens, clock=clock,
+                         host_tier=host_tier, preemption=preemption)
         self._view = SchedulerView(self)
         self.policy = resolve_policy(policy)
         self.policy.bind(self._view)
@@ -110,6 +113,14 @@ class ContinuousBatchingScheduler(SchedulerCore):
         self._tick()
         self._own_policy()
         out = SchedulerOutput(finished_ids=self._drain_finished())
+        self.kv.begin_step(out)              # host-tier copies of this step are recorded in out
+        try:
+            self._schedule(out)
+        finally:
+            self.kv.end_step()
+        return out
+
+    def _schedule(self, out: SchedulerOutput) -> None:
         budget = self.max_num_batched_tokens
         self.running.sort(key=self.policy.sort_key)
         i = 0
@@ -124,7 +135,6 @@ class ContinuousBatchingScheduler(SchedulerCore):
             i += 1
         if not out.preempted_ids:
             self._admit_waiting(out, budget)
-        return out
 
     def _grant(self, s: ScheduledRequest) -> ScheduledRequest:
         self.policy.on_grant(s)
@@ -153,7 +163,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
                 if verdict != ADMIT:       # DEFER (or REJECT of a request that has output)
                     deferred.append(req)
                     continue
-            s = self._admit(req, budget)
+            s = self._admit(req, budget, out)
             if s is None:
                 return                     # no overtaking
             out.scheduled.append(self._grant(s))
@@ -175,9 +185,9 @@ class ContinuousBatchingScheduler(SchedulerCore):
                 return False
         return True
 
-    def _admit(self, req: Request, budget: int) -> ScheduledRequest | None:
-        hits = self.kv.computed_blocks(req)
-        computed = len(hits) * self.block_size
+    def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
+        hits = self.kv.admission_hits(req)   # device prefix hit, host tier, or its swapped-out KV
+        computed = hits.num_computed_tokens
         n = req.num_tokens - computed
         if n > budget:
             # without chunking a request waits for a step it fits in whole; one that never
@@ -186,7 +196,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
                 self.kv.release(hits)
                 return None
             n = budget
-        if not self.kv.allocate_slots(req, computed + n, limit=self.cap_end(req), hits=hits):
+        if not self.kv.allocate_slots(req, computed + n, limit=self.cap_end(req), hits=hits, out=out):
             self.kv.release(hits)
             return None
         req.num_computed_tokens = req.num_cached_tokens = computed

@@ -27,6 +27,15 @@ from toolkit.types import (
 )
 
 
+# preemption: "swap" copies a victim's KV to the host pool and back, "recompute" recomputes
+# it, "auto" swaps a victim with at least SWAP_MIN_TOKENS computed tokens (below that the
+# re-prefill rides in a batch for less than the copies' fixed cost; benchmarks/
+# swap_vs_recompute.py measures the crossover). Swap needs a host pool; without one, or
+# when it is full, every preemption recomputes.
+PREEMPTION = ("auto", "swap", "recompute")
+SWAP_MIN_TOKENS = 256
+
+
 def _positive(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -63,14 +72,18 @@ class SchedulerCore:
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
                  enable_prefix_caching: bool = False, num_lookahead_tokens: int = 0,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, host_tier=None,
+                 preemption: str = "auto") -> None:
         # the time policies read (Request.arrival_time's clock); the simulator sets a virtual one
         self.clock: Callable[[], float] = clock if clock is not None else time.monotonic
         self.now = self.clock()                   # read at the start of each schedule()
         self.block_size = _positive("block_size", block_size)
         self.kv = KVCacheManager(allocator, block_size=block_size,
                                  enable_prefix_caching=enable_prefix_caching,
-                                 num_lookahead_tokens=num_lookahead_tokens)
+                                 num_lookahead_tokens=num_lookahead_tokens, host_tier=host_tier)
+        if preemption not in PREEMPTION:
+            raise ValueError(f"preemption must be one of {PREEMPTION}, got {preemption!r}")
+        self.preemption = preemption
         self.allocator = allocator
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = _positive("max_num_batched_tokens", max_num_batched_tokens)
@@ -319,8 +332,14 @@ class SchedulerCore:
         self.now = self.clock()
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Recompute preemption: free the blocks, forget progress, requeue at the front."""
-        self._free(req)
+        """Preempt, requeue at the front. By swap (its computed blocks go to the host pool and
+        come back when it is admitted again: KVCacheManager.swap_out) when `preemption` says
+        so and the host pool has room; otherwise by recompute (free the blocks, forget
+        progress). "auto" swaps a request with at least SWAP_MIN_TOKENS computed tokens."""
+        swap = self.preemption == "swap" or (self.preemption == "auto"
+                                             and req.num_computed_tokens >= SWAP_MIN_TOKENS)
+        if not (swap and self.kv.swap_out(req, out)):
+            self._free(req)
         req.num_computed_tokens = 0
         req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED

@@ -201,6 +201,15 @@ class SchedulerMachine(RuleBasedStateMachine):
             f"{free} blocks free, but {len(holders)} of {self.num_blocks} are held by live requests"
         if any(rid not in self.done and rid not in self.aborted for rid in self.reqs):
             assert self.sched.has_unfinished(), "has_unfinished() is False with requests still unfinished"
+        kv = getattr(self.sched, "kv", None)
+        host = getattr(kv, "host", None)
+        if host is not None:         # host slots: owned exactly by the swapped-out requests
+            assert host.num_owned() == kv.num_host_slots_held(), \
+                f"host pool: {host.num_owned()} owned slots, swapped-out requests hold {kv.num_host_slots_held()}"
+            for rid, r in self.reqs.items():
+                if kv.is_swapped(rid):
+                    assert r.status is RequestStatus.PREEMPTED and not r.block_ids, \
+                        f"{rid} is swapped out but {r.status.name} with blocks {r.block_ids}"
 
     def teardown(self) -> None:
         if not hasattr(self, "sched"):
@@ -218,6 +227,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.blocks_consistent()
         assert self.alloc.num_free_blocks() == self.num_blocks, \
             f"all requests finished but only {self.alloc.num_free_blocks()} of {self.num_blocks} blocks are free"
+        host = getattr(getattr(self.sched, "kv", None), "host", None)
+        if host is not None:
+            assert host.num_owned() == 0, f"all requests finished but {host.num_owned()} host slots are owned"
 
     # -- one engine step with the fake model --
     def _live(self) -> list[Request]:
@@ -227,6 +239,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         before = {rid for rid, r in self.reqs.items()}
         out = self.sched.schedule()
         self.num_steps += 1
+        self._apply_copies(out)
         self._check_schedule(out)
         sampled: dict[str, list[int]] = {}
         for s in out.scheduled:
@@ -247,6 +260,29 @@ class SchedulerMachine(RuleBasedStateMachine):
         for rid in before:
             if self.expected[rid][1] == "rejected":
                 assert rid in self.done | self.aborted, f"{rid} can never fit but was not reported as rejected by this step"
+
+    def _apply_copies(self, out: SchedulerOutput) -> None:
+        """The step's block copies on the fake KV, in the runner's order: swap-outs to the host
+        (`self.host_kv`: (slot, offset) -> token), swap-ins, copy-on-write. A swapped-out block
+        the device cache no longer holds is poisoned in between, so a position computed from
+        it without its swap-in holds no token."""
+        bs = self.bs
+        host = self.__dict__.setdefault("host_kv", {})
+        for b, s in out.blocks_to_swap_out:
+            for o in range(bs):
+                host[(s, o)] = self.kv.get((b, o))
+        cached = getattr(self.alloc, "cached_blocks", None)
+        keep = cached() if cached is not None else frozenset(getattr(self.alloc, "hash_of", ()))
+        for b, _ in out.blocks_to_swap_out:
+            if b not in keep:
+                for o in range(bs):
+                    self.kv.pop((b, o), None)
+        for s, b in out.blocks_to_swap_in:
+            for o in range(bs):
+                self.kv[(b, o)] = host.get((s, o))
+        for src, dst in out.blocks_to_copy:
+            for o in range(bs):
+                self.kv[(dst, o)] = self.kv.get((src, o))
 
     def _check_schedule(self, out: SchedulerOutput) -> None:
         n = out.total_num_scheduled_tokens
