@@ -202,3 +202,24 @@ def test_every_eos_id_of_the_model_stops(tiny_llama_dir, expected):
         out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True),
                            use_tqdm=False)[0]
         assert out.outputs[0].token_ids == first
+
+
+def test_output_kind_final_reports_once_with_what_cumulative_reports_last(tiny_llama_dir):
+    """output_kind="final" (LLM.generate's): one RequestOutput per request, when it finishes,
+    equal to the last cumulative one; a bad kind is refused with the valid ones named."""
+    params = SamplingParams(temperature=0, max_tokens=7, ignore_eos=True, logprobs=1)
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=64, block_size=4) as llm:
+        eng = llm.engine
+        seen: dict[str, list] = {"c": [], "f": []}
+        eng.add_request(list(range(3, 12)), params, request_id="c")
+        eng.add_request(list(range(3, 12)), params, request_id="f", output_kind="final")
+        while eng.has_unfinished():
+            for o in eng.step():
+                seen[o.request_id].append(o)
+        assert len(seen["c"]) == 7 and len(seen["f"]) == 1 and seen["f"][0].finished
+        c, f = seen["c"][-1].outputs[0], seen["f"][0].outputs[0]
+        assert f.token_ids == c.token_ids and len(f.token_ids) == 7
+        assert f.logprobs == c.logprobs and f.finish_reason == c.finish_reason == "length"
+        with pytest.raises(ValueError, match="output_kind must be one of"):
+            eng.add_request([3, 4], params, output_kind="delta-ish")
+        assert not eng.has_unfinished()

@@ -8,11 +8,14 @@ kv_indices[kv_indptr[b]:kv_indptr[b+1]], the last one holding kv_last_page_len[b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 
 import numpy as np
 import torch
+
+
+_INDEX_FIELDS = ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len", "slot_mapping")
 
 
 @dataclass
@@ -50,6 +53,15 @@ class PagedKVLayout:
     @property
     def q_lens(self) -> torch.Tensor:
         return (self.qo_indptr[1:] - self.qo_indptr[:-1]).to(torch.int32)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The index tensors by field name (to upload them together with a step's others)."""
+        return {k: getattr(self, k) for k in _INDEX_FIELDS}
+
+    def with_tensors(self, tensors: dict[str, torch.Tensor]) -> PagedKVLayout:
+        """This host layout's facts over `tensors` (its index tensors, already on the
+        device); this layout becomes the result's host_copy."""
+        return replace(self, **{k: tensors[k] for k in _INDEX_FIELDS}, host_copy=self)
 
     def to(self, device: torch.device | str) -> PagedKVLayout:
         t = lambda x: x.to(device, non_blocking=True)

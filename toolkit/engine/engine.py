@@ -27,7 +27,7 @@ import torch
 
 from toolkit.engine.inflight import Launched
 from toolkit.engine.observe import StepObserver, step_record
-from toolkit.engine.output import OutputProcessor, sequence_ids
+from toolkit.engine.output import OUTPUT_KINDS, OutputProcessor, sequence_ids
 from toolkit.engine.runner import Runner
 from toolkit.engine.siblings import SiblingQueue
 from toolkit.engine.structured import StructuredOutputManager
@@ -88,9 +88,14 @@ class Engine:
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0,
                     arrival_time: float | None = None, client_id: str | None = None,
-                    deadline: float | None = None, expected_output_len: int | None = None) -> str:
+                    deadline: float | None = None, expected_output_len: int | None = None,
+                    output_kind: str = "cumulative") -> str:
         """Validate and queue one request (n > 1: its n samples); returns its id. Bad input
         raises ValueError / TypeError naming what was wrong, and nothing is queued.
+
+        output_kind "cumulative": `step()` returns a RequestOutput for this request (all its
+        text and tokens so far) at every step that changed it; "final": only when it
+        finishes (what LLM.generate uses: no per-step output objects).
 
         priority, client_id, deadline (seconds after arrival) and expected_output_len are
         stored on the Request for the scheduler's policy; a policy that needs one the request
@@ -110,6 +115,8 @@ class Engine:
             raise TypeError(f"request_id must be a string, got {type(rid).__name__}")
         if rid in self.output_processor or self.output_processor.group_of(rid) is not None:
             raise ValueError(f"request id {rid!r} is already in use")
+        if output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
         text, ids = self.tokenize(prompt)
         params = resolve_words(params, self.tokenizer)      # bad words as text -> token ids
         self._check_prompt(ids, params)
@@ -121,7 +128,7 @@ class Engine:
         if params.structured is not None:
             for seq in sequences:               # cheap grammar errors raise here: nothing kept
                 self.structured.submit(seq)
-        self.output_processor.add(rid, text, sequences)
+        self.output_processor.add(rid, text, sequences, output_kind)
         if params.structured is None:
             try:
                 self.scheduler.add_request(sequences[0])

@@ -70,7 +70,7 @@ class LLM:
         done: dict[str, RequestOutput] = {}
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
-                rid = engine.add_request(p, sp, **fields[i])
+                rid = engine.add_request(p, sp, output_kind="final", **fields[i])
                 order[rid] = i
             with _live_view(self, live), TokenProgress(engine, order, params, enabled=use_tqdm) as bar:
                 while engine.has_unfinished():

@@ -65,10 +65,14 @@ class _Group:
     sequences: list[_Sequence]
     metrics: RequestMetrics
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    final_only: bool = False         # output_kind "final": one RequestOutput, when it finishes
 
     @property
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.sequences)
+
+
+OUTPUT_KINDS = ("cumulative", "final")
 
 
 class OutputProcessor:
@@ -77,17 +81,24 @@ class OutputProcessor:
         self._groups: dict[str, _Group] = {}        # user request id -> group
         self._seqs: dict[str, tuple[_Group, _Sequence]] = {}   # sequence id -> (group, sequence)
 
-    def add(self, request_id: str, prompt: str | None, sequences: Sequence[Request]) -> None:
-        """A user request and its n sequences (n = 1: the sequence's id is the request's)."""
+    def add(self, request_id: str, prompt: str | None, sequences: Sequence[Request],
+            output_kind: str = "cumulative") -> None:
+        """A user request and its n sequences (n = 1: the sequence's id is the request's).
+        output_kind "cumulative": a RequestOutput (all text and tokens so far) each step the
+        request changes; "final": only the finished one (LLM.generate's kind: no per-step
+        copies of growing lists, which cost O(length) per request per step)."""
         if not sequences:
             raise ValueError("a request needs at least one sequence")
+        if output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
         taken = [r.request_id for r in sequences if r.request_id in self._seqs] + (
             [request_id] if request_id in self._groups else [])
         if taken:
             raise ValueError(f"request id {request_id!r}: id(s) {taken} already in use")
         ctx = sequences[0].prompt_token_ids[-_CONTEXT:]
         group = _Group(request_id, prompt, sequences[0].prompt_token_ids, [],
-                       RequestMetrics(arrival_time=sequences[0].arrival_time))
+                       RequestMetrics(arrival_time=sequences[0].arrival_time),
+                       final_only=output_kind == "final")
         for j, req in enumerate(sequences):
             seq = _Sequence(req, j, list(ctx), 0, len(ctx),
                             logprobs=[] if req.sampling_params.logprobs is not None else None)
@@ -170,10 +181,13 @@ class OutputProcessor:
                 seq.finish_reason, seq.stop_reason = o.finish_reason, o.stop_reason
         outputs = []
         for group in changed.values():
-            if group.finished:
+            done = group.finished
+            if done:
                 group.metrics.finished_time = now
+            elif group.final_only:
+                continue
             outputs.append(self._output(group, now))
-            if group.finished:
+            if done:
                 self.forget(group.request_id)
         return outputs, stopped
 

@@ -22,7 +22,7 @@ import torch
 
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
-from toolkit.transfer import to_device
+from toolkit.transfer import to_device, upload
 from toolkit.engine.inflight import Launched, apply_ended
 from toolkit.types import PLACEHOLDER, Request, SchedulerOutput, StepResult
 
@@ -93,12 +93,15 @@ class Runner:
 
     def prepare(self, out: SchedulerOutput, prev: Launched | None = None) -> Batch:
         """The step's tensors. A request whose last token is still a PLACEHOLDER (async
-        scheduling: sampled by `prev`, not yet on the host) gets it on the device from prev."""
-        ids: list[np.ndarray] = []
+        scheduling: sampled by `prev`, not yet on the host) gets it on the device from prev.
+
+        Host work here is per request, not per token where it can be (a decode row is one
+        list append), and every index tensor of the step travels in one packed host->device
+        copy (`transfer.upload`): a pinned staging buffer per tensor cost tens of us each."""
+        ids: list[int] = []               # [T] input token ids (placeholders as PLACEHOLDER)
         fill_at: list[int] = []           # flat positions of placeholder inputs
         fill_from: list[int] = []         # their rows in prev.tokens
-        pos: list[np.ndarray] = []
-        tables, kv_lens, q_lens = [], [], []
+        starts, tables, kv_lens, q_lens = [], [], [], []
         logits_idx: list[int] = []
         sampling: list[Request] = []
         drafts: list[list[int]] = []
@@ -108,26 +111,36 @@ class Runner:
         offset = 0
         for s in out.scheduled:
             req = s.request
+            start, n = s.start, s.num_new_tokens
+            end = start + n
             if req.sampling_params.prompt_logprobs is not None:
                 # positions [start, min(end, P - 1)) predict prompt tokens start+1 ...
-                last = min(s.end, req.num_prompt_tokens - 1)
-                if last > s.start:
-                    p_owner.append((req.request_id, s.start, last - s.start,
+                last = min(end, req.num_prompt_tokens - 1)
+                if last > start:
+                    p_owner.append((req.request_id, start, last - start,
                                     req.sampling_params.prompt_logprobs))
-                    p_rows.extend(range(offset, offset + last - s.start))
-                    p_next.extend(req.prompt_token_ids[s.start + 1:last + 1])
-            ids.append(np.asarray(req.token_ids_slice(s.start, s.end), dtype=np.int64))
-            if s.end == req.num_tokens and req.output_token_ids and req.output_token_ids[-1] == PLACEHOLDER:
-                fill_at.append(offset + req.num_tokens - 1 - s.start)
+                    p_rows.extend(range(offset, offset + last - start))
+                    p_next.extend(req.prompt_token_ids[start + 1:last + 1])
+            outs = req.output_token_ids
+            num_tokens = len(req.prompt_token_ids) + len(outs)
+            if n == 1 and start == num_tokens - 1 and outs:    # a decode: the last token
+                ids.append(outs[-1])
+            else:
+                ids.extend(req.token_ids_slice(start, end))
+            if end == num_tokens and outs and outs[-1] == PLACEHOLDER:
+                fill_at.append(offset + num_tokens - 1 - start)
                 fill_from.append(prev.rows[req.request_id])
-            pos.append(np.arange(s.start, s.end, dtype=np.int64))
+            starts.append(start)
             tables.append(s.block_ids)
-            kv_lens.append(s.end)
-            q_lens.append(s.num_new_tokens)
-            offset += s.num_new_tokens
-            if s.samples:
+            kv_lens.append(end)
+            q_lens.append(n)
+            offset += n
+            if end >= num_tokens:              # samples (s.samples)
                 k = s.num_spec_tokens
-                logits_idx.extend(range(offset - 1 - k, offset))
+                if k:
+                    logits_idx.extend(range(offset - 1 - k, offset))
+                else:
+                    logits_idx.append(offset - 1)
                 sampling.append(req)
                 drafts.append(req.spec_token_ids[:k])
         dev = self.device
@@ -136,18 +149,27 @@ class Runner:
             bp = self.graphs.bucket(offset)
             if bp is not None:
                 pad = bp - offset
-                ids.append(np.zeros(pad, dtype=np.int64))
-                pos.append(np.zeros(pad, dtype=np.int64))
-        input_ids = _to(np.concatenate(ids), dev)
+                ids.extend([0] * pad)
+        layout = PagedKVLayout.build(tables, kv_lens, q_lens, self.kv_cache.block_size, "cpu",
+                                     num_pad_seqs=pad or 0)
+        q = np.asarray(q_lens, dtype=np.int64)
+        # positions [T]: start_b + j for token j of sequence b; padding rows at position 0
+        pos = np.zeros(len(ids), dtype=np.int64)
+        pos[:offset] = np.arange(offset) - np.repeat(np.cumsum(q) - q - np.asarray(starts, dtype=np.int64), q)
+        host = dict(input_ids=torch.tensor(ids, dtype=torch.int64), positions=torch.from_numpy(pos),
+                    logits_indices=torch.tensor(logits_idx, dtype=torch.int64), **layout.tensors())
+        if fill_at:
+            host["fill_at"] = torch.tensor(fill_at, dtype=torch.int64)
+            host["fill_from"] = torch.tensor(fill_from, dtype=torch.int64)
+        t = upload(host, dev)
+        input_ids = t["input_ids"]
         if fill_at:                       # stream order: after prev's sampling, before this forward
-            input_ids[_to(np.asarray(fill_at, dtype=np.int64), dev)] = prev.tokens[
-                _to(np.asarray(fill_from, dtype=np.int64), dev)]
+            input_ids[t["fill_at"]] = prev.tokens[t["fill_from"]]
         return Batch(
             input_ids=input_ids,
-            positions=_to(np.concatenate(pos), dev),
-            layout=PagedKVLayout.build(tables, kv_lens, q_lens, self.kv_cache.block_size, dev,
-                                       num_pad_seqs=pad or 0),
-            logits_indices=_to(np.asarray(logits_idx, dtype=np.int64), dev),
+            positions=t["positions"],
+            layout=layout.with_tensors(t) if dev.type != "cpu" else layout,
+            logits_indices=t["logits_indices"],
             sampling=sampling, drafts=drafts, graph_batch=bp,
             prompt_rows=p_rows or None, prompt_next=p_next or None, prompt_owner=p_owner or None,
             blocks_to_copy=list(out.blocks_to_copy) or None,

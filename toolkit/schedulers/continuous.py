@@ -126,8 +126,9 @@ class ContinuousBatchingScheduler(SchedulerCore):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            end = min(req.num_tokens_with_spec, self.cap_end(req), req.num_computed_tokens + budget)
-            if not self._grow(req, end, i, out):
+            limit = self.cap_end(req)
+            end = min(req.num_tokens_with_spec, limit, req.num_computed_tokens + budget)
+            if not self._grow(req, end, i, out, limit):
                 continue                       # req itself was preempted; running[i] is the next one
             n = end - req.num_computed_tokens
             out.scheduled.append(self._grant(self._scheduled(req, n)))
@@ -171,10 +172,10 @@ class ContinuousBatchingScheduler(SchedulerCore):
             if self.policy.reorder_after_grant:
                 queue[i:] = sorted(queue[i:], key=key)
 
-    def _grow(self, req: Request, end: int, i: int, out: SchedulerOutput) -> bool:
-        """Give req blocks up to `end` (+ lookahead), preempting policy victims among
-        running[i:] as needed. False if req itself was preempted."""
-        while not self.kv.allocate_slots(req, end, limit=self.cap_end(req), out=out):
+    def _grow(self, req: Request, end: int, i: int, out: SchedulerOutput, limit: int) -> bool:
+        """Give req blocks up to `end` (+ lookahead, never past `limit`), preempting policy
+        victims among running[i:] as needed. False if req itself was preempted."""
+        while not self.kv.allocate_slots(req, end, limit=limit, out=out):
             candidates = self.running[i:]
             victim = self.policy.victim(candidates)
             if victim not in candidates:

@@ -49,15 +49,17 @@ def check_stop(request: Request, max_len: int) -> RequestStatus | None:
     FINISHED_LENGTH at max_tokens outputs or once the sequence holds max_len tokens.
     """
     sp = request.sampling_params
-    last = request.output_token_ids[-1]
-    if request.num_output_tokens >= sp.min_tokens:
-        if not sp.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
+    outs = request.output_token_ids
+    n = len(outs)                              # (hot path: once per request per step)
+    if n >= sp.min_tokens:
+        last = outs[-1]
+        if last == request.eos_token_id and not sp.ignore_eos and last is not None:
             request.stop_reason = None
             return RequestStatus.FINISHED_STOPPED
         if sp.stop_token_ids and last in sp.stop_token_ids:
             request.stop_reason = last
             return RequestStatus.FINISHED_STOPPED
-    if request.num_output_tokens >= sp.max_tokens or request.num_tokens >= max_len:
+    if n >= sp.max_tokens or len(request.prompt_token_ids) + n >= max_len:
         return RequestStatus.FINISHED_LENGTH
     return None
 
@@ -93,7 +95,7 @@ class SchedulerCore:
         self.running: list[Request] = []
         self._finished_ids: list[str] = []          # finished since the last schedule()
         self._ignored: dict[str, Request] = {}      # rejected at add_request, reported by update()
-        self._limits: dict[str, int] = {}           # cap_end's fixed part, per live request
+        self._limits: dict[str, tuple[int, int]] = {}   # (max_len, cap_end's fixed part), per live request
         self._placeheld: dict[str, Request] = {}    # requests holding a PLACEHOLDER token
 
     @property
@@ -114,22 +116,25 @@ class SchedulerCore:
 
     def max_len(self, request: Request) -> int:
         """Longest the sequence may grow: max_model_len (scheduler's, request's) and the cache."""
-        cap = self.capacity_blocks * self.block_size
-        for m in (self.max_model_len, request.max_model_len):
-            if m is not None:
-                cap = min(cap, m)
-        return cap
+        return self._limits_of(request)[0]
 
     def cap_end(self, request: Request) -> int:
         """Positions past this are never worth computing (max_len, or beyond max_tokens)."""
-        # the limit is fixed for a request's life: computed once (this runs several times per
-        # request per step, on the engine's hot path)
-        limit = self._limits.get(request.request_id)
-        if limit is None:
-            sp = request.sampling_params
-            limit = min(self.max_len(request), request.num_prompt_tokens + sp.max_tokens - 1)
-            self._limits[request.request_id] = limit
-        return max(request.num_tokens, limit)
+        return max(request.num_tokens, self._limits_of(request)[1])
+
+    def _limits_of(self, request: Request) -> tuple[int, int]:
+        """(max_len, the last position worth computing): fixed for a request's life, so
+        computed once (they are read several times per request per step, on the hot path)."""
+        lim = self._limits.get(request.request_id)
+        if lim is None:
+            cap = self.capacity_blocks * self.block_size
+            for m in (self.max_model_len, request.max_model_len):
+                if m is not None:
+                    cap = min(cap, m)
+            lim = (cap, min(cap, request.num_prompt_tokens + request.sampling_params.max_tokens - 1))
+            if request.request_id in self.requests:     # only live requests are remembered
+                self._limits[request.request_id] = lim
+        return lim
 
     def never_fits(self, request: Request) -> str | None:
         """Why this request can never run here, or None."""
@@ -270,35 +275,44 @@ class SchedulerCore:
 
     # -- helpers for subclasses --
     def _update_one(self, s: ScheduledRequest, tokens: Sequence[int]) -> list[RequestOutput]:
+        # the engine's hot path (once per request per step): attributes read once, no properties
         req = s.request
-        req.spec_token_ids = []
-        new: list[int] = []
+        outs = req.output_token_ids
+        end = s.start + s.num_new_tokens
         status = None
-        if s.samples:
-            max_len = self.max_len(req)
+        if end >= len(req.prompt_token_ids) + len(outs):       # s.samples
+            max_len = self._limits_of(req)[0]
+            new: list[int] = []
             for t in tokens:
-                req.output_token_ids.append(int(t))
-                new.append(int(t))
+                t = int(t)
+                outs.append(t)
+                new.append(t)
                 if t == PLACEHOLDER:
                     self._placeheld[req.request_id] = req
                 status = check_stop(req, max_len)
                 if status is not None:
                     break
-            req.num_computed_tokens = req.num_tokens - 1
+            req.num_computed_tokens = len(req.prompt_token_ids) + len(outs) - 1
         else:
-            req.num_computed_tokens = s.end
+            new = []
+            req.num_computed_tokens = end
+        drafted = bool(req.spec_token_ids)
+        if drafted:
+            req.spec_token_ids = []
         self.kv.publish(req)
         if status is not None:
             self._finish(req, status)
-        else:
+        elif drafted:
             self._after_update(req)
         if not new and status is None:
             return []
-        return [RequestOutput(req.request_id, new, status is not None,
-                              status.finish_reason if status else None, req.stop_reason if status else None)]
+        if status is None:
+            return [RequestOutput(req.request_id, new)]
+        return [RequestOutput(req.request_id, new, True, status.finish_reason, req.stop_reason)]
 
     def _after_update(self, request: Request) -> None:
-        """Hook: a live request's tokens were just updated (continuous trims its tail here)."""
+        """Hook: a live request's draft tokens were just verified (continuous trims the
+        slots of rejected drafts here). Steps without drafts allocate no spare slots."""
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self._free(req)
