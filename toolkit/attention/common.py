@@ -34,5 +34,7 @@ def check_qkv(q: torch.Tensor | None, k: torch.Tensor | None, kv_cache: torch.Te
     if k is not None and (k.dim() != 3 or k.shape[1:] != (h_kv, d) or k.shape[0] != num_tokens):
         raise ValueError(f"k/v must be [T={num_tokens}, H_kv={h_kv}, D={d}], got {tuple(k.shape)}")
     t = q if q is not None else k
-    if t is not None and t.dtype != kv_cache.dtype:
+    # an fp8 cache takes q/k/v of the model's dtype (written quantised, read dequantised)
+    if t is not None and t.dtype != kv_cache.dtype and not (
+            kv_cache.dtype == torch.float8_e4m3fn and t.dtype.is_floating_point):
         raise ValueError(f"dtype {t.dtype} differs from the KV cache's {kv_cache.dtype}")

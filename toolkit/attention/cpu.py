@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from toolkit.attention.common import check_geometry, check_layout, check_qkv
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
+from toolkit.kernels.reference import FP8_DTYPE as FP8
+from toolkit.kernels.reference import quantize_fp8
 
 # a group's padded work (n * Q_max * S_max) may exceed its real work (sum q * kv) by this
 # factor plus SLACK score elements before the next sequence starts a new group
@@ -134,6 +136,10 @@ class CPUAttention:
         flat = cache.view(2, -1, self.num_kv_heads, self.head_dim)       # [2, NB*BS, Hkv, D]
         if self._write_rows is not None:                                 # slots -1 skipped
             k, v = k.index_select(0, self._write_rows), v.index_select(0, self._write_rows)
+        if cache.dtype == FP8:   # quantised as the twin does; index_copy_ has no fp8 kernel: bytes
+            k_scale, v_scale = self.kv_cache.scales(layer)
+            flat = flat.view(torch.uint8)
+            k, v = quantize_fp8(k, k_scale).view(torch.uint8), quantize_fp8(v, v_scale).view(torch.uint8)
         flat[0].index_copy_(0, self._write_slots, k)
         flat[1].index_copy_(0, self._write_slots, v)
 
@@ -144,6 +150,9 @@ class CPUAttention:
         check_qkv(q, None, cache, self.num_heads, self.layout.num_tokens)
         flat = cache.view(2, -1, self.num_kv_heads, self.head_dim)       # [2, NB*BS, Hkv, D]
         groups = self._groups
+        # fp8: K/V converted to q's dtype (exact); K's scale folded into the softmax scale, V's
+        # applied to the output
+        k_scale, v_scale = self.kv_cache.scales(layer) if cache.dtype == FP8 else (1.0, 1.0)
         whole = len(groups) == 1 and groups[0].q_rows is None and groups[0].take is None
         out = None if whole else torch.empty_like(q)
         for g in groups:
@@ -151,7 +160,11 @@ class CPUAttention:
             qg = qg.reshape(g.n, g.q_max, self.num_heads, self.head_dim).transpose(1, 2)  # [n, H, Q, D]
             k = flat[0].index_select(0, g.kv_slots).view(g.n, g.s_max, self.num_kv_heads, -1)
             v = flat[1].index_select(0, g.kv_slots).view(g.n, g.s_max, self.num_kv_heads, -1)
-            o = self._attend(qg, k.transpose(1, 2), v.transpose(1, 2), g.mask)          # [n, H, Q, D]
+            if cache.dtype == FP8:
+                k, v = k.to(q.dtype), v.to(q.dtype)
+            o = self._attend(qg, k.transpose(1, 2), v.transpose(1, 2), g.mask, k_scale)  # [n, H, Q, D]
+            if v_scale != 1.0:
+                o = o * v_scale
             o = o.transpose(1, 2).reshape(g.n * g.q_max, self.num_heads, self.head_dim)  # [n*Q, H, D]
             if whole:
                 return o
@@ -164,16 +177,17 @@ class CPUAttention:
         return out
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, k_scale: float = 1.0) -> torch.Tensor:
         """q [n, H, Q, D], k/v [n, Hkv, S, D], mask bool [n, 1, Q, S] -> [n, H, Q, D]."""
+        scale = self.scale * k_scale
         if self.soft_cap is None:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                   enable_gqa=self.num_heads != self.num_kv_heads)
         n, h, nq, d = q.shape
         group = h // self.num_kv_heads
         # [n, Hkv, G*Q, D]: the G query heads of a KV head share its keys (no K/V repeat)
         qf = q.float().reshape(n, self.num_kv_heads, group * nq, d)
-        s = torch.matmul(qf, k.float().transpose(-1, -2)) * self.scale  # [n, Hkv, G*Q, S]
+        s = torch.matmul(qf, k.float().transpose(-1, -2)) * scale       # [n, Hkv, G*Q, S]
         s = self.soft_cap * torch.tanh(s / self.soft_cap)
         if mask is not None:
             s = s.masked_fill(~mask.repeat(1, 1, group, 1), float("-inf"))

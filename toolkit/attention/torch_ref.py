@@ -37,18 +37,19 @@ class TorchAttention:
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         assert self.layout is not None, "plan() first"
         check_qkv(None, k, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
-        ref.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping)
+        ref.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping, *self.kv_cache.scales(layer))
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         assert self.layout is not None and self._host is not None, "plan() first"
         cache = self.kv_cache[layer]
         check_qkv(q, None, cache, self.num_heads, self.layout.num_tokens)
         qo, kv_lens, tables = self._host
+        k_scale, v_scale = self.kv_cache.scales(layer)
         out = torch.empty_like(q)
         for b in range(len(kv_lens)):
             out[qo[b]:qo[b + 1]] = paged_attention_ref(
                 q[qo[b]:qo[b + 1]], cache, tables[b], kv_lens[b], self.scale,
-                self.sliding_window, self.soft_cap).to(q.dtype)
+                self.sliding_window, self.soft_cap, k_scale, v_scale).to(q.dtype)
         return out
 
     def __repr__(self) -> str:
@@ -64,13 +65,13 @@ class TorchAttention:
 
 def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, table: list[int], kv_len: int,
                         scale: float, sliding_window: int | None = None,
-                        soft_cap: float | None = None) -> torch.Tensor:
-    """One sequence: q [Q, H, D] are its last Q tokens; returns float32 [Q, H, D]."""
-    bs = cache.shape[2]
+                        soft_cap: float | None = None, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
+    """One sequence: q [Q, H, D] are its last Q tokens; returns float32 [Q, H, D]. An fp8
+    cache's K/V are dequantised (value x scale) in float32."""
     blocks = torch.as_tensor(table, dtype=torch.long, device=cache.device)
-    k = cache[0, blocks].reshape(-1, *cache.shape[3:])[:kv_len].float()   # [S, H_kv, D]
-    v = cache[1, blocks].reshape(-1, *cache.shape[3:])[:kv_len].float()
-    del bs
+    k = ref.dequantize(cache[0, blocks].reshape(-1, *cache.shape[3:])[:kv_len], k_scale)  # [S, H_kv, D]
+    v = ref.dequantize(cache[1, blocks].reshape(-1, *cache.shape[3:])[:kv_len], v_scale)
     n_q, h, _ = q.shape
     group = h // k.shape[1]
     k = k.repeat_interleave(group, dim=1)                                  # [S, H, D]

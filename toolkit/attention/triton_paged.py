@@ -43,7 +43,9 @@ class TritonPagedAttention:
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
         dev = kv_cache.device
-        self.config = config or default_config(kv_cache.dtype, head_dim, self.group, dev)
+        # an fp8 cache's tiles are converted to q's dtype (bf16 on CUDA): the bf16 tiles
+        tile_dtype = torch.bfloat16 if kv_cache.dtype == torch.float8_e4m3fn else kv_cache.dtype
+        self.config = config or default_config(tile_dtype, head_dim, self.group, dev)
         if impl not in ("auto", "triton", "reference"):
             raise ValueError(f"impl must be 'auto', 'triton' or 'reference', got {impl!r}")
         can_triton = dev.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
@@ -102,7 +104,8 @@ class TritonPagedAttention:
         check_qkv(None, k, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
         check_qkv(None, v, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
         # Triton cache writer on CUDA tensors, its torch twin otherwise
-        kernel_dispatch.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping)
+        kernel_dispatch.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping,
+                                 *self.kv_cache.scales(layer))
 
     def run(self, layer: int, q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, H, D] -> out [T, H, D] (written into `out` when given: q's shape and dtype,
@@ -119,8 +122,10 @@ class TritonPagedAttention:
             raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a contiguous last dim, "
                              f"got {tuple(out.shape)} {out.dtype}")
         cfg = self.config
+        k_scale, v_scale = self.kv_cache.scales(layer)
         common: dict[str, Any] = {"scale": self.scale, "soft_cap": self.soft_cap,
-                                      "sliding_window": self.sliding_window, "num_q_per_kv": self.group}
+                                  "sliding_window": self.sliding_window, "num_q_per_kv": self.group,
+                                  "k_scale": k_scale, "v_scale": v_scale}
         if self.schedule.decode:
             t = cfg.decode
             self._attn(q, cache, self.kv_indices, self._work["decode"], out, self._part_out,

@@ -1,10 +1,19 @@
-"""KVCache: one tensor [2, num_blocks, block_size, num_kv_heads, head_dim] per layer."""
+"""KVCache: one tensor [2, num_blocks, block_size, num_kv_heads, head_dim] per layer.
+
+An fp8 cache (dtype torch.float8_e4m3fn) holds K / k_scale and V / v_scale with one static
+scale per layer for K and one for V (`k_scales`, `v_scales`, float32 values as Python floats):
+written by every backend's write_kv, dequantised by its attention. Other dtypes keep 1.0.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Sequence
 
 import torch
+
+FP8 = torch.float8_e4m3fn
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +34,30 @@ class KVCache:
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
         self.layers: list[torch.Tensor] = [torch.empty(shape, dtype=dtype, device=self.device)
                                            for _ in range(num_layers)]
+        self.k_scales: list[float] = [1.0] * num_layers    # dequantisation scales (fp8 only)
+        self.v_scales: list[float] = [1.0] * num_layers
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype == FP8
+
+    def scales(self, layer: int) -> tuple[float, float]:
+        """(k_scale, v_scale) of a layer: stored value x scale = the model's K / V."""
+        return self.k_scales[layer], self.v_scales[layer]
+
+    def set_scales(self, k_scales: Sequence[float], v_scales: Sequence[float]) -> None:
+        """Per-layer K and V scales of an fp8 cache (rounded to float32, as the kernels use them)."""
+        if not self.is_fp8:
+            raise ValueError(f"KV scales apply to a float8_e4m3fn cache; this cache is {self.dtype}")
+        k, v = [float(x) for x in k_scales], [float(x) for x in v_scales]
+        if len(k) != self.num_layers or len(v) != self.num_layers:
+            raise ValueError(f"need one K and one V scale per layer ({self.num_layers}), got "
+                             f"{len(k)} and {len(v)}")
+        bad = [x for x in k + v if not (math.isfinite(x) and x > 0)]
+        if bad:
+            raise ValueError(f"KV scales must be finite and > 0, got {bad[0]!r}")
+        as32 = lambda xs: torch.tensor(xs, dtype=torch.float32).tolist()
+        self.k_scales, self.v_scales = as32(k), as32(v)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -74,6 +107,10 @@ class KVCache:
             torch.cuda.empty_cache()
 
     def __repr__(self) -> str:
+        scales = ""
+        if self.is_fp8:
+            scales = (f", k_scale {min(self.k_scales):.3g}..{max(self.k_scales):.3g}, v_scale "
+                      f"{min(self.v_scales):.3g}..{max(self.v_scales):.3g}")
         return (f"KVCache(layers={self.num_layers}, blocks={self.num_blocks}x{self.block_size}, "
-                f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, "
+                f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}{scales}, "
                 f"{self.nbytes / 2**20:.1f} MiB on {self.device})")

@@ -22,13 +22,14 @@ def use_triton(t: torch.Tensor, backend: str) -> bool:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-             *, backend: str = "auto") -> None:
-    """k, v: [T, H_kv, D] into kv_cache [2, NB, BS, H_kv, D] at slot_mapping [T] (-1 = skip)."""
+             k_scale: float = 1.0, v_scale: float = 1.0, *, backend: str = "auto") -> None:
+    """k, v: [T, H_kv, D] into kv_cache [2, NB, BS, H_kv, D] at slot_mapping [T] (-1 = skip);
+    an fp8 cache stores e4m3(k / k_scale), e4m3(v / v_scale)."""
     if use_triton(kv_cache, backend):
         from toolkit.kernels.write_kv import write_kv as fast
-        fast(k, v, kv_cache, slot_mapping)
+        fast(k, v, kv_cache, slot_mapping, k_scale, v_scale)
     else:
-        reference.write_kv(k, v, kv_cache, slot_mapping)
+        reference.write_kv(k, v, kv_cache, slot_mapping, k_scale, v_scale)
 
 
 def copy_blocks(kv_caches: Sequence[torch.Tensor], src: torch.Tensor, dst: torch.Tensor,

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.kernels.reference import check_scales
+
 WORK_COLS = 10   # columns of the work table, in the order read below
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -31,7 +33,7 @@ def _attend(
     stride_cb, stride_cs, head_off, scale, soft_cap, window,
     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Online softmax over keys [n_lo, n_hi) in steps of BLOCK_N; acc [M, D_PAD], l_i/m_i [M]
     (m_i in log2 units). MASKED tiles apply causal, window and `< hi` masks."""
@@ -61,6 +63,9 @@ def _attend(
             else:
                 kt = tl.load(kt_ptrs, mask=offs_d[:, None] < D, other=0.0)
                 v = tl.load(v_ptrs, mask=offs_d[None, :] < D, other=0.0)
+        if KV_FP8:   # e4m3 -> q's dtype is exact (fp16/bf16/fp32 hold every e4m3 value)
+            kt = kt.to(q.dtype)
+            v = v.to(q.dtype)
         s = tl.dot(q, kt, input_precision=PRECISION)                       # [M, N] fp32
         if HAS_SOFTCAP:
             # soft_cap * tanh(x / soft_cap), tanh(y) = 1 - 2 / (exp(2y) + 1) (no tanh intrinsic needed)
@@ -88,11 +93,11 @@ def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, kv_indices_ptr, work_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
     stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
-    scale, soft_cap, window,
+    scale, soft_cap, window, v_scale,
     NUM_Q_PER_KV: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-    WORK_COLS: tl.constexpr,
+    WORK_COLS: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     w = tl.program_id(0)
@@ -124,17 +129,21 @@ def _paged_attention_kernel(
     head_off = kvh * stride_ch
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
                             start, full_lo, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
-                            window, True, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD, PRECISION)
+                            window, True, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD, PRECISION,
+                            KV_FP8)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
                             full_lo, full_hi, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
                             window, False, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD,
-                            PRECISION)
+                            PRECISION, KV_FP8)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
                             full_hi, hi, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
-                            window, True, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD, PRECISION)
+                            window, True, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD, PRECISION,
+                            KV_FP8)
 
     has = l_i > 0.0                                                        # a row of an empty split has none
     o = acc / tl.where(has, l_i, 1.0)[:, None]
+    if KV_FP8:
+        o = o * v_scale            # V's scale, taken out of the sum over keys (split partials too)
     st_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
         part_row = tl.load(item + 8)
@@ -154,13 +163,17 @@ def paged_attention(
     out: torch.Tensor, part_out: torch.Tensor | None, part_lse: torch.Tensor | None, *,
     scale: float, soft_cap: float | None, sliding_window: int | None, num_q_per_kv: int,
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     """Attention of the work items' query tiles over the paged cache.
 
     q [T, H, D]; kv_cache [2, NB, BS, H_kv, D]; kv_indices int32 [nnz]; work int32 [W, WORK_COLS];
     out [T, H, D] (written unless part_out is given); part_out float32 [R, H, S, D] and
     part_lse float32 [R, H, S] (natural-log LSE) receive split partials when given.
+    An fp8 (e4m3fn) cache holds K / k_scale and V / v_scale: tiles are converted to q's dtype
+    (exact), k_scale is folded into the softmax scale and v_scale into the output.
     """
+    check_scales(kv_cache, k_scale, v_scale)
     n_work = work.shape[0]
     if n_work == 0:
         return
@@ -177,9 +190,10 @@ def paged_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         po.stride(0), po.stride(1), po.stride(2) if split else 0,
         pl.stride(0), pl.stride(1),
-        float(scale), float(soft_cap or 1.0), int(sliding_window or 0),
+        float(scale) * float(k_scale), float(soft_cap or 1.0), int(sliding_window or 0), float(v_scale),
         NUM_Q_PER_KV=num_q_per_kv, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=page,
         D=d, D_PAD=triton.next_power_of_2(d), HAS_WINDOW=sliding_window is not None,
         HAS_SOFTCAP=soft_cap is not None, SPLIT=split, PRECISION=precision,
-        WORK_COLS=WORK_COLS, num_warps=num_warps, num_stages=num_stages,
+        WORK_COLS=WORK_COLS, KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
+        num_warps=num_warps, num_stages=num_stages,
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from toolkit.kernels.reference import check_scales, dequantize
+
 WORK_COLS = 10
 
 
@@ -17,17 +19,20 @@ def paged_attention(
     out: torch.Tensor, part_out: torch.Tensor | None, part_lse: torch.Tensor | None, *,
     scale: float, soft_cap: float | None, sliding_window: int | None, num_q_per_kv: int,
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     """Twin of the Triton launcher (block_q, block_n, num_warps, num_stages are ignored):
-    each work item's keys [start, hi) masked causally, by the window and by `< hi`."""
+    each work item's keys [start, hi) masked causally, by the window and by `< hi`; an fp8
+    cache's K and V are dequantised (value x scale) in float32."""
     del block_q, block_n, num_warps, num_stages
+    check_scales(kv_cache, k_scale, v_scale)
     _, _, page, h_kv, d = kv_cache.shape
     pages = kv_indices.long()
     for q_start, n_q, first_pos, page_base, start, _, _, hi, part_row, split in work.tolist():
         pos = torch.arange(start, hi, device=q.device)                     # [S] key positions
         blocks = pages[page_base + pos // page]
-        k = kv_cache[0, blocks, pos % page].float()                        # [S, H_kv, D]
-        v = kv_cache[1, blocks, pos % page].float()
+        k = dequantize(kv_cache[0, blocks, pos % page], k_scale)           # [S, H_kv, D] fp32
+        v = dequantize(kv_cache[1, blocks, pos % page], v_scale)
         qt = q[q_start:q_start + n_q].float().view(n_q, h_kv, num_q_per_kv, d)   # [Q, H_kv, G, D]
         s = torch.einsum("qhgd,shd->hgqs", qt, k) * scale                  # [H_kv, G, Q, S]
         if soft_cap is not None:
