@@ -52,13 +52,16 @@ class EngineConfig:
     # scheduling policy of the continuous / static scheduler: a name ("fcfs", "priority",
     # "sjf", "sjf_output", "lpm", "vtc", "edf"), a Policy class or a Policy instance
     policy: Any = "fcfs"
+    # tensor parallelism: the model split over this many processes, one per GPU (gloo
+    # processes on the CPU); the KV budget and gpu_memory_utilization are per rank
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
                            ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
                            ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
-                           ("cuda_graphs", bool), ("warmup", bool), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
+                           ("cuda_graphs", bool), ("warmup", bool), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
             v = getattr(self, name)
             optional = name in ("max_model_len", "kv_cache_bytes", "num_blocks", "speculative",
                                 "async_scheduling")
@@ -87,6 +90,11 @@ class EngineConfig:
                self.num_blocks)
         _check(self.num_speculative_tokens >= 0, "num_speculative_tokens", ">= 0",
                self.num_speculative_tokens)
+        _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1", self.tensor_parallel_size)
+        if self.tensor_parallel_size > 1 and self.speculative == "draft":
+            raise ValueError("EngineConfig.speculative='draft' is not supported with tensor_parallel_size > 1 "
+                             "(the draft model is not sharded); use speculative='ngram' or "
+                             "tensor_parallel_size=1")
         if isinstance(self.policy, str):
             from toolkit.schedulers.policies import POLICIES
 

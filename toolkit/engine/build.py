@@ -96,9 +96,14 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     # model (+ tokenizer from the same folder)
     if model is None:
         model = default_model_path()
+    executor = None
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         if tokenizer is None and _has_tokenizer(model):
             tokenizer = load_tokenizer(model)
+    if cfg.tensor_parallel_size > 1:      # each rank loads its own shard (toolkit/parallel/)
+        executor = _tensor_parallel(model, cfg, dtype, device, attention, load_format)
+        model = executor.model
+    elif isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model = load_model(model, dtype=dtype, device=device, load_format=load_format)
     elif not hasattr(model, "forward"):   # a transformers config: random weights
         model = load_model(model, dtype=dtype, device=device, load_format="dummy")
@@ -110,7 +115,9 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     # KV cache: sized after the weights are loaded
     shape = dict(num_layers=model.num_layers, block_size=cfg.block_size,
                  num_kv_heads=model.num_kv_heads, head_dim=model.head_dim, dtype=dtype, device=device)
-    if cfg.num_blocks is not None:
+    if executor is not None:              # every rank's share of the KV heads, as many blocks
+        kv_cache = executor.kv_cache
+    elif cfg.num_blocks is not None:
         kv_cache = KVCache(num_blocks=cfg.num_blocks, **shape)
     else:
         budget = cfg.kv_cache_bytes or (CPU_KV_BUDGET if device.type == "cpu" else None)
@@ -136,12 +143,13 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     _check_policy(scheduler, cfg.policy)
     if attention == "auto":
         attention = "triton" if device.type == "cuda" else "cpu"   # "torch": the slow reference
-    attention = _create("attention", attention, kv_cache=kv_cache, **model.attention_kwargs())
+    attention = (executor.attention if executor is not None else
+                 _create("attention", attention, kv_cache=kv_cache, **model.attention_kwargs()))
     sampler = _create("sampler", sampler)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed
         sampler.generator = generator
-    runner = Runner(model, attention, sampler, kv_cache, device, generator)
+    runner = Runner(model, attention, sampler, kv_cache, device, generator, executor=executor)
     graph_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (1 + cfg.num_speculative_tokens))
     if cfg.cuda_graphs and runner.enable_cuda_graphs(graph_tokens):
         log.info("steps of up to %d tokens replay piecewise CUDA graphs", graph_tokens)
@@ -173,6 +181,20 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                                       else cfg.async_scheduling))
     engine.startup = startup
     return engine
+
+
+def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: torch.device,
+                     attention: Any, load_format: str) -> Any:
+    """Start the N ranks (rank 0 here, workers 1..N-1): each loads its shard and its KV cache."""
+    from toolkit.parallel.executor import TPExecutor
+
+    if attention == "auto":
+        attention = "triton" if device.type == "cuda" else "cpu"
+    return TPExecutor(model, size=cfg.tensor_parallel_size, dtype=dtype,
+                      device=device.type if device.index is None else str(device), attention=attention,
+                      load_format=load_format, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
+                      kv_cache_bytes=cfg.kv_cache_bytes, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                      cpu_kv_budget=CPU_KV_BUDGET)
 
 
 def _draft_proposer(draft_model: Any, model: Any, kv_cache: KVCache, attention: Any,

@@ -379,7 +379,7 @@ class Engine:
         if self.closed:
             return
         self.closed = True
-        self.runner.kv_cache.close()
+        self.runner.close()                  # the KV cache (and tensor-parallel workers)
         self.structured.close()
         self.runner = None  # type: ignore[assignment]
         self.model = None

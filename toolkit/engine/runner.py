@@ -50,10 +50,13 @@ class Batch:
 
 class Runner:
     def __init__(self, model, attention, sampler, kv_cache: KVCache, device: torch.device,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, executor=None) -> None:
         self.model, self.attention, self.sampler = model, attention, sampler
         self.kv_cache, self.device = kv_cache, device
         self.generator = generator
+        # tensor parallel (toolkit/parallel/executor.py): every rank runs the forward, the
+        # logits come back here; None: this process runs the whole model
+        self.executor = executor
         self._rejection = None
         self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
         self._masks = None            # MaskTable: grammar mask rows on the device, made on first use
@@ -65,6 +68,9 @@ class Runner:
         chunks) from piecewise CUDA graphs (CUDA + a backend with run(out=))."""
         from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
 
+        if self.executor is not None:     # every rank captures its own (NCCL calls inside)
+            self.graphs = self.executor.enable_cuda_graphs(max_tokens)
+            return self.graphs is not None
         if self.device.type != "cuda" or not supports_graphs(self.attention):
             return False
         self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device)
@@ -178,6 +184,11 @@ class Runner:
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [N, V] (float32) of the rows that sample."""
+        if self.executor is not None:    # tensor parallel: block copies, forward, logits on every rank
+            logits, prompt_logits = self.executor.forward(batch)
+            if batch.prompt_rows:
+                batch.prompt_logprobs = self._prompt_logprobs(batch, prompt_logits)
+            return logits
         if batch.blocks_to_copy:          # shared blocks the step writes to: private copies first
             from toolkit.kernels.dispatch import copy_blocks
 
@@ -193,17 +204,18 @@ class Runner:
             if bp is not None:
                 self.graphs.capture(bp)   # the eager run above compiled every kernel of this shape
         if batch.prompt_rows:
-            batch.prompt_logprobs = self._prompt_logprobs(batch, hidden)
+            rows = torch.tensor(batch.prompt_rows, device=hidden.device)
+            batch.prompt_logprobs = self._prompt_logprobs(batch, self.model.compute_logits(hidden[rows]))
         return self.model.compute_logits(hidden[batch.logits_indices])                 # [N, V]
 
-    def _prompt_logprobs(self, batch: Batch, hidden: torch.Tensor) -> dict[str, list[dict[int, float]]]:
-        """{request id: [{next prompt token and top-N: logprob}] for this step's positions}."""
+    def _prompt_logprobs(self, batch: Batch, logits: torch.Tensor) -> dict[str, list[dict[int, float]]]:
+        """{request id: [{next prompt token and top-N: logprob}] for this step's positions},
+        from the logits [P, V] of the rows batch.prompt_rows."""
         from toolkit.samplers.logprobs import gather_logprobs
 
-        rows = torch.tensor(batch.prompt_rows, device=hidden.device)
-        nxt = torch.tensor(batch.prompt_next, device=hidden.device)
+        nxt = torch.tensor(batch.prompt_next, device=logits.device)
         k = max(want for _, _, _, want in batch.prompt_owner)
-        values, ids, _ = gather_logprobs(self.model.compute_logits(hidden[rows]), nxt, k)
+        values, ids, _ = gather_logprobs(logits, nxt, k)
         values, ids = values.tolist(), ids.tolist()
         out, i = {}, 0
         for rid, _, n, want in batch.prompt_owner:
@@ -285,6 +297,12 @@ class Runner:
                                        for j in range(i, i + len(emitted[b]))]
             i += len(emitted[b])
         return result
+
+    def close(self) -> None:
+        """Free the KV cache; stop the tensor-parallel workers."""
+        self.kv_cache.close()
+        if self.executor is not None:
+            self.executor.close()
 
     def _mask_slots(self, batch: Batch, grammars: Mapping[str, object]) -> list[int] | None:
         """Each logits row's slot in the device table of grammar mask rows (None: no row of
