@@ -1,0 +1,125 @@
+"""ShardStep: one rank's part of an engine step, the same code on every rank.
+
+Rank 0 (the engine's process) sends each worker a `StepMsg` over its pipe: the step's
+PagedKVLayout (host arrays), how many rows sample, the CUDA-graph bucket and the
+copy-on-write block pairs. The token ids, positions and row indices travel by one collective
+broadcast from rank 0's device instead, because with async scheduling some input ids exist
+only there (gathered on the device from the last step's tokens). Then every rank copies its
+blocks, plans attention over its KV heads, runs its shard of the forward (eager, or replaying
+its CUDA graphs, which hold the NCCL all-reduces), and joins the gather of the logits rows;
+rank 0 gets the logits [N, V].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from toolkit.blocks.kv_cache import KVCache
+from toolkit.blocks.layout import PagedKVLayout
+from toolkit.parallel.group import Group
+
+
+@dataclass
+class StepMsg:
+    """What a worker needs of a step besides the broadcast ids (numpy only: a torch tensor
+    sent through a multiprocessing pipe would be moved to shared memory first)."""
+    layout: dict[str, Any]                 # PagedKVLayout's fields; index tensors as numpy arrays
+    num_rows: int                          # N: rows whose logits are sampled
+    num_prompt_rows: int                   # P: rows whose logits give prompt logprobs
+    graph_batch: int | None                # the CUDA-graph bucket the step is padded to
+    blocks_to_copy: list[tuple[int, int]] | None
+
+    @classmethod
+    def of(cls, batch: Any) -> "StepMsg":
+        host = batch.layout.host
+        fields = {f.name: getattr(host, f.name) for f in dataclasses.fields(host) if f.name != "host_copy"}
+        return cls({k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in fields.items()},
+                   int(batch.logits_indices.shape[0]), len(batch.prompt_rows or ()), batch.graph_batch,
+                   batch.blocks_to_copy)
+
+    def layout_on(self, device: torch.device) -> PagedKVLayout:
+        host = PagedKVLayout(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                                for k, v in self.layout.items()})
+        return host if device.type == "cpu" else host.to(device)   # .to keeps the host copy
+
+
+class ShardStep:
+    def __init__(self, model: Any, attention: Any, kv_cache: KVCache, group: Group,
+                 device: torch.device) -> None:
+        self.model, self.attention, self.kv_cache = model, attention, kv_cache
+        self.group, self.device = group, device
+        self.graphs = None
+
+    def enable_cuda_graphs(self, max_tokens: int) -> bool:
+        """Piecewise CUDA graphs of this rank's forward (its all-reduces captured with it)."""
+        from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
+
+        if self.device.type != "cuda" or not supports_graphs(self.attention):
+            return False
+        self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device)
+        return True
+
+    @torch.inference_mode()
+    def run(self, msg: StepMsg, layout: PagedKVLayout, packed: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(logits [N, V], prompt logits [P, V] or None) on rank 0; (None, None) elsewhere.
+        packed: rank 0's int64 [2T + N + P] = input ids, positions, logits rows, prompt rows."""
+        t, n, p = layout.num_tokens, msg.num_rows, msg.num_prompt_rows
+        if msg.blocks_to_copy:            # copy-on-write of shared blocks: every rank's KV heads
+            from toolkit.kernels.dispatch import copy_blocks
+
+            src, dst = (torch.tensor(x, dtype=torch.int64, device=self.device) for x in zip(*msg.blocks_to_copy))
+            copy_blocks(self.kv_cache.layers, src, dst)
+        if packed is None:
+            packed = torch.empty(2 * t + n + p, dtype=torch.int64, device=self.device)
+        self.group.broadcast(packed, 0)
+        ids, positions, rows, prompt_rows = packed.split([t, t, n, p])
+        self.attention.plan(layout)
+        bp, graphs = msg.graph_batch, self.graphs
+        if bp is not None and graphs is not None and graphs.captured(bp):
+            hidden = graphs.replay(bp, ids, positions, layout.slot_mapping)
+        else:
+            hidden = self.model.forward(ids, positions, self.attention)        # [T, hidden]
+            if bp is not None and graphs is not None:
+                graphs.capture(bp)       # every rank captures the same buckets at the same step
+        prompt_logits = self.model.compute_logits(hidden[prompt_rows]) if p else None
+        if n:
+            logits = self.model.compute_logits(hidden[rows])                    # [N, V] on rank 0
+        else:                             # no collective: every rank knows N = 0
+            logits = (torch.empty(0, self.model.vocab_size, dtype=torch.float32, device=self.device)
+                      if self.group.rank == 0 else None)
+        return logits, prompt_logits
+
+
+def kv_blocks_fit(model: Any, block_size: int, dtype: torch.dtype, device: torch.device, *,
+                  num_blocks: int | None, budget_bytes: int | None, gpu_memory_utilization: float,
+                  cpu_budget: int) -> int:
+    """How many KV blocks of this rank's heads fit its budget (num_blocks when forced): the
+    budget is per rank (per GPU), like gpu_memory_utilization."""
+    if num_blocks is not None:
+        return num_blocks
+    per_block = KVCache.bytes_per_block(model.num_layers, block_size, model.num_kv_heads,
+                                        model.head_dim, dtype)
+    if budget_bytes is None:
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            budget_bytes = int(free * gpu_memory_utilization)
+        else:
+            budget_bytes = cpu_budget
+    return int(budget_bytes // per_block)
+
+
+def make_kv_and_attention(model: Any, attention: Any, num_blocks: int, block_size: int,
+                          dtype: torch.dtype, device: torch.device) -> tuple[KVCache, Any]:
+    """This rank's KV cache (its KV heads, every rank the same number of blocks) and its
+    attention backend (built from a registered name, class or factory: never an instance)."""
+    from toolkit.engine.build import _create
+
+    kv = KVCache(model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim,
+                 dtype, device)
+    return kv, _create("attention", attention, kv_cache=kv, **model.attention_kwargs())
