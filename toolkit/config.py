@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
+_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 def _check(cond: bool, name: str, valid: str, value: object) -> None:
@@ -49,6 +50,14 @@ class EngineConfig:
     # speculative decoding: proposer name ("ngram", "draft") or None, and draft length k
     speculative: str | None = None
     num_speculative_tokens: int = 0
+    # KV-cache storage: "auto" = the model's dtype; "fp8" (= "fp8_e4m3") = float8_e4m3fn with
+    # one static scale per layer for K and one for V: half the bytes of bf16 a token, twice the
+    # blocks in a budget; lossy (its measured cost: docs/interfaces.md, benchmarks/RESULTS.md)
+    kv_cache_dtype: str = "auto"
+    # fp8 scales (model value = stored value x scale): None = the checkpoint's k_scale/v_scale
+    # when it has them, else calibrated at start-up (toolkit/engine/kv_scales.py); one
+    # (k_scale, v_scale) pair for every layer, or a list of one pair per layer
+    kv_scales: Any = None
     # scheduling policy of the continuous / static scheduler: a name ("fcfs", "priority",
     # "sjf", "sjf_output", "lpm", "vtc", "edf"), a Policy class or a Policy instance
     policy: Any = "fcfs"
@@ -106,6 +115,19 @@ class EngineConfig:
         if self.speculative is not None:
             _check(self.num_speculative_tokens >= 1, "num_speculative_tokens",
                    ">= 1 when speculative is set", self.num_speculative_tokens)
+        _check(isinstance(self.kv_cache_dtype, str) and self.kv_cache_dtype in _KV_CACHE_DTYPES,
+               "kv_cache_dtype", f"one of {_KV_CACHE_DTYPES} ('auto' = the model's dtype)",
+               self.kv_cache_dtype)
+        if self.kv_scales is not None:
+            from toolkit.engine.kv_scales import scale_pairs
+
+            if self.kv_cache_dtype == "auto":
+                raise ValueError("EngineConfig.kv_scales applies to an fp8 KV cache; set "
+                                 "kv_cache_dtype='fp8' or leave kv_scales None")
+            scale_pairs(self.kv_scales, None)     # raises on a malformed value
+        if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
+            raise ValueError("EngineConfig.kv_cache_dtype='fp8' is not supported with "
+                             "tensor_parallel_size > 1 yet; use kv_cache_dtype='auto'")
 
     def resolve_device(self) -> str:
         import torch
@@ -120,3 +142,8 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolve_device().startswith("cuda") else torch.float32
         return getattr(torch, self.dtype)
+
+    def resolve_kv_cache_dtype(self):
+        import torch
+
+        return self.resolve_dtype() if self.kv_cache_dtype == "auto" else torch.float8_e4m3fn

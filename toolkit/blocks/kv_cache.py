@@ -36,6 +36,7 @@ class KVCache:
                                            for _ in range(num_layers)]
         self.k_scales: list[float] = [1.0] * num_layers    # dequantisation scales (fp8 only)
         self.v_scales: list[float] = [1.0] * num_layers
+        self.scales_source: str | None = None              # "given", "checkpoint", "calibrated ..."
 
     @property
     def is_fp8(self) -> bool:
@@ -45,7 +46,8 @@ class KVCache:
         """(k_scale, v_scale) of a layer: stored value x scale = the model's K / V."""
         return self.k_scales[layer], self.v_scales[layer]
 
-    def set_scales(self, k_scales: Sequence[float], v_scales: Sequence[float]) -> None:
+    def set_scales(self, k_scales: Sequence[float], v_scales: Sequence[float],
+                   source: str = "given") -> None:
         """Per-layer K and V scales of an fp8 cache (rounded to float32, as the kernels use them)."""
         if not self.is_fp8:
             raise ValueError(f"KV scales apply to a float8_e4m3fn cache; this cache is {self.dtype}")
@@ -58,6 +60,7 @@ class KVCache:
             raise ValueError(f"KV scales must be finite and > 0, got {bad[0]!r}")
         as32 = lambda xs: torch.tensor(xs, dtype=torch.float32).tolist()
         self.k_scales, self.v_scales = as32(k), as32(v)
+        self.scales_source = source
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,

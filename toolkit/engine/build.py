@@ -96,6 +96,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     # model (+ tokenizer from the same folder)
     if model is None:
         model = default_model_path()
+    folder = model if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else None
     executor = None
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         if tokenizer is None and _has_tokenizer(model):
@@ -114,7 +115,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
 
     # KV cache: sized after the weights are loaded
     shape = dict(num_layers=model.num_layers, block_size=cfg.block_size,
-                 num_kv_heads=model.num_kv_heads, head_dim=model.head_dim, dtype=dtype, device=device)
+                 num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
+                 dtype=cfg.resolve_kv_cache_dtype(), device=device)   # fp8: 1 byte, twice the blocks
     if executor is not None:              # every rank's share of the KV heads, as many blocks
         kv_cache = executor.kv_cache
     elif cfg.num_blocks is not None:
@@ -145,6 +147,13 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         attention = "triton" if device.type == "cuda" else "cpu"   # "torch": the slow reference
     attention = (executor.attention if executor is not None else
                  _create("attention", attention, kv_cache=kv_cache, **model.attention_kwargs()))
+    if kv_cache.is_fp8:   # static per-layer scales, set before warm-up and CUDA-graph capture
+        from toolkit.engine.kv_scales import resolve_scales
+
+        default = "triton" if device.type == "cuda" else "cpu"
+        resolve_scales(kv_cache, cfg.kv_scales, folder, model, tokenizer, dtype=dtype,
+                       make_attention=lambda c: _create("attention", default, kv_cache=c,
+                                                        **model.attention_kwargs()))
     sampler = _create("sampler", sampler)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed

@@ -39,7 +39,8 @@ STACKED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",  # buffers some old checkpoints saved
+                    "self_attn.k_scale", "self_attn.v_scale", "self_attn.kv_scale")  # fp8 KV scales: engine/kv_scales.py
 
 
 def _matrix(n_out: int, n_in: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
