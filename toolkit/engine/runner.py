@@ -24,6 +24,7 @@ from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
 from toolkit.transfer import to_device, upload
 from toolkit.engine.inflight import Launched, apply_ended
+from toolkit.engine.sampling_rows import SamplingRows
 from toolkit.types import PLACEHOLDER, Request, SchedulerOutput, StepResult
 
 
@@ -60,6 +61,7 @@ class Runner:
         self._rejection = None
         self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
         self._masks = None            # MaskTable: grammar mask rows on the device, made on first use
+        self._rows = SamplingRows()   # the last step's sampling metadata, reused while valid
         # a sampler that declares can_consume_logits may process the step's own logits in place
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
 
@@ -238,6 +240,12 @@ class Runner:
 
     def _metadata(self, batch: Batch, grammars):
         """SamplingMetadata of the step's logits rows (1 + k rows for a request with k drafts)."""
+        slots = self._mask_slots(batch, grammars) if grammars else None
+        # a steady decode's rows (no drafts, no grammar) reuse the last step's metadata
+        plain = slots is None and not any(batch.drafts)
+        return self._rows.get(batch.sampling, plain, lambda: self._build_metadata(batch, slots))
+
+    def _build_metadata(self, batch: Batch, slots: list[int] | None):
         from toolkit.samplers.base import SamplingMetadata
 
         params, prompts, outputs, eos = [], [], [], []
@@ -248,7 +256,6 @@ class Runner:
                 # drafts before a row count as output (no copy for a plain row)
                 outputs.append(req.output_token_ids + d[:j] if j else req.output_token_ids)
                 eos.append(req.eos_token_id)
-        slots = self._mask_slots(batch, grammars) if grammars else None
         return SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
                                       eos_token_ids=eos, check_ids=False,  # checked at add_request
                                       bitmask=self._masks.table if slots else None,
