@@ -74,7 +74,8 @@ def run(setting: str, args, reqs) -> dict:
     # steady decode at batch B
     rng = random.Random(1)
     sp = SamplingParams(temperature=0.6, max_tokens=2000, ignore_eos=True)
-    ids = [eng.add_request([rng.randrange(cfg.vocab_size) for _ in range(512)], sp) for _ in range(args.batch)]
+    ids = [eng.add_request([rng.randrange(cfg.vocab_size) for _ in range(512)], sp, output_kind="final")
+           for _ in range(args.batch)]          # as LLM.generate adds them
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()):
         eng.step()
     for _ in range(10):
