@@ -87,6 +87,21 @@ def run(setting: str, args, reqs) -> dict:
         eng.step()
         walls.append(time.perf_counter() - t)
     busy = gpu_busy_ms(eng.step, 10)
+    if args.cprofile:            # where the host's time goes in these steps
+        import cProfile
+        import io
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(args.cprofile):
+            eng.step()
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+        out["cprofile"] = buf.getvalue()
+        print(f"[{setting}] cProfile of {args.cprofile} steady decode steps (tottime):\n"
+              + buf.getvalue()[-6000:], flush=True)
     wall = statistics.median(walls) * 1e3
     out["decode"] = dict(batch=args.batch, wall_ms=wall, gpu_busy_ms=busy, ratio=wall / busy)
     print(f"[{setting}] decode step at batch {args.batch}: wall {wall:.2f} ms, GPU busy {busy:.2f} ms, "
@@ -105,6 +120,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--shape", choices=["qwen3", "llama8b"], default="qwen3")
     ap.add_argument("--settings", default="sync,async")
+    ap.add_argument("--cprofile", type=int, default=0, help="profile N steady decode steps (host)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from toolkit.models.shapes import llama31_8b, qwen3_0_6b

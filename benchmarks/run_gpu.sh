@@ -13,7 +13,7 @@ for step in "$@"; do
     tests)      timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_PATHS:-tests} 2>&1 | tail -40 ;;
     throughput) timeout 420 python3 benchmarks/throughput.py --workload random --num 256 --hf-num ${HF_NUM:-64} --out $OUT/throughput_random.json 2>&1 | grep -v Warning | tail -30 ;;
     sharegpt)   timeout ${SG_TIMEOUT:-420} python3 benchmarks/throughput.py --workload sharegpt --num 1000 --hf-num ${HF_NUM:-100} --kv-fraction 0.5 --out $OUT/throughput_sharegpt.json 2>&1 | grep -v Warning | tail -20 ;;
-    engine_core) timeout ${EC_TIMEOUT:-300} python3 -m benchmarks.engine_core ${EC_ARGS:-} --out $OUT/engine_core${EC_TAG:-}.json 2>&1 | grep -v Warning | grep -v '^ ' | tail -12 ;;
+    engine_core) timeout ${EC_TIMEOUT:-300} python3 -m benchmarks.engine_core ${EC_ARGS:-} --out $OUT/engine_core${EC_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/engine_core${EC_TAG:-}.log | grep "^\[" | tail -12 ;;
     sampling)   timeout 180 python3 benchmarks/sampling.py ${SAMPLING_ARGS:-} --out $OUT/sampling.json 2>&1 | tail -20 ;;
     speculative) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/speculative.py ${SPEC_ARGS:-} --out $OUT/speculative.json 2>&1 | tail -35 ;;
     structured) timeout 300 python3 benchmarks/structured.py ${STRUCT_ARGS:-} --out $OUT/structured.json 2>&1 | tee $OUT/structured.log | tail -40 ;;

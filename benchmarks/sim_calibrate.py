@@ -7,12 +7,16 @@ non-negative least-squares fit on relative error of
 
     t = c_const + c_prefill * prefill_tokens + c_decode * decode_seqs
         + c_decode_kv * decode_kv_tokens + c_prefill_attn * prefill_attn_ktokens
+        + c_prefill_seqs * prefill_seqs
 
+with add_request's host time per request and per prompt token (profile_admission),
 written to toolkit/simulator/data/cost_models.json under "<device>/<shape>" (e.g.
 "nvidia-h200/llama-3.1-8b"), and the samples with each one's fitted time to --out.
 
     python benchmarks/sim_calibrate.py --shapes qwen3,llama8b --out benchmarks/results/sim_calibrate.json
     python benchmarks/sim_calibrate.py --tiny                  # the CPU check: a 2-layer Llama
+
+benchmarks/sim_gpu_all.py does this too, then refits on live runs and validates.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def calibrate(shape: str, args) -> dict:
     import torch
 
     from toolkit.simulator import FEATURES, CostModel
-    from toolkit.simulator.calibrate import device_key, profile_engine
+    from toolkit.simulator.calibrate import device_key, profile_admission, profile_engine
 
     t0 = time.perf_counter()
     llm = build_llm(shape)
@@ -45,8 +49,10 @@ def calibrate(shape: str, args) -> dict:
         sweep["steps"] = args.steps
     t = time.perf_counter()
     samples = profile_engine(llm, progress=True, **sweep)
-    cost = CostModel.fit(samples, source=f"benchmarks/sim_calibrate.py on {key.split('/')[0]}, "
-                                         f"{time.strftime('%Y-%m-%d')}, {len(samples)} step shapes")
+    admission = profile_admission(llm)
+    cost = CostModel.fit(samples, admission=admission,
+                         source=f"benchmarks/sim_calibrate.py on {key.split('/')[0]}, "
+                                f"{time.strftime('%Y-%m-%d')}, {len(samples)} step shapes")
     cost.save(key, args.data) if args.data else cost.save(key)
     print(f"[{key}] {cost!r}\n  fit: mean relative error {cost.fit_error['mean_rel']:.1%}, "
           f"max {cost.fit_error['max_rel']:.1%} ({time.perf_counter() - t:.0f} s)", flush=True)

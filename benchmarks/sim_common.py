@@ -50,12 +50,17 @@ def engine_settings(llm: Any) -> dict:
                 vocab_size=llm.engine.model.vocab_size, async_output=llm.engine.async_scheduling)
 
 
-# step shapes swept by the calibration: (batch, context) decodes, prefill chunks, and mixes
+# step shapes swept by the calibration: (batch, context) decodes, prefill chunks (P, or k
+# prompts of P: (P, k), against one prompt of k * P they tell a prompt's own cost from its
+# tokens'), and mixes (B, L, P) / (B, L, P, k); small batches too, where runs below
+# saturation live
 GPU_SWEEP = dict(
-    decode=[(1, 256), (16, 256), (64, 256), (128, 512), (256, 512), (64, 1024), (128, 1024), (256, 1024),
-            (32, 2048), (128, 2048)],
-    prefill=[128, 512, 1024, 2048, 4096, 8000],
-    mixed=[(32, 512, 512), (128, 512, 2048), (64, 1024, 4096), (192, 1024, 1024)],
+    decode=[(1, 256), (8, 512), (16, 256), (32, 512), (64, 256), (128, 512), (256, 512), (64, 1024),
+            (128, 1024), (256, 1024), (32, 2048), (128, 2048)],
+    prefill=[128, 512, 1024, 2048, 4096, 8000, (32, 4), (128, 4), (256, 8)],
+    mixed=[(32, 512, 512), (128, 512, 2048), (64, 1024, 4096), (192, 1024, 1024), (32, 512, 128, 4),
+           (16, 256, 64, 4)],
     steps=10, warmup=3)
-TINY_SWEEP = dict(decode=[(1, 32), (8, 64), (16, 128), (32, 64), (32, 160)], prefill=[32, 128, 256, 448],
-                  mixed=[(8, 64, 128), (16, 64, 256)], steps=6, warmup=2)
+TINY_SWEEP = dict(decode=[(1, 32), (8, 64), (16, 128), (32, 64), (32, 160)],
+                  prefill=[32, 128, 256, 448, (32, 4), (64, 4)],
+                  mixed=[(8, 64, 128), (16, 64, 256), (8, 64, 32, 4)], steps=6, warmup=2)

@@ -1,0 +1,437 @@
+"""The simulator against the engine, end to end in one process: calibrate, find saturation,
+compare policies below and above it. For each model shape (random weights):
+
+1. Calibrate: the step-shape sweep (sim_common.GPU_SWEEP: decodes, prefills of one and of
+   several prompts, mixes) and add_request's host time (calibrate.profile_admission); a
+   first cost model fitted on the sweep alone.
+2. Saturation: all of a burst of requests (more than max_num_seqs) at once on the
+   engine; the completion rate while it runs a full batch with a queue behind it (from
+   max_num_seqs / 2 completions on, until the queue empties) is the sustainable rate mu.
+   Then a short ladder of Poisson runs from 0.8 mu, x --ladder (1.25) until bracketed: a
+   run is overloaded when its queue grows over the run (the median TTFT of the last
+   quarter of arrivals over twice the first quarter's, and grown by more than 5% of the
+   arrival window). Saturation = the geometric mean of the bracket (mu if none). The
+   simulator's mu (its own burst) is printed beside it.
+3. The cost model refit on the sweep plus the ladder runs' own steps (sums over windows
+   of 8 steps, see TraceRecorder.window_samples; the two sources weighted alike), with the
+   admission terms: saved as "<device>/<shape>" in toolkit/simulator/data/cost_models.json.
+   The burst and ladder use ShareGPT entries 400.. (other prompt ids, other arrivals),
+   the comparisons entries 0..
+4. For each load (--loads, fractions of saturation) and policy (--policies): one trace
+   (ShareGPT lengths, three clients in one Poisson process at load x saturation), fresh
+   prompt ids per policy (the engine's prefix cache keeps earlier runs' blocks); the
+   policy object on the simulator (final and sweep-only cost models), then unchanged on
+   the engine. Relative errors of TTFT / TPOT (mean, p90) and throughput; criteria below
+   saturation TTFT and TPOT within 10%, above it throughput and mean TPOT. TTFT split in
+   two: arrival -> add_request done (waiting for the step in progress, + admission) and
+   -> first token.
+
+Results go to --out after every run (a timeout keeps what was done); per-request times and
+one run's step recording to --raw. A table at the end (and after each shape).
+
+    python benchmarks/sim_gpu_all.py                   # the H200: both shapes, ~7-8 min cold
+    python benchmarks/sim_gpu_all.py --quick           # the CPU check: a 2-layer Llama, ~2 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.sim_common import (  # noqa: E402
+    GPU_SWEEP,
+    SHAPE_NAMES,
+    TINY_SWEEP,
+    build_llm,
+    engine_settings,
+)
+
+# per shape: requests of the burst, of each ladder run, of the comparisons below and above
+# saturation; ladder runs at most; the length scale (the CPU model's requests are shorter).
+# Saturation needs more requests than max_num_seqs (256 on the GPU): below that the engine
+# takes every arrival into its batch and no queue forms whatever the rate.
+PLAN = {
+    "llama8b": dict(burst_n=600, ladder_n=500, ladder_runs=3, below_n=300, above_n=400, scale=1.0),
+    "qwen3": dict(burst_n=600, ladder_n=500, ladder_runs=3, below_n=300, above_n=400, scale=1.0),
+    "tiny": dict(burst_n=80, ladder_n=70, ladder_runs=3, below_n=40, above_n=60, scale=0.5),
+}
+RESERVE_PER_SHAPE = 200.0    # seconds kept for each shape still to come (build, calibration, ladder)
+OFFSET = 400                 # the burst's and the ladder's requests: ShareGPT entries from here on
+CLIENT_SHARES = {"a": 0.2, "b": 0.3, "c": 0.5}
+
+
+def rel(sim: float, real: float) -> float:
+    return (sim - real) / real if real else float("nan")
+
+
+def queue_growth(run) -> dict:
+    """Does the queue grow over the run? Median TTFT of the first and last quarter of the
+    arrivals, and the arrival window; overloaded: last > 2 x first and last - first > 5% of
+    the window."""
+    import numpy as np
+
+    reqs = sorted((r for r in run.requests.values() if r.ttft is not None), key=lambda r: r.arrival)
+    q = max(len(reqs) // 4, 1)
+    first = float(np.median([r.ttft for r in reqs[:q]]))
+    last = float(np.median([r.ttft for r in reqs[-q:]]))
+    window = reqs[-1].arrival - reqs[0].arrival if reqs else 0.0
+    over = last > 2 * first and last - first > 0.05 * window
+    return dict(ttft_p50_first=first, ttft_p50_last=last, window_s=window, overloaded=bool(over))
+
+
+def burst_rate(run, max_num_seqs: int) -> dict:
+    """Requests / s completed while the batch is full and a queue waits: completions from
+    max_num_seqs / 2 (the first batch's short requests leave first) to n - max_num_seqs
+    (after that the queue is empty and the batch shrinks); the middle half if n is small."""
+    f = sorted(r.finish for r in run.requests.values() if r.finish is not None)
+    n = len(f)
+    i0, i1 = max_num_seqs // 2, n - max_num_seqs
+    if i1 - i0 < max(10, n // 5):
+        i0, i1 = n // 4, (3 * n) // 4
+    return dict(rate=(i1 - i0) / max(f[i1] - f[i0], 1e-9), window=(i0, i1), makespan_s=run.makespan)
+
+
+def ladder(is_over, guess: float, factor: float, max_runs: int) -> tuple[float, bool, list]:
+    """Rates guess * factor^j: up while stable, down while overloaded, until the first
+    change of direction brackets saturation (or max_runs). Returns the geometric mean of
+    the bracket, whether it was bracketed (if not: the highest stable rate, or the lowest
+    overloaded one / factor), and the rates tried."""
+    tried, rate = [], guess
+    for _ in range(max_runs):
+        over, info = is_over(rate)
+        tried.append(dict(rate=rate, **info))
+        stable = [t["rate"] for t in tried if not t["overloaded"]]
+        loaded = [t["rate"] for t in tried if t["overloaded"]]
+        if stable and loaded:
+            return math.sqrt(max(stable) * min(loaded)), True, tried
+        rate = rate / factor if over else rate * factor
+    stable = [t["rate"] for t in tried if not t["overloaded"]]
+    return (max(stable) if stable else min(t["rate"] for t in tried) / factor), False, tried
+
+
+def fresh_prompts(trace, seed: int, vocab: int):
+    """The same arrivals, lengths and clients with new random prompt ids."""
+    import dataclasses
+
+    import numpy as np
+
+    from toolkit.simulator import Trace
+
+    rng = np.random.default_rng(seed)
+    reqs = [dataclasses.replace(r, prompt_ids=rng.integers(0, vocab, r.prompt_len).tolist())
+            for r in trace.requests]
+    return Trace(reqs, trace.label, dict(trace.meta))
+
+
+def split_ttft(run) -> dict:
+    """Mean seconds of TTFT before the request was added (the step in progress, admission)
+    and after it (steps until the first token came back)."""
+    import numpy as np
+
+    reqs = [r for r in run.requests.values() if r.ttft is not None and r.admitted is not None]
+    if not reqs:
+        return dict(wait_s=float("nan"), after_s=float("nan"))
+    return dict(wait_s=float(np.mean([r.admission_wait for r in reqs])),
+                after_s=float(np.mean([r.ttft - r.admission_wait for r in reqs])))
+
+
+def compare(sim: dict, real: dict) -> dict:
+    pick = {"ttft_mean": ("ttft", "mean"), "ttft_p90": ("ttft", "p90"), "tpot_mean": ("tpot", "mean"),
+            "tpot_p90": ("tpot", "p90")}
+    row = {name: dict(sim=sim[m][k], real=real[m][k], rel=rel(sim[m][k], real[m][k])) for name, (m, k) in pick.items()}
+    row["throughput_tok_s"] = dict(sim=sim["throughput_tok_s"], real=real["throughput_tok_s"],
+                                   rel=rel(sim["throughput_tok_s"], real["throughput_tok_s"]))
+    return row
+
+
+def criteria(load: float) -> list[str]:
+    return ["ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90"] if load < 1 else ["throughput_tok_s", "tpot_mean"]
+
+
+def raw_times(run) -> list:
+    """[arrival, admitted, first token, last token, tokens, prompt tokens] per request."""
+    return [[r.arrival, r.admitted, r.token_times[0] if r.token_times else None,
+             r.token_times[-1] if r.token_times else None, len(r.token_times), r.prompt_len]
+            for r in run.requests.values()]
+
+
+class Out:
+    """The results JSON, rewritten after every step of the plan."""
+
+    def __init__(self, path: str | None, raw: str | None, meta: dict) -> None:
+        self.path, self.raw_path = path, raw
+        self.data = dict(meta, shapes={})
+        self.raw: dict = {}
+
+    def save(self) -> None:
+        for path, data in ((self.path, self.data), (self.raw_path, self.raw)):
+            if path:
+                tmp = path + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(data, f, indent=1, default=float)
+                os.replace(tmp, path)
+
+
+def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) -> None:
+    import numpy as np
+    import torch
+
+    from toolkit.schedulers.policies import resolve_policy
+    from toolkit.simulator import CostModel, Simulator, make_trace, multi_client_trace, scaled_lengths, sharegpt_lengths
+    from toolkit.simulator.calibrate import device_key, profile_admission, profile_engine
+    from toolkit.simulator.replay import run_on_engine
+
+    plan = dict(PLAN[shape])
+    if args.compare_n:
+        plan["below_n"] = plan["above_n"] = args.compare_n
+    res = out.data["shapes"].setdefault(shape, {})
+    raw = out.raw.setdefault(shape, {})
+    # what the comparisons may spend: the budget, less a reserve for the shapes still to come
+    left = lambda: args.budget - reserve - (time.perf_counter() - t_start)     # noqa: E731
+
+    # -- 1. calibrate --
+    t = time.perf_counter()
+    llm = build_llm(shape)
+    key = device_key(llm, SHAPE_NAMES[shape])
+    settings = engine_settings(llm)
+    vocab = settings["vocab_size"]
+    res.update(key=key, build_s=time.perf_counter() - t, engine=settings)
+    print(f"\n[{key}] engine built (+ warm-up) in {res['build_s']:.1f} s", flush=True)
+    t = time.perf_counter()
+    sweep = dict(TINY_SWEEP if shape == "tiny" else GPU_SWEEP)
+    samples = profile_engine(llm, progress=True, **sweep)
+    admission = profile_admission(llm, lengths=(16, 128, 512) if shape == "tiny" else (16, 256, 1024))
+    first = CostModel.fit(samples, source=f"sweep on {key.split('/')[0]}, {time.strftime('%Y-%m-%d')}",
+                          admission=admission)
+    res["sweep"] = dict(cost=first.to_dict(), seconds=time.perf_counter() - t, samples=[
+        dict(features=x.tolist(), measured_s=y, fitted_s=float(first.predict_features(x))) for x, y in samples])
+    print(f"[{key}] sweep fit: {first!r}\n  mean relative error {first.fit_error['mean_rel']:.1%}, "
+          f"max {first.fit_error['max_rel']:.1%}; add_request {admission['per_request'] * 1e6:.0f} us "
+          f"+ {admission['per_token'] * 1e6:.2f} us/token ({res['sweep']['seconds']:.0f} s)", flush=True)
+    out.save()
+
+    def lengths(n: int, offset: int = 0):
+        got = sharegpt_lengths(offset + n, seed=args.seed)[offset:offset + n]
+        return scaled_lengths(got, plan["scale"], min_len=4) if plan["scale"] != 1.0 else got
+
+    burst_lengths = lengths(plan["burst_n"], OFFSET)
+    ladder_lengths = lengths(plan["ladder_n"], OFFSET)
+    mns = settings["max_num_seqs"]
+
+    # -- 2. saturation: the burst's full-batch rate, then a short ladder of Poisson runs --
+    def sim_mu(cost) -> float:
+        burst = make_trace(burst_lengths, rate=1e9, vocab_size=vocab, seed=args.seed + 7)
+        return burst_rate(Simulator("fcfs", cost, **settings).run(burst), mns)["rate"]
+
+    recordings = []
+    llm.engine.scheduler.set_policy(resolve_policy("fcfs"))
+    t = time.perf_counter()
+    burst = make_trace(burst_lengths, rate=1e9, vocab_size=vocab, seed=args.seed + 900)
+    real_burst = run_on_engine(llm, burst, realtime=False, label="burst", time_limit=args.run_limit)
+    recordings.append(real_burst.recording)
+    mu = burst_rate(real_burst, mns)
+    sim_mu0 = sim_mu(first)
+    print(f"[{key}] burst of {len(burst)}: engine {mu['rate']:.2f} req/s at a full batch "
+          f"(simulator, sweep model: {sim_mu0:.2f}, {rel(sim_mu0, mu['rate']):+.0%}); "
+          f"{mu['makespan_s']:.1f} s", flush=True)
+
+    def engine_over(rate):
+        trace = make_trace(ladder_lengths, rate=rate, vocab_size=vocab, seed=args.seed + 1000 + len(recordings))
+        try:
+            run = run_on_engine(llm, trace, label=f"ladder {rate:.2f}", time_limit=args.run_limit)
+        except TimeoutError:
+            print(f"  engine at {rate:7.2f} req/s: not done in {args.run_limit:.0f} s -> overloaded", flush=True)
+            return True, dict(overloaded=True, timed_out=True)
+        recordings.append(run.recording)
+        g = queue_growth(run)
+        g.update(throughput_req_s=run.summary()["throughput_req_s"], makespan_s=run.makespan)
+        print(f"  engine at {rate:7.2f} req/s: TTFT p50 first/last quarter {g['ttft_p50_first'] * 1e3:7.1f} / "
+              f"{g['ttft_p50_last'] * 1e3:7.1f} ms over {g['window_s']:.1f} s of arrivals -> "
+              f"{'overloaded' if g['overloaded'] else 'stable'}", flush=True)
+        return g["overloaded"], g
+
+    sat, bracketed, tried = ladder(engine_over, 0.8 * mu["rate"], args.ladder, plan["ladder_runs"])
+    if not bracketed:
+        sat = mu["rate"]
+    res["saturation"] = dict(engine_req_s=sat, bracketed=bracketed, burst=mu, engine_ladder=tried,
+                             sim_sweep_model_burst_req_s=sim_mu0, seconds=time.perf_counter() - t)
+    print(f"[{key}] saturation {sat:.2f} req/s" + ("" if bracketed else " (the ladder did not bracket it: the burst's)")
+          + f" ({res['saturation']['seconds']:.0f} s)", flush=True)
+    out.save()
+
+    # -- 3. the final fit: sweep + the ladder runs' steps --
+    windows = [w for rec in recordings if rec is not None for w in rec.window_samples(window=8, skip=4)]
+    both = list(samples) + windows
+    weights = [1.0 / len(samples)] * len(samples) + [1.0 / max(len(windows), 1)] * len(windows)
+    cost = CostModel.fit(both, weights=weights, admission=admission,
+                         source=f"benchmarks/sim_gpu_all.py on {key.split('/')[0]}, {time.strftime('%Y-%m-%d')}: "
+                                f"{len(samples)} step shapes + {len(windows)} 8-step windows of "
+                                f"{len(recordings)} Poisson runs")
+    if not args.no_save and shape != "tiny":
+        cost.save(key)
+    elif args.data:
+        cost.save(key, args.data)
+    sweep_err = np.abs(cost.predict_features(np.stack([x for x, _ in samples])) - np.array([y for _, y in samples]))
+    sweep_err = float(np.mean(sweep_err / np.array([y for _, y in samples])))
+    res["cost"] = dict(final=cost.to_dict(), final_sweep_mean_rel=sweep_err, windows=len(windows))
+    print(f"[{key}] final fit: {cost!r}\n  mean relative error {cost.fit_error['mean_rel']:.1%} "
+          f"(on the sweep alone {sweep_err:.1%})", flush=True)
+    out.save()
+    sim_mu1 = sim_mu(cost)
+    res["saturation"]["sim_final_model_burst_req_s"] = sim_mu1
+    print(f"[{key}] simulator (final model): burst {sim_mu1:.2f} req/s at a full batch "
+          f"({rel(sim_mu1, mu['rate']):+.0%} against the engine's)", flush=True)
+
+    # -- 4. the policies, simulated and on the engine --
+    res["runs"] = []
+    loads = [float(x) for x in args.loads.split(",")]
+    policies = args.policies.split(",")
+    for i, load in enumerate(loads):
+        rate = load * sat
+        base = multi_client_trace(lengths(plan["below_n"] if load < 1 else plan["above_n"]), {c: s * rate for c, s in CLIENT_SHARES.items()},
+                                  vocab_size=vocab, seed=args.seed + 1 + 100 * i)
+        for j, name in enumerate(policies):
+            expect = 1.15 * len(base) / (rate if load < 1 else sat) + 5
+            if left() < expect:
+                print(f"  skipped {name} at {load:g}x: {left():.0f} s of the budget left, "
+                      f"~{expect:.0f} s needed", flush=True)
+                res.setdefault("skipped", []).append(dict(load=load, policy=name))
+                continue
+            trace = fresh_prompts(base, args.seed + 10_000 + 100 * i + j, vocab)
+            policy = resolve_policy(name)
+            t = time.perf_counter()
+            sim = Simulator(policy, cost, **settings).run(trace, label=f"sim {name} {load:g}x")
+            sim_s = time.perf_counter() - t
+            # the sweep-only model, for the first policy (what the live windows changed)
+            sim0 = Simulator(resolve_policy(name), first, **settings).run(trace, label=f"sim(sweep) {name} {load:g}x") \
+                if j == 0 else None
+            llm.engine.scheduler.set_policy(policy)
+            try:
+                real = run_on_engine(llm, trace, label=f"engine {name} {load:g}x", time_limit=args.run_limit)
+            except TimeoutError as e:
+                print(f"  {name} at {load:g}x: {e}", flush=True)
+                res.setdefault("skipped", []).append(dict(load=load, policy=name, error=str(e)))
+                continue
+            s, r = sim.summary(), real.summary()
+            s0 = sim0.summary() if sim0 is not None else None
+            row, row0 = compare(s, r), compare(s0, r) if s0 is not None else None
+            keys = criteria(load)
+            ok = all(abs(row[k]["rel"]) <= 0.10 for k in keys)
+            host = dict(real.host_time)
+            entry = dict(load=load, policy=name, rate=rate, sim=s, sim_sweep=s0, real=r, compare=row,
+                         compare_sweep_model=row0, criteria=keys, within_10pct=ok, sim_wall_s=sim_s,
+                         ttft_split=dict(sim=split_ttft(sim), real=split_ttft(real)),
+                         queue=dict(sim=queue_growth(sim), real=queue_growth(real)),
+                         jain=dict(sim=s["jain_fairness"], real=r["jain_fairness"]), engine_host=host)
+            res["runs"].append(entry)
+            raw[f"{name}@{load:g}"] = dict(sim=raw_times(sim), real=raw_times(real))
+            if j == 0 and i == 0:
+                rec = real.recording
+                raw["steps_first_run"] = [s.features.tolist() + [s.period] for s in rec.steps]
+            if j == 0 and load > 1 and args.plot_dir:
+                from toolkit.simulator.plots import plot_over_time
+
+                png = os.path.join(args.plot_dir, f"sim_gpu_all_ttft_{shape}.png")
+                plot_over_time([sim, real], "ttft").savefig(png, dpi=110)
+                entry["plot"] = png
+            out.save()
+            sp = entry["ttft_split"]
+            print(f"  {name:8s} {load:4.2f}x ({rate:6.2f} req/s): " + ", ".join(f"{k} {row[k]['rel']:+.1%}" for k in row)
+                  + f" -> {'OK' if ok else 'OFF'} on {keys}\n"
+                  + (("           sweep-only model: " + ", ".join(f"{k} {row0[k]['rel']:+.1%}" for k in row0) + "\n")
+                     if row0 else "")
+                  + f"           TTFT = wait {sp['sim']['wait_s'] * 1e3:.1f}/{sp['real']['wait_s'] * 1e3:.1f} + "
+                  f"rest {sp['sim']['after_s'] * 1e3:.1f}/{sp['real']['after_s'] * 1e3:.1f} ms (sim/real); "
+                  f"jain {s['jain_fairness']:.3f}/{r['jain_fairness']:.3f}; engine in step() "
+                  f"{host['step_s']:.1f} s, add_request {host['add_s'] * 1e3:.0f} ms of {real.makespan:.1f} s",
+                  flush=True)
+    llm.close()
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    print_table({shape: res})
+
+
+def _throughput_guess(cost, lengths, settings) -> float:
+    """Requests / s a full batch would sustain by the cost model: each request's prompt as
+    prefill plus its output tokens as shares of a max_num_seqs decode step."""
+    import numpy as np
+
+    c, b = cost.coef, settings["max_num_seqs"]
+    p = float(np.mean([x for x, _ in lengths]))
+    o = float(np.mean([y for _, y in lengths]))
+    step = c["const"] + b * (c["decode_seqs"] + (p + o / 2) * c["decode_kv_tokens"])
+    per_req = p * c["prefill_tokens"] + c.get("prefill_seqs", 0.0) + o * step / b + cost.admission_time(int(p))
+    return 1.0 / max(per_req, 1e-9)
+
+
+def print_table(shapes: dict) -> None:
+    cols = ["ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90", "throughput_tok_s"]
+    print("\nshape     load  policy   " + "  ".join(f"{c:>22s}" for c in cols) + "   (sim/real ms or tok/s, rel)")
+    for shape, res in shapes.items():
+        for run in res.get("runs", []):
+            cells = []
+            for k in cols:
+                c = run["compare"][k]
+                f = 1 if k.startswith("throughput") else 1e3
+                cells.append(f"{c['sim'] * f:7.1f}/{c['real'] * f:7.1f} {c['rel']:+5.0%}")
+            print(f"{shape:9s} {run['load']:4.2f}  {run['policy']:8s} " + "  ".join(f"{x:>22s}" for x in cells)
+                  + ("  OK" if run["within_10pct"] else "  OFF"))
+        sat = res.get("saturation", {})
+        if sat:
+            print(f"{shape:9s} saturation {sat['engine_req_s']:.2f} req/s"
+                  + ("" if sat["bracketed"] else " (not bracketed)")
+                  + f"; full-batch rate of a burst: engine {sat['burst']['rate']:.2f}, simulator "
+                  f"{sat.get('sim_final_model_burst_req_s', float('nan')):.2f} (final model), "
+                  f"{sat['sim_sweep_model_burst_req_s']:.2f} (sweep model)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="llama8b,qwen3", help="comma list of llama8b, qwen3")
+    ap.add_argument("--quick", action="store_true", help="the 2-layer CPU stand-in (a check of the script)")
+    ap.add_argument("--loads", default="0.5,1.5", help="arrival rates of the comparisons, x saturation")
+    ap.add_argument("--policies", default="fcfs,sjf,vtc", help="policy names (toolkit.schedulers.POLICIES)")
+    ap.add_argument("--compare-n", type=int, default=0, help="requests per comparison run (0: the plan's)")
+    ap.add_argument("--ladder", type=float, default=1.25, help="factor between the ladder's rates")
+    ap.add_argument("--budget", type=float, default=530.0, help="seconds: comparisons that would not fit are skipped")
+    ap.add_argument("--run-limit", type=float, default=90.0, help="seconds one engine run may take")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-save", action="store_true", help="do not write the fitted models to the shipped data")
+    ap.add_argument("--data", default=None, help="write fitted models here instead (--quick: only here)")
+    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sim_gpu_all[_quick].json)")
+    ap.add_argument("--raw", default=None, help="per-request times JSON (default: <out>_raw.json)")
+    ap.add_argument("--plot-dir", default=None, help="PNGs of TTFT over time, overloaded runs (default: --out's folder)")
+    args = ap.parse_args()
+    shapes = ["tiny"] if args.quick else args.shapes.split(",")
+    bad = [s for s in shapes if s not in PLAN or s == "tiny" and not args.quick]
+    if bad:
+        raise SystemExit(f"unknown shape(s) {bad}; valid: llama8b, qwen3 (or --quick)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    args.out = args.out or os.path.join(here, "results", "sim_gpu_all_quick.json" if args.quick else "sim_gpu_all.json")
+    args.raw = args.raw or args.out.replace(".json", "_raw.json")
+    args.plot_dir = args.plot_dir or (None if args.quick else os.path.dirname(os.path.abspath(args.out)))
+    t_start = time.perf_counter()
+    out = Out(args.out, args.raw, dict(date=time.strftime("%Y-%m-%d %H:%M"), argv=sys.argv[1:],
+                                       loads=args.loads, policies=args.policies))
+    for i, shape in enumerate(shapes):
+        if args.budget - (time.perf_counter() - t_start) < 60:
+            print(f"skipped {shape}: the budget is spent", flush=True)
+            continue
+        run_shape(shape, args, out, t_start, reserve=RESERVE_PER_SHAPE * (len(shapes) - 1 - i))
+    out.data["total_s"] = time.perf_counter() - t_start
+    out.save()
+    print_table(out.data["shapes"])
+    print(f"\ntotal {out.data['total_s']:.0f} s; wrote {args.out} and {args.raw}")
+
+
+if __name__ == "__main__":
+    main()
