@@ -12,7 +12,7 @@ from transformers import LlamaConfig
 from toolkit import LLM, SamplingParams
 from toolkit.schedulers import VTC
 from toolkit.simulator import CostModel, Simulator, make_trace, synthetic_lengths
-from toolkit.simulator.calibrate import profile_engine
+from toolkit.simulator.calibrate import profile_admission, profile_engine
 from toolkit.simulator.replay import TraceRecorder, run_on_engine
 
 CFG = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -71,13 +71,16 @@ def test_trace_on_the_engine_is_recorded_and_replays_on_the_simulator(llm, tmp_p
 
 
 def test_profile_gives_one_sample_per_shape_with_the_shape_in_its_features(llm) -> None:
-    samples = profile_engine(llm, decode=[(4, 20), (8, 40)], prefill=[30, 100], mixed=[(4, 20, 50)],
-                             steps=3, warmup=1)
+    samples = profile_engine(llm, decode=[(4, 20), (8, 40)], prefill=[30, 100, (10, 3)],
+                             mixed=[(4, 20, 50), (2, 20, 10, 3)], steps=3, warmup=1)
     assert not llm.engine.has_unfinished() and not llm.engine.scheduler.requests
     feats = np.stack([x for x, _ in samples])
-    assert feats[:, 2].tolist() == [4, 8, 0, 0, 4]            # decode sequences
-    assert feats[:, 1].tolist() == [0, 0, 30, 100, 50]        # prefill tokens
+    assert feats[:, 2].tolist() == [4, 8, 0, 0, 0, 4, 2]            # decode sequences
+    assert feats[:, 1].tolist() == [0, 0, 30, 100, 30, 50, 30]      # prefill tokens
+    assert feats[:, 5].tolist() == [0, 0, 1, 1, 3, 1, 3]            # prompt chunks
     assert all(y > 0 for _, y in samples)
+    adm = profile_admission(llm, lengths=(8, 400), repeats=3)
+    assert not llm.engine.has_unfinished() and adm["per_token"] > 0 and adm["per_request"] >= 0
     with pytest.raises(ValueError, match="at least"):
         CostModel.fit(samples[:2])
 
@@ -88,8 +91,8 @@ def test_recorder_detaches_and_refits(llm) -> None:
                  use_tqdm=False)
     rec.detach()
     assert rec not in llm.engine.observers and len(rec.steps) >= 8
-    m = rec.fit_cost(skip=0)
-    assert m.fit_error["samples"] == len(rec.steps) and m.coef["const"] >= 0
+    m = rec.fit_cost(skip=0, window=2)
+    assert m.fit_error["samples"] == len(rec.steps) - 1 and m.coef["const"] >= 0
 
 
 def test_llm_takes_a_policy_by_name_class_or_instance_and_refuses_one_that_cannot_reach() -> None:

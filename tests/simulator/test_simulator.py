@@ -22,6 +22,7 @@ from toolkit.simulator import (
     make_trace,
     multi_client_trace,
     poisson_arrivals,
+    step_features,
     summarize,
     synthetic_lengths,
 )
@@ -36,9 +37,10 @@ def const(c: float):
 # -- cost model --
 def test_fit_recovers_a_linear_model_and_refuses_negative_terms(tmp_path) -> None:
     rng = np.random.default_rng(0)
-    true = np.array([2e-3, 1e-5, 5e-5, 2e-7, 0.0])
+    true = np.array([2e-3, 1e-5, 5e-5, 2e-7, 0.0, 3e-4])
     X = np.column_stack([np.ones(40), rng.integers(0, 8192, 40), rng.integers(0, 256, 40),
-                         rng.integers(0, 500_000, 40), rng.integers(0, 3000, 40)]).astype(float)
+                         rng.integers(0, 500_000, 40), rng.integers(0, 3000, 40),
+                         rng.integers(0, 8, 40)]).astype(float)
     m = CostModel.fit(zip(X, X @ true))
     assert np.allclose([m.coef[f] for f in FEATURES], true, rtol=1e-6, atol=1e-12)
     assert m.fit_error["max_rel"] < 1e-6
@@ -51,8 +53,60 @@ def test_fit_recovers_a_linear_model_and_refuses_negative_terms(tmp_path) -> Non
     with pytest.raises(ValueError, match=">= 0"):
         CostModel({"const": -1.0})
     # y = 1 - 0.5 * decode_seqs + ...: least squares would go negative; nnls keeps >= 0
+    # (five columns: a vector recorded before prefill_seqs existed reads as prefill_seqs = 0)
     Xn = np.column_stack([np.ones(10), np.zeros(10), np.arange(10), np.zeros(10), np.zeros(10)])
     assert all(v >= 0 for v in CostModel.fit(zip(Xn, 1.0 - 0.05 * np.arange(10))).coef.values())
+
+
+def test_prompt_chunks_are_a_feature_and_admission_is_charged_on_the_clock() -> None:
+    from toolkit.types import Request, SamplingParams, ScheduledRequest
+
+    def sched(rid, n_prompt, start, n):
+        return ScheduledRequest(Request(rid, list(range(n_prompt)), SamplingParams()), start, n, [0])
+
+    dec = sched("d", 4, 4, 1)
+    dec.request.output_token_ids.append(7)           # a decode: one token past its prompt
+    out = SchedulerOutput([sched("a", 30, 0, 30), sched("b", 50, 16, 34), dec])
+    assert step_features(out)[FEATURES.index("prefill_seqs")] == 2
+    assert step_features(out)[FEATURES.index("prefill_tokens")] == 64
+    cost = CostModel({"const": 0.5}, admission={"per_request": 0.1, "per_token": 0.01})
+    assert cost.admission_time(10) == pytest.approx(0.2)
+    assert CostModel.from_dict(cost.to_dict()).admission == cost.admission
+    with pytest.raises(ValueError, match="per_token"):
+        CostModel({"const": 0.5}, admission={"per_tokens": 0.1})
+    trace = Trace([TraceRequest("a", 0.0, list(range(10)), 3), TraceRequest("b", 0.75, list(range(20, 40)), 1)])
+    run = Simulator("fcfs", cost, num_blocks=64, block_size=4).run(trace)
+    a, b = run.requests["a"], run.requests["b"]
+    # a: added at 0.2 (0.1 + 10 x 0.01), steps of 0.5; b arrives at 0.75, during a's second
+    # step, and is added when it ends (1.2), 0.3 s of admission later: a's third step too
+    assert a.admitted == pytest.approx(0.2) and a.token_times == pytest.approx([0.7, 1.2, 2.0])
+    assert b.admitted == pytest.approx(1.5) and b.admission_wait == pytest.approx(0.75)
+    assert b.token_times == pytest.approx([2.0])
+
+
+def test_window_sums_undo_a_one_step_shift_of_step_times() -> None:
+    from toolkit.simulator.replay import RecordedStep, TraceRecorder
+    from toolkit.simulator.result import StepLog
+
+    # decodes with a prompt every 5th step, and each prompt's time paid in the call before
+    # its record (what async launching does): step by step the fit misplaces it
+    rng = np.random.default_rng(1)
+    true = np.array([5e-3, 2e-5, 4e-5, 0.0, 0.0, 0.0])
+    feats = [np.array([1.0, rng.integers(50, 600) * (i % 5 == 0), rng.integers(8, 40), 0, 0, float(i % 5 == 0)])
+             for i in range(1000)]
+    secs = [float(f @ true) for f in feats]
+    secs = secs[1:] + secs[:1]                              # step i's time lands on record i - 1
+    rec = TraceRecorder()
+    log = StepLog(0.0, 0.0, 0, 0, 0, 0, 0, 0, 1)
+    rec.steps = [RecordedStep(0.0, y, x, {}, log, y) for x, y in zip(feats, secs)]
+    per_step = rec.fit_cost(skip=0, window=1)
+    windowed = rec.fit_cost(skip=0, window=32)
+    assert windowed.fit_error["samples"] == 1000 - 31
+    assert windowed.coef["prefill_tokens"] == pytest.approx(2e-5, rel=0.2)
+    assert windowed.coef["const"] == pytest.approx(5e-3, rel=0.1)
+    assert per_step.coef["prefill_tokens"] < 0.5e-5      # the shifted per-step fit loses it
+    with pytest.raises(ValueError, match="window"):
+        rec.window_samples(0)
 
 
 def test_shipped_cost_models_load() -> None:

@@ -1,18 +1,23 @@
 """Profile the real engine over step shapes and fit the simulator's cost model.
 
-    samples = profile_engine(llm, decode=[(32, 512)], prefill=[256, 1024], mixed=[(32, 512, 256)])
-    cost = CostModel.fit(samples, source="my GPU, my model")
+    samples = profile_engine(llm, decode=[(32, 512)], prefill=[256, 1024, (64, 4)], mixed=[(32, 512, 256)])
+    admission = profile_admission(llm)    # add_request's host seconds: per request, per token
+    cost = CostModel.fit(samples, source="my GPU, my model", admission=admission)
     cost.save("my-gpu/my-model")          # toolkit/simulator/data/cost_models.json (or path=)
 
 Each shape is a run of identical steps through the public engine (`add_request`, `step`):
 - decode (B, L): B sequences with L-token prompts, all prefilled, then decode steps;
-- prefill P: one new P-token prompt per step (max_tokens=1), nothing else running;
-- mixed (B, L, P): the B decodes plus one new P-token prompt per step.
-One sample per shape: the mean wall time of `engine.step()` over `steps` calls (after
-`warmup`), with the mean features of the steps the observer saw. The mean, not the median:
-a simulated run's length is the sum of its steps, so occasional slow steps (a busy shared
-CPU, a collection) count as they do in a real run. The engine's
-max_num_batched_tokens must hold P (and B + P), and max_num_seqs B + 1.
+- prefill P or (P, k): one new P-token prompt per step (max_tokens=1), or k of them,
+  nothing else running;
+- mixed (B, L, P) or (B, L, P, k): the B decodes plus one (k) new P-token prompt(s) a step.
+k prompts of P tokens against one of k * P tell a prompt's own cost (prefill_seqs) from its
+tokens'. One sample per shape: the mean wall time of `engine.step()` over `steps` calls
+(after `warmup`), with the mean features of the steps the observer saw. The mean, not the
+median: a simulated run's length is the sum of its steps, so occasional slow steps (a busy
+shared CPU, a collection) count as they do in a real run; but a step over `outlier` times
+the shape's median is left out: a kernel compiled or a graph captured at the first step of
+a new size (one such step in 10 moved a shape's mean by 2x on the H200). The engine's
+max_num_batched_tokens must hold k * P (and B + k * P), and max_num_seqs B + k.
 """
 
 from __future__ import annotations
@@ -66,21 +71,25 @@ class _Shapes:
             self.engine.step()
         return ids
 
-    def timed(self, prefill: int | None) -> tuple[np.ndarray, float]:
-        """Mean features and wall seconds of `steps` steps (after `warmup`), each adding one
-        prefill-token prompt first when prefill is set."""
+    def timed(self, prefill: int | None, k: int = 1, outlier: float = 3.0) -> tuple[np.ndarray, float, int]:
+        """Mean features and wall seconds of `steps` steps (after `warmup`), each adding k
+        prefill-token prompts first when prefill is set; and how many steps were left out
+        as outliers (over `outlier` x the median: compiles, captures)."""
         walls = []
         first = len(self.rec.steps)
         for i in range(self.warmup + self.steps):
             if prefill:
-                self.add(prefill, 1)
+                for _ in range(k):
+                    self.add(prefill, 1)
             t = time.perf_counter()
             self.engine.step()
             if i >= self.warmup:
                 walls.append(time.perf_counter() - t)
         feats = [s.features for s in self.rec.steps[first + self.warmup:]] or \
             [s.features for s in self.rec.steps[first:]]
-        return np.mean(np.stack(feats), axis=0), statistics.fmean(walls)
+        med = statistics.median(walls)
+        kept = [w for w in walls if w <= outlier * med]
+        return np.mean(np.stack(feats), axis=0), statistics.fmean(kept), len(walls) - len(kept)
 
     def drain(self, ids: Sequence[str] = ()) -> None:
         self.engine.abort(list(ids))
@@ -88,9 +97,17 @@ class _Shapes:
             self.engine.step()
 
 
-def profile_engine(target: Any, *, decode: Sequence[tuple[int, int]] = (), prefill: Sequence[int] = (),
-                   mixed: Sequence[tuple[int, int, int]] = (), steps: int = 8, warmup: int = 2,
-                   seed: int = 0, progress: bool = False) -> list[tuple[np.ndarray, float]]:
+def _prompts_of(spec: int | Sequence[int]) -> tuple[int, int]:
+    """P or (P, k) -> (P, k)."""
+    p, k = (spec, 1) if isinstance(spec, int) else tuple(spec)
+    if p < 1 or k < 1:
+        raise ValueError(f"a prefill shape is P or (P, k) with P, k >= 1, got {spec!r}")
+    return int(p), int(k)
+
+
+def profile_engine(target: Any, *, decode: Sequence[tuple[int, int]] = (), prefill: Sequence = (),
+                   mixed: Sequence[tuple[int, ...]] = (), steps: int = 8, warmup: int = 2,
+                   seed: int = 0, outlier: float = 3.0, progress: bool = False) -> list[tuple[np.ndarray, float]]:
     """(features, seconds) samples, one per shape (see the module docstring). The engine
     must be idle; it is left idle."""
     engine = _engine_of(target)
@@ -98,22 +115,54 @@ def profile_engine(target: Any, *, decode: Sequence[tuple[int, int]] = (), prefi
         raise ValueError("profile_engine needs an idle engine (it aborts what it adds, nothing else)")
     sh = _Shapes(engine, steps, warmup, seed)
     samples: list[tuple[np.ndarray, float]] = []
-    shapes = [("decode", b, c, None) for b, c in decode] + [("prefill", 0, 0, p) for p in prefill] + \
-        [("mixed", b, c, p) for b, c, p in mixed]
+    shapes = [("decode", b, c, None, 1) for b, c in decode] + \
+        [("prefill", 0, 0, *_prompts_of(p)) for p in prefill] + \
+        [("mixed", m[0], m[1], *_prompts_of(tuple(m[2:]) if len(m) > 3 else m[2])) for m in mixed]
     try:
-        for kind, b, c, p in shapes:
+        for kind, b, c, p, k in shapes:
             ids = sh.decoders(b, c) if b else []
-            x, y = sh.timed(p)
+            x, y, dropped = sh.timed(p, k, outlier)
             samples.append((x, y))
             sh.drain(ids)
             if progress:
-                print(f"  {kind:7s} B={b:<4d} L={c:<5d} P={p or 0:<5d} {y * 1e3:8.2f} ms", flush=True)
+                print(f"  {kind:7s} B={b:<4d} L={c:<5d} P={p or 0:<5d} k={k:<3d} {y * 1e3:8.2f} ms"
+                      + (f"  ({dropped} outlier step(s) left out)" if dropped else ""), flush=True)
     finally:
         sh.rec.detach()
         sh.drain()
     return samples
 
 
-def fit_engine(target: Any, *, source: str, **shapes: Any) -> CostModel:
-    """profile_engine, then CostModel.fit."""
-    return CostModel.fit(profile_engine(target, **shapes), source=source)
+def profile_admission(target: Any, *, lengths: Sequence[int] = (16, 256, 1024), repeats: int = 20,
+                      seed: int = 0) -> dict[str, float]:
+    """Host seconds of engine.add_request (random prompt ids, nothing scheduled: each is
+    aborted at once), fitted as per_request + per_token * prompt tokens (non-negative least
+    squares over the median time of each length). The engine must be idle."""
+    from toolkit.simulator.cost import _nnls
+
+    engine = _engine_of(target)
+    if engine.has_unfinished():
+        raise ValueError("profile_admission needs an idle engine")
+    rng = random.Random(seed)
+    vocab = engine.model.vocab_size
+    params = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
+    lens, secs = [], []
+    for n in lengths:
+        times = []
+        for i in range(repeats + 1):
+            prompt = [rng.randrange(vocab) for _ in range(n)]
+            t = time.perf_counter()
+            rid = engine.add_request(prompt, params, request_id=f"adm{n}-{i}")
+            times.append(time.perf_counter() - t)
+            engine.abort(rid)
+        lens.append(n)
+        secs.append(statistics.median(times[1:]))          # the first warms caches
+    A = np.column_stack([np.ones(len(lens)), np.array(lens, dtype=np.float64)])
+    w = _nnls(A, np.array(secs))
+    return {"per_request": float(w[0]), "per_token": float(w[1])}
+
+
+def fit_engine(target: Any, *, source: str, admission: bool = True, **shapes: Any) -> CostModel:
+    """profile_engine (and profile_admission), then CostModel.fit."""
+    adm = profile_admission(target) if admission else None
+    return CostModel.fit(profile_engine(target, **shapes), source=source, admission=adm)

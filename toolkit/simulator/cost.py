@@ -1,7 +1,9 @@
-"""Cost model: the seconds of one engine step from what the step contains.
+"""Cost model: the seconds of one engine step from what the step contains, and the host
+seconds of admitting a request.
 
     t = c_const + c_prefill * prefill_tokens + c_decode * decode_seqs
         + c_decode_kv * decode_kv_tokens + c_prefill_attn * prefill_attn_ktokens
+        + c_prefill_seqs * prefill_seqs
 
 - prefill_tokens: tokens of prompt (or recompute) chunks: the GEMMs' rows beyond decode.
 - decode_seqs: sequences decoding one token (+ drafts) this step.
@@ -9,6 +11,18 @@
   the memory-bound term.
 - prefill_attn_ktokens: query x key pairs of the prefill chunks' causal attention, / 1000:
   the quadratic term of long prompts.
+- prefill_seqs: prompt chunks in the step: what a sequence's prefill costs beyond its
+  tokens (its attention tiles and metadata rows, the scheduler's prefix-cache lookup and
+  block allocation on admission). Told apart from the tokens by calibration steps that
+  carry k prompts of P / k tokens next to ones that carry one of P.
+
+Admission (`admission`, outside any step): the host seconds of `engine.add_request` for a
+prompt of n tokens, `per_request + per_token * n` (validating and copying the prompt ids,
+building the Request). Whoever drives the engine (LLM.generate, the serving core,
+replay.run_on_engine) calls it between two steps, so the next step, and with it the new
+request's first token and every running request's next one, starts that much later. A
+profile of step() calls alone never sees it; the Simulator charges it when a request
+arrives (`CostModel.admission_time`).
 
 Linear in these features, so it is fitted by least squares (non-negative, relative error)
 from (step, seconds) samples: a profile of the real engine (benchmarks/sim_calibrate.py,
@@ -27,7 +41,8 @@ import numpy as np
 
 from toolkit.types import ScheduledRequest, SchedulerOutput
 
-FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens")
+FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens", "prefill_seqs")
+ADMISSION = ("per_request", "per_token")     # host seconds of add_request: + per prompt token
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_FILE = DATA_DIR / "cost_models.json"
 
@@ -39,7 +54,7 @@ def _is_decode(s: ScheduledRequest) -> bool:
 
 def step_features(out: SchedulerOutput) -> np.ndarray:
     """float64 [len(FEATURES)] of one step's plan (before or after its update)."""
-    prefill = decode = decode_kv = 0
+    prefill = decode = decode_kv = chunks = 0
     attn = 0.0
     for s in out.scheduled:
         if _is_decode(s):
@@ -47,26 +62,46 @@ def step_features(out: SchedulerOutput) -> np.ndarray:
             decode_kv += s.end
         else:
             prefill += s.num_new_tokens
+            chunks += 1
             attn += s.num_new_tokens * (s.start + s.end + 1) / 2 / 1000.0   # causal pairs
-    return np.array([1.0, prefill, decode, decode_kv, attn], dtype=np.float64)
+    return np.array([1.0, prefill, decode, decode_kv, attn, chunks], dtype=np.float64)
+
+
+def as_features(x) -> np.ndarray:
+    """float64 [..., len(FEATURES)]: feature vectors recorded before a feature was added are
+    padded with zeros (their steps are read as if the new feature were absent)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape[-1] < len(FEATURES):
+        pad = [(0, 0)] * (x.ndim - 1) + [(0, len(FEATURES) - x.shape[-1])]
+        x = np.pad(x, pad)
+    return x
 
 
 @dataclass
 class CostModel:
-    """Seconds of a step = coef . step_features(out). `source` says where the numbers come from."""
+    """Seconds of a step = coef . step_features(out); host seconds of admitting a request =
+    admission["per_request"] + admission["per_token"] * prompt tokens (none: 0). `source`
+    says where the numbers come from."""
 
     coef: dict[str, float]
     source: str = "unfitted"
     fit_error: dict[str, float] = field(default_factory=dict)   # mean / max relative error of the fit
+    admission: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.coef) - set(FEATURES))
-        if unknown:
-            raise ValueError(f"unknown cost features {unknown}; valid: {list(FEATURES)}")
-        bad = {k: v for k, v in self.coef.items() if not (isinstance(v, (int, float)) and v >= 0)}
-        if bad:
-            raise ValueError(f"cost coefficients must be numbers >= 0, got {bad}")
+        for what, table, valid in (("cost features", self.coef, FEATURES), ("admission terms", self.admission, ADMISSION)):
+            unknown = sorted(set(table) - set(valid))
+            if unknown:
+                raise ValueError(f"unknown {what} {unknown}; valid: {list(valid)}")
+            bad = {k: v for k, v in table.items() if not (isinstance(v, (int, float)) and v >= 0)}
+            if bad:
+                raise ValueError(f"cost coefficients must be numbers >= 0, got {bad}")
         self._vec = np.array([float(self.coef.get(f, 0.0)) for f in FEATURES])
+
+    def admission_time(self, prompt_len: int) -> float:
+        """Host seconds of add_request for a prompt of prompt_len tokens (outside the steps)."""
+        a = self.admission
+        return float(a.get("per_request", 0.0) + a.get("per_token", 0.0) * prompt_len)
 
     def __call__(self, out: SchedulerOutput) -> float:
         return self.predict(out)
@@ -75,7 +110,7 @@ class CostModel:
         return float(self._vec @ step_features(out))
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=np.float64) @ self._vec
+        return as_features(x) @ self._vec
 
     def finish_estimate(self, *, batch: int = 32, context: int = 1024, prefill_chunk: int = 2048):
         """`estimate(request, now) -> seconds` for `EDF(estimate=...)`: the prompt left, in
@@ -88,7 +123,7 @@ class CostModel:
         def estimate(request, now: float) -> float:
             p = max(request.num_tokens - request.num_computed_tokens, 0)
             chunks = -(-p // prefill_chunk)
-            prefill = (chunks * c.get("const", 0.0) + p * c.get("prefill_tokens", 0.0)
+            prefill = (chunks * (c.get("const", 0.0) + c.get("prefill_seqs", 0.0)) + p * c.get("prefill_tokens", 0.0)
                        + c.get("prefill_attn_ktokens", 0.0) * p * (p + 1) / 2 / 1000.0)
             want = request.expected_output_len
             if want is None:
@@ -100,14 +135,17 @@ class CostModel:
     # -- fitting --
     @classmethod
     def fit(cls, samples: Iterable[tuple[np.ndarray | SchedulerOutput, float]], *,
-            source: str = "fitted", features: Sequence[str] = FEATURES) -> "CostModel":
+            source: str = "fitted", features: Sequence[str] = FEATURES,
+            weights: Sequence[float] | None = None, admission: dict[str, float] | None = None) -> "CostModel":
         """Least squares on relative error with non-negative coefficients, scaled so the
         predicted total equals the measured total, over samples of (step features or
-        SchedulerOutput, measured seconds). `features` may leave some
-        out (their coefficient is 0)."""
+        SchedulerOutput, measured seconds); a sample may also be the sum of several steps'
+        features against the sum of their seconds (the model is linear). `features` may
+        leave some out (their coefficient is 0); `weights` weigh the samples' relative
+        errors (e.g. so two sources count alike); `admission` is kept as given."""
         xs, ys = [], []
         for x, y in samples:
-            xs.append(step_features(x) if isinstance(x, SchedulerOutput) else np.asarray(x, dtype=np.float64))
+            xs.append(step_features(x) if isinstance(x, SchedulerOutput) else as_features(x))
             ys.append(float(y))
         if len(xs) < len(features):
             raise ValueError(f"fitting {len(features)} coefficients needs at least that many samples, "
@@ -116,27 +154,33 @@ class CostModel:
         if np.any(y <= 0):
             raise ValueError("measured step times must be > 0 seconds")
         cols = [FEATURES.index(f) for f in features]
-        w = _nnls(X[:, cols] / y[:, None], np.ones_like(y))     # rows scaled by 1/y: relative error
+        sw = np.ones_like(y) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64))
+        if sw.shape != y.shape or np.any(~np.isfinite(sw)) or np.any(sw < 0):
+            raise ValueError(f"weights must be {len(y)} numbers >= 0, one per sample")
+        # rows scaled by 1/y: relative error (and by sqrt(weight): a weighted sum of squares)
+        w = _nnls(X[:, cols] * (sw / y)[:, None], sw)
         # relative least squares runs low on noisy samples (it minimises (pred - y) / y); scale
-        # so the predicted total time is the measured total: a simulated run keeps its length
+        # so the predicted total time is the (weighted) measured total: a run keeps its length
         pred = X[:, cols] @ w
-        if pred.sum() > 0:
-            w = w * (y.sum() / pred.sum())
+        if pred @ sw ** 2 > 0:
+            w = w * ((y @ sw ** 2) / (pred @ sw ** 2))
         coef = dict.fromkeys(FEATURES, 0.0)
         for c, v in zip(cols, w):
             coef[FEATURES[c]] = float(v)
-        model = cls(coef, source=source)
+        model = cls(coef, source=source, admission=dict(admission or {}))
         rel = np.abs(model.predict_features(X) - y) / y
         model.fit_error = {"mean_rel": float(rel.mean()), "max_rel": float(rel.max()), "samples": len(y)}
         return model
 
     # -- data --
     def to_dict(self) -> dict:
-        return {"coef": dict(self.coef), "source": self.source, "fit_error": dict(self.fit_error)}
+        return {"coef": dict(self.coef), "source": self.source, "fit_error": dict(self.fit_error),
+                "admission": dict(self.admission)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
-        return cls(dict(d["coef"]), source=d.get("source", "?"), fit_error=dict(d.get("fit_error", {})))
+        return cls(dict(d["coef"]), source=d.get("source", "?"), fit_error=dict(d.get("fit_error", {})),
+                   admission=dict(d.get("admission", {})))
 
     def save(self, key: str, path: str | Path = DEFAULT_FILE) -> None:
         """Add or replace entry `key` ("<device>/<model shape>") in the JSON file at path."""
@@ -162,12 +206,13 @@ class CostModel:
 
     def __repr__(self) -> str:
         terms = ", ".join(f"{k}={v:.3g}" for k, v in self.coef.items() if v)
-        return f"CostModel({terms}; {self.source})"
+        adm = "".join(f", admission {k}={v:.3g}" for k, v in self.admission.items() if v)
+        return f"CostModel({terms}{adm}; {self.source})"
 
 
 def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     """min ||A w - b|| with w >= 0: least squares on an active set, dropping the most
-    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 5 columns)."""
+    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 6 columns)."""
     active = list(range(A.shape[1]))
     w = np.zeros(A.shape[1])
     while active:

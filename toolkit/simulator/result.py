@@ -26,10 +26,17 @@ class RequestTiming:
     token_times: list[float] = field(default_factory=list)   # when each output token was reported
     finish: float | None = None
     finish_reason: str | None = None
+    admitted: float | None = None               # when add_request had taken it (engine or simulator)
 
     @property
     def ttft(self) -> float | None:
         return self.token_times[0] - self.arrival if self.token_times else None
+
+    @property
+    def admission_wait(self) -> float | None:
+        """Seconds from arrival until the engine had the request (the step in progress ends,
+        then add_request): the part of TTFT before the request can be scheduled."""
+        return None if self.admitted is None else self.admitted - self.arrival
 
     @property
     def e2e(self) -> float | None:
@@ -88,9 +95,11 @@ class RunResult:
     label: str = "run"
     num_preemptions: int = 0
     recording: Any = field(default=None, repr=False)   # engine runs: the TraceRecorder (step features, wall times)
+    host_time: dict = field(default_factory=dict)      # engine runs: seconds in step() and in add_request
 
     def values(self, metric: str) -> np.ndarray:
-        """float64 [n] of a per-request metric ("ttft", "tpot", "e2e", "itl": all gaps), Nones left out."""
+        """float64 [n] of a per-request metric ("ttft", "tpot", "e2e", "admission_wait", "itl":
+        all gaps), Nones left out."""
         if metric == "itl":
             return np.array([x for r in self.requests.values() for x in r.itls], dtype=np.float64)
         vals = [getattr(r, metric) for r in self.requests.values()]

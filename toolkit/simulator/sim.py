@@ -9,7 +9,9 @@ exactly as in the engine, its duration from the cost model, its tokens from the 
 (`schedulers.simulate.fake_token`, a hash; requests run with ignore_eos to their trace's
 output length). The scheduler's clock is the virtual one, so time-aware policies (aging,
 deadlines) see simulated time. `async_output=True` mirrors the engine's async
-scheduling, where a step's tokens reach the caller at the end of the next step.
+scheduling, where a step's tokens reach the caller at the end of the next step. A
+CostModel with admission terms also charges each request's add_request on the clock when
+it arrives, before the next step (the host work a driver of the engine does between steps).
 """
 
 from __future__ import annotations
@@ -72,10 +74,15 @@ class Simulator:
         timing = {r.request_id: RequestTiming(r.request_id, r.arrival, r.prompt_len, r.output_len,
                                               r.client_id, r.deadline) for r in pending}
         run = RunResult(timing, [], label or f"sim {getattr(sched, 'policy', self.policy)!r}")
+        admit = getattr(self.cost, "admission_time", None)
         k = 0
         for _ in range(self.max_steps):
-            while k < len(pending) and pending[k].arrival <= self.now:
+            arrived = self.now           # like the engine's loop: who has arrived when it looks
+            while k < len(pending) and pending[k].arrival <= arrived:
+                if admit is not None:    # add_request's host time, before the next step
+                    self.now += admit(pending[k].prompt_len)
                 sched.add_request(pending[k].to_request())
+                timing[pending[k].request_id].admitted = self.now
                 k += 1
             if not sched.has_unfinished():
                 self._flush(timing)
