@@ -64,6 +64,7 @@ class Runner:
         self._rows = SamplingRows()   # the last step's sampling metadata, reused while valid
         # a sampler that declares can_consume_logits may process the step's own logits in place
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
+        self.host_kv = None           # HostKVCache of the host tier (blocks/host_kv.py), set by build_engine
 
     def enable_cuda_graphs(self, max_tokens: int) -> bool:
         """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
@@ -84,6 +85,8 @@ class Runner:
         while the GPU runs it, sample. Plain steps leave their tokens on the device (copied
         to the host in the background); `prev` is the launched step whose tokens this one's
         placeholder inputs come from. `structured`: the engine's StructuredOutputManager."""
+        if out.blocks_to_swap_out or out.blocks_to_swap_in:
+            self.swap(out)                # first: before this step reads or writes any block
         if not out.scheduled:
             return Launched.done(StepResult())
         batch = self.prepare(out, prev)
@@ -98,6 +101,26 @@ class Runner:
             return Launched.done(result)
         s = self._sample_plain(batch, logits, grammars)
         return Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended, prompt_lps)
+
+    @torch.inference_mode()
+    def swap(self, out: SchedulerOutput) -> None:
+        """The step's host-tier copies, enqueued on the current stream: swap-outs (device ->
+        host), then swap-ins (host -> device); copy-on-write and the forward follow.
+
+        Why stream order is enough, async scheduling included: step N + 1 is scheduled while
+        step N runs, but its copies are enqueued here, after step N's forward and sampling
+        on the same stream. So a swap-out reads a block after every write to it from steps
+        <= N (the block's content is final: it was freed or evicted when schedule(N + 1)
+        ran), and a block that step N + 1 reuses is written (by its swap-in or its forward)
+        only after the swap-out that saved it. Swap-outs go before swap-ins because a block
+        evicted to the host may be the target of a swap-in of the same step; a host slot is
+        never both written and read in one step (HostTier pins it), and host memory is
+        only touched by these copies, which nothing on the host waits for."""
+        if self.host_kv is None:
+            raise RuntimeError("the scheduler planned host swaps but the runner has no host pool; "
+                               "build the engine with cpu_cache_gb= or host_cache_blocks=")
+        self.host_kv.swap_out(self.kv_cache.layers, out.blocks_to_swap_out)
+        self.host_kv.swap_in(self.kv_cache.layers, out.blocks_to_swap_in)
 
     def prepare(self, out: SchedulerOutput, prev: Launched | None = None) -> Batch:
         """The step's tensors. A request whose last token is still a PLACEHOLDER (async
