@@ -23,11 +23,11 @@ for step in "$@"; do
     # the simulator's cost model: fit on both shapes, the updated JSON copied back to $OUT
     sim_calibrate) timeout ${CAL_TIMEOUT:-470} python3 benchmarks/sim_calibrate.py ${CAL_ARGS:---shapes qwen3,llama8b} --out $OUT/sim_calibrate.json 2>&1 | grep -v Warning | tail -50
                    cp toolkit/simulator/data/cost_models.json $OUT/ ;;
-    # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)
     # calibrate both shapes, find saturation, simulator vs engine for fcfs/sjf/vtc at 0.5x and 1.5x
     # (needs benchmarks/data carried); fitted models copied back to $OUT
     sim_gpu_all) timeout ${SIMALL_TIMEOUT:-580} python3 benchmarks/sim_gpu_all.py ${SIMALL_ARGS:-} --out $OUT/sim_gpu_all.json 2>&1 | grep -v Warning | tee $OUT/sim_gpu_all.log | tail -80
                  cp toolkit/simulator/data/cost_models.json $OUT/ ;;
+    # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)
     sim_validate) timeout ${VAL_TIMEOUT:-470} python3 benchmarks/sim_validate.py --num ${VAL_NUM:-300} ${VAL_ARGS:-} --out $OUT/sim_validate.json --plot $OUT/sim_validate_ttft.png 2>&1 | grep -v Warning | tail -60 ;;
   esac
   echo "== $step done (rc ${PIPESTATUS[0]})"
