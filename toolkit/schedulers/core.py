@@ -251,21 +251,23 @@ class SchedulerCore:
         scheduled again meanwhile, and the update of that step drops it, as it drops any
         request finished since its schedule()."""
         fixed = []
-        for o in outputs:
-            req = self._placeheld.pop(o.request_id, None)
+        sampled = result.sampled_token_ids
+        held = self._placeheld
+        for o in outputs:            # (hot path: once per request per step)
+            req = held.pop(o.request_id, None)
             if req is None or o.new_token_ids != [PLACEHOLDER]:
                 fixed.append(o)
                 continue
-            (tok,) = result.sampled_token_ids[o.request_id]
+            tok = int(sampled[o.request_id][0])
             toks = req.output_token_ids
             i = len(toks) - 1            # the placeholder is the last token (nothing appends until now)
             while toks[i] != PLACEHOLDER:
                 i -= 1
-            req.output_token_ids[i] = int(tok)
+            toks[i] = tok
             if req.status is RequestStatus.FINISHED_ABORTED:
                 continue                  # aborted since: no output (its id may be in use again)
-            o = RequestOutput(o.request_id, [int(tok)], o.finished, o.finish_reason, o.stop_reason)
-            if i == req.num_output_tokens - 1 and check_stop(req, self.max_len(req)) is RequestStatus.FINISHED_STOPPED:
+            o.new_token_ids = [tok]       # the provisional output was never shown: fixed in place
+            if i == len(toks) - 1 and check_stop(req, self._limits_of(req)[0]) is RequestStatus.FINISHED_STOPPED:
                 if req.request_id in self.requests:
                     self._finish(req, RequestStatus.FINISHED_STOPPED)
                 req.status = RequestStatus.FINISHED_STOPPED     # stop ids beat length on one token
