@@ -312,9 +312,8 @@ class TPExecutor:
         except Exception:  # noqa: BLE001
             pass
         _stop_workers(self.procs, self.conns)
-        if self.group is not None:
-            if self.error is not None:
-                self.group.abort()
+        if self.group is not None:           # the workers are gone: end the communicator here (local)
+            self.group.abort()
             self.group = None
         self._finalizer.detach()
 

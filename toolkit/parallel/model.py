@@ -179,4 +179,6 @@ def build_shard(source: Any, group: Group, *, dtype: torch.dtype, device: torch.
         random_shard(model)
     else:
         load_shard(model, folder, resolve_format(folder, load_format))
+    if model.device.type == "cuda":       # the full random tensors' memory back before the KV sizing
+        torch.cuda.empty_cache()
     return model.eval()
