@@ -20,7 +20,8 @@ compare policies below and above it. For each model shape (random weights):
 4. For each load (--loads, fractions of saturation) and policy (--policies): one trace
    (ShareGPT lengths, three clients in one Poisson process at load x saturation), fresh
    prompt ids per policy (the engine's prefix cache keeps earlier runs' blocks); the
-   policy object on the simulator (final and sweep-only cost models), then unchanged on
+   policy object on the simulator (the final cost model; --diagnostics: the sweep-only one
+   too), then unchanged on
    the engine. Relative errors of TTFT / TPOT (mean, p90) and throughput; criteria below
    saturation TTFT and TPOT within 10%, above it throughput and mean TPOT. TTFT split in
    two: arrival -> add_request done (waiting for the step in progress, + admission) and
@@ -244,10 +245,10 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     real_burst = run_on_engine(llm, burst, realtime=False, label="burst", time_limit=args.run_limit)
     recordings.append(real_burst.recording)
     mu = burst_rate(real_burst, mns)
-    sim_mu0 = sim_mu(first)
-    print(f"[{key}] burst of {len(burst)}: engine {mu['rate']:.2f} req/s at a full batch "
-          f"(simulator, sweep model: {sim_mu0:.2f}, {rel(sim_mu0, mu['rate']):+.0%}); "
-          f"{mu['makespan_s']:.1f} s", flush=True)
+    sim_mu0 = sim_mu(first) if args.diagnostics else float("nan")
+    print(f"[{key}] burst of {len(burst)}: engine {mu['rate']:.2f} req/s at a full batch"
+          + (f" (simulator, sweep model: {sim_mu0:.2f}, {rel(sim_mu0, mu['rate']):+.0%})" if args.diagnostics else "")
+          + f"; {mu['makespan_s']:.1f} s", flush=True)
 
     def engine_over(rate):
         trace = make_trace(ladder_lengths, rate=rate, vocab_size=vocab, seed=args.seed + 1000 + len(recordings))
@@ -319,9 +320,10 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
             t = time.perf_counter()
             sim = Simulator(policy, cost, **settings).run(trace, label=f"sim {name} {load:g}x")
             sim_s = time.perf_counter() - t
-            # the sweep-only model, for the first policy (what the live windows changed)
+            # --diagnostics: the sweep-only model too, for the first policy (what the live
+            # windows changed; also computable afterwards from the JSON: same seeds, same traces)
             sim0 = Simulator(resolve_policy(name), first, **settings).run(trace, label=f"sim(sweep) {name} {load:g}x") \
-                if j == 0 else None
+                if j == 0 and args.diagnostics else None
             llm.engine.scheduler.set_policy(policy)
             try:
                 real = run_on_engine(llm, trace, label=f"engine {name} {load:g}x", time_limit=args.run_limit)
@@ -400,7 +402,7 @@ def print_table(shapes: dict) -> None:
                   + ("" if sat["bracketed"] else " (not bracketed)")
                   + f"; full-batch rate of a burst: engine {sat['burst']['rate']:.2f}, simulator "
                   f"{sat.get('sim_final_model_burst_req_s', float('nan')):.2f} (final model), "
-                  f"{sat['sim_sweep_model_burst_req_s']:.2f} (sweep model)")
+                  f"{sat['sim_sweep_model_burst_req_s']:.2f} (sweep model, --diagnostics)")
 
 
 def main() -> None:
@@ -414,6 +416,9 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=530.0, help="seconds: comparisons that would not fit are skipped")
     ap.add_argument("--run-limit", type=float, default=90.0, help="seconds one engine run may take")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--diagnostics", action="store_true",
+                    help="also simulate with the sweep-only model (the burst, each load's first policy): ~4 more "
+                         "simulations a shape")
     ap.add_argument("--no-save", action="store_true", help="do not write the fitted models to the shipped data")
     ap.add_argument("--data", default=None, help="write fitted models here instead (--quick: only here)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sim_gpu_all.json; "
