@@ -69,14 +69,18 @@ def make_group(store: Any, rank: int, size: int, device: torch.device,
         opts = ProcessGroupNCCL.Options()
         opts.is_high_priority_stream = False
         opts._timeout = timeout
+        opts.group_name = f"toolkit-tp-{getattr(store, 'port', 0)}"   # the same on every rank
         pg = ProcessGroupNCCL(store, rank, size, opts)
+        pg._set_sequence_number_for_group()   # as torch's own group helper does (store-based)
         try:                                 # create the communicator now, bound to this GPU
             pg.eager_connect_single_device(device)
         except Exception:  # noqa: BLE001 - older torch: the all-reduce below creates it
             pass
         group = Group(pg, rank, size, "nccl")
     else:
-        group = Group(dist.ProcessGroupGloo(store, rank, size, timeout), rank, size, "gloo")
+        pg = dist.ProcessGroupGloo(store, rank, size, timeout)
+        pg._set_sequence_number_for_group()
+        group = Group(pg, rank, size, "gloo")
     probe = torch.ones(1, device=device)     # every rank is connected before anything else runs
     group.all_reduce(probe)
     if int(probe.item()) != size:
