@@ -63,7 +63,7 @@ PLAN = {
     "qwen3": dict(burst_n=600, ladder_n=500, ladder_runs=3, below_n=300, above_n=400, scale=1.0),
     "tiny": dict(burst_n=80, ladder_n=70, ladder_runs=3, below_n=40, above_n=60, scale=0.5),
 }
-RESERVE_PER_SHAPE = 200.0    # seconds kept for each shape still to come (build, calibration, ladder)
+RESERVE_PER_SHAPE = 130.0    # seconds kept for each shape still to come (its build and sweep)
 OFFSET = 400                 # the burst's and the ladder's requests: ShareGPT entries from here on
 CLIENT_SHARES = {"a": 0.2, "b": 0.3, "c": 0.5}
 
@@ -223,6 +223,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     print(f"[{key}] sweep fit: {first!r}\n  mean relative error {first.fit_error['mean_rel']:.1%}, "
           f"max {first.fit_error['max_rel']:.1%}; add_request {admission['per_request'] * 1e6:.0f} us "
           f"+ {admission['per_token'] * 1e6:.2f} us/token ({res['sweep']['seconds']:.0f} s)", flush=True)
+    save_model(first, key, shape, args)      # replaced by the final fit below, if the run gets there
     out.save()
 
     def lengths(n: int, offset: int = 0):
@@ -265,9 +266,15 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
               f"{'overloaded' if g['overloaded'] else 'stable'}", flush=True)
         return g["overloaded"], g
 
-    sat, bracketed, tried = ladder(engine_over, 0.8 * mu["rate"], args.ladder, plan["ladder_runs"])
-    stable = [x["rate"] for x in tried if not x["overloaded"]]
-    loaded = [x["rate"] for x in tried if x["overloaded"]]
+    # the ladder's runs take about n / rate + a request's life each; skip it if it would eat the
+    # comparisons' time (saturation is then the burst's rate)
+    need = plan["ladder_n"] / (0.8 * mu["rate"]) + plan["ladder_n"] / (1.25 * mu["rate"]) + 2 * mu["makespan_s"] / 3
+    runs = plan["ladder_runs"] if left() > need + 60 else 0
+    if not runs:
+        print(f"  ladder skipped: {left():.0f} s of the budget left, ~{need:.0f} s needed", flush=True)
+    sat, bracketed, tried = ladder(engine_over, 0.8 * mu["rate"], args.ladder, runs) if runs else (mu["rate"], False, [])
+    stable = [x["rate"] for x in tried if not x["overloaded"]] or [0.0]
+    loaded = [x["rate"] for x in tried if x["overloaded"]] or [math.inf]
     if not bracketed or max(stable) <= mu["rate"] <= min(loaded):
         sat = mu["rate"]           # the burst's rate, when the ladder agrees (or says nothing)
     res["saturation"] = dict(engine_req_s=sat, bracketed=bracketed, burst=mu, engine_ladder=tried,
@@ -285,10 +292,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                          source=f"benchmarks/sim_gpu_all.py on {key.split('/')[0]}, {time.strftime('%Y-%m-%d')}: "
                                 f"{len(samples)} step shapes + {len(windows)} 32-step windows of "
                                 f"{len(recordings)} Poisson runs")
-    if not args.no_save and shape != "tiny":
-        cost.save(key)
-    elif args.data:
-        cost.save(key, args.data)
+    save_model(cost, key, shape, args)
     sweep_err = np.abs(cost.predict_features(np.stack([x for x, _ in samples])) - np.array([y for _, y in samples]))
     sweep_err = float(np.mean(sweep_err / np.array([y for _, y in samples])))
     res["cost"] = dict(final=cost.to_dict(), final_sweep_mean_rel=sweep_err, windows=len(windows))
@@ -315,7 +319,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                       f"~{expect:.0f} s needed", flush=True)
                 res.setdefault("skipped", []).append(dict(load=load, policy=name))
                 continue
-            trace = fresh_prompts(base, args.seed + 10_000 + 100 * i + j, vocab)
+            trace_seeds = dict(n=len(base), arrivals_seed=args.seed + 1 + 100 * i, prompts_seed=args.seed + 10_000 + 100 * i + j)
+            trace = fresh_prompts(base, trace_seeds["prompts_seed"], vocab)
             policy = resolve_policy(name)
             t = time.perf_counter()
             sim = Simulator(policy, cost, **settings).run(trace, label=f"sim {name} {load:g}x")
@@ -337,7 +342,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
             keys = criteria(load)
             ok = all(abs(row[k]["rel"]) <= 0.10 for k in keys)
             host = dict(real.host_time)
-            entry = dict(load=load, policy=name, rate=rate, sim=s, sim_sweep=s0, real=r, compare=row,
+            entry = dict(load=load, policy=name, rate=rate, trace=trace_seeds, sim=s, sim_sweep=s0, real=r, compare=row,
                          compare_sweep_model=row0, criteria=keys, within_10pct=ok, sim_wall_s=sim_s,
                          ttft_split=dict(sim=split_ttft(sim), real=split_ttft(real)),
                          queue=dict(sim=queue_growth(sim), real=queue_growth(real)),
@@ -369,6 +374,14 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     print_table({shape: res})
+
+
+def save_model(cost, key: str, shape: str, args) -> None:
+    """Into --data, else the shipped file (not for the CPU check, nor with --no-save)."""
+    if args.data:
+        cost.save(key, args.data)
+    elif not args.no_save and shape != "tiny":
+        cost.save(key)
 
 
 def _throughput_guess(cost, lengths, settings) -> float:
