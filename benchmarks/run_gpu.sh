@@ -19,6 +19,8 @@ for step in "$@"; do
     structured) timeout 300 python3 benchmarks/structured.py ${STRUCT_ARGS:-} --out $OUT/structured.json 2>&1 | tee $OUT/structured.log | tail -40 ;;
     profile)    timeout ${PROFILE_TIMEOUT:-200} python3 -m benchmarks.profile_step --batch ${BATCH:-256} ${PROFILE_ARGS:-} 2>&1 | tail -70 ;;
     attention)  timeout 300 python3 benchmarks/attention.py --out $OUT/attention.json 2>&1 | tail -40 ;;
+    # tensor parallelism (needs nvidia-h200-x2; carry benchmarks/data for ShareGPT): TP=1 then TP=2
+    tensor_parallel) timeout ${TP_TIMEOUT:-570} python3 benchmarks/tensor_parallel.py ${TP_ARGS:-} --out $OUT/tensor_parallel${TP_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/tensor_parallel${TP_TAG:-}.log | tail -30 ;;
     prefix_cache) timeout ${PC_TIMEOUT:-300} python3 benchmarks/prefix_cache.py ${PC_ARGS:-} --out $OUT/prefix_cache.json 2>&1 | grep -v Warning | tail -20 ;;
     # the simulator's cost model: fit on both shapes, the updated JSON copied back to $OUT
     sim_calibrate) timeout ${CAL_TIMEOUT:-470} python3 benchmarks/sim_calibrate.py ${CAL_ARGS:---shapes qwen3,llama8b} --out $OUT/sim_calibrate.json 2>&1 | grep -v Warning | tail -50

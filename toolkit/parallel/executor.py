@@ -107,6 +107,10 @@ class TPExecutor:
         check_tensor_parallel(config, size)
         check_devices(size, device, torch.cuda.device_count() if device == "cuda" else 0)
         check_attention_spec(attention)
+        if torch.multiprocessing.current_process().daemon:
+            raise RuntimeError("tensor_parallel_size > 1 cannot start its worker processes from a daemonic "
+                               "process (e.g. AsyncEngine.build(process=True)'s engine process); run "
+                               "AsyncEngine(LLM(..., tensor_parallel_size=N)) (the loop on a thread) instead")
         self.size, self.device = size, torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         spec = WorkerSpec(source, load_format, dtype, device, attention, block_size, num_blocks,
                           kv_cache_bytes, gpu_memory_utilization, cpu_kv_budget,
