@@ -211,7 +211,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     settings = engine_settings(llm)
     vocab = settings["vocab_size"]
     res.update(key=key, build_s=time.perf_counter() - t, engine=settings)
-    print(f"\n[{key}] engine built (+ warm-up) in {res['build_s']:.1f} s", flush=True)
+    print(f"\n[{key}] engine built (+ warm-up) in {res['build_s']:.1f} s [at {time.perf_counter() - t_start:.0f} s]",
+          flush=True)
     t = time.perf_counter()
     sweep = dict(TINY_SWEEP if shape == "tiny" else GPU_SWEEP)
     samples = profile_engine(llm, progress=True, **sweep)
@@ -281,7 +282,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                              sim_sweep_model_burst_req_s=sim_mu0, seconds=time.perf_counter() - t)
     print(f"[{key}] saturation {sat:.2f} req/s" + ("" if bracketed else " (the ladder did not bracket it: the burst's)")
           + (" (the burst's rate, inside the ladder's bracket)" if bracketed and sat == mu["rate"] else "")
-          + f" ({res['saturation']['seconds']:.0f} s)", flush=True)
+          + f" ({res['saturation']['seconds']:.0f} s) [at {time.perf_counter() - t_start:.0f} s]", flush=True)
     out.save()
 
     # -- 3. the final fit: sweep + the ladder runs' steps --
@@ -313,7 +314,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
         base = multi_client_trace(lengths(plan["below_n"] if load < 1 else plan["above_n"]), {c: s * rate for c, s in CLIENT_SHARES.items()},
                                   vocab_size=vocab, seed=args.seed + 1 + 100 * i)
         for j, name in enumerate(policies):
-            expect = 1.15 * len(base) / (rate if load < 1 else sat) + 5
+            expect = 1.4 * len(base) / (rate if load < 1 else sat) + 8      # engine run, its tail, the simulation
             if left() < expect:
                 print(f"  skipped {name} at {load:g}x: {left():.0f} s of the budget left, "
                       f"~{expect:.0f} s needed", flush=True)
@@ -367,8 +368,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                   + f"           TTFT = wait {sp['sim']['wait_s'] * 1e3:.1f}/{sp['real']['wait_s'] * 1e3:.1f} + "
                   f"rest {sp['sim']['after_s'] * 1e3:.1f}/{sp['real']['after_s'] * 1e3:.1f} ms (sim/real); "
                   f"jain {s['jain_fairness']:.3f}/{r['jain_fairness']:.3f}; engine in step() "
-                  f"{host['step_s']:.1f} s, add_request {host['add_s'] * 1e3:.0f} ms of {real.makespan:.1f} s",
-                  flush=True)
+                  f"{host['step_s']:.1f} s, add_request {host['add_s'] * 1e3:.0f} ms of {real.makespan:.1f} s "
+                  f"[at {time.perf_counter() - t_start:.0f} s]", flush=True)
     llm.close()                 # frees the KV cache and weights before the next shape's engine
     gc.collect()
     if torch.cuda.is_available():
