@@ -60,6 +60,11 @@ def test_trace_on_the_engine_is_recorded_and_replays_on_the_simulator(llm, tmp_p
     loaded = TraceRecorder.load(tmp_path / "rec.json")
     assert [r.prompt_ids for r in loaded.trace().requests] == [r.prompt_ids for r in back.requests]
     assert [s.grants for s in loaded.steps] == [s.grants for s in rec.steps]
+    # each step's call time and the driver's time until the next call (the last has none)
+    assert all(s.period > 0 for s in rec.steps) and all(s.gap >= 0 for s in rec.steps[:-1])
+    assert [s.gap for s in loaded.steps] == [s.gap for s in rec.steps]
+    assert real.host_time["steps"] >= len(rec.steps) and real.host_time["add_s"] > 0
+    assert all(t.admitted is not None and 0 <= t.admission_wait <= t.ttft for t in real.requests.values())
     cost = CostModel({"const": 1e-3})
     sim = Simulator("fcfs", cost, num_blocks=128, block_size=16, max_num_seqs=8, max_num_batched_tokens=128,
                     vocab_size=128).run(back)

@@ -39,6 +39,8 @@ class RecordedStep:
     log: StepLog
     period: float | None = None   # wall seconds of the engine.step() call that made the record
                                   # (run_on_engine sets it: the step-to-step time a cost model predicts)
+    gap: float | None = None      # run_on_engine: the driver's seconds from that call's return to the
+                                  # next call (its outputs handled; add_request and idle waits not counted)
 
 
 def _engine_of(target: Any) -> Any:
@@ -86,7 +88,7 @@ class TraceRecorder:
     def save(self, path: str) -> None:
         """The trace and every step (start, wall times, features, grants, log) as JSON: record
         on a GPU, replay and refit anywhere (`TraceRecorder.load`)."""
-        steps = [dict(time=s.time, duration=s.duration, period=s.period, features=s.features.tolist(),
+        steps = [dict(time=s.time, duration=s.duration, period=s.period, gap=s.gap, features=s.features.tolist(),
                       grants=s.grants, log=dataclasses.asdict(s.log)) for s in self.steps]
         trace = self.trace()
         Path(path).write_text(json.dumps({"trace": {"label": trace.label, "meta": trace.meta,
@@ -100,7 +102,7 @@ class TraceRecorder:
         t = d["trace"]
         rec._trace = Trace([TraceRequest(**r) for r in t["requests"]], t["label"], t["meta"])
         rec.steps = [RecordedStep(s["time"], s["duration"], as_features(s["features"]), s["grants"],
-                                  StepLog(**s["log"]), s["period"]) for s in d["steps"]]
+                                  StepLog(**s["log"]), s["period"], s.get("gap")) for s in d["steps"]]
         return rec
 
     def trace(self, label: str = "recorded") -> Trace:
@@ -120,7 +122,9 @@ class TraceRecorder:
     def window_samples(self, window: int = 32, skip: int = 2) -> list[tuple[np.ndarray, float]]:
         """(summed features, summed seconds) of every `window` consecutive recorded steps
         (sliding), after the first `skip` (which compile and warm caches). Seconds are each
-        engine.step() call's when run_on_engine recorded them, else start to record.
+        engine.step() call's when run_on_engine recorded them (plus the driver's time until
+        the next call: handling the outputs is part of every step's cadence), else start to
+        record.
 
         Why sums: with async scheduling a plan is recorded by the next call, and the host
         part of launching a step (an eager prefill's kernel launches, its input copies) is
@@ -132,7 +136,7 @@ class TraceRecorder:
         if window < 1:
             raise ValueError(f"window must be >= 1 step, got {window}")
         steps = [s for s in self.steps[skip:]]
-        secs = np.array([s.period if s.period is not None else s.duration for s in steps])
+        secs = np.array([(s.period if s.period is not None else s.duration) + (s.gap or 0.0) for s in steps])
         feats = np.stack([as_features(s.features) for s in steps]) if steps else np.zeros((0, 1))
         if len(steps) < window:
             return []
@@ -167,6 +171,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
     t0 = time.monotonic()
     pre0 = engine.num_preemptions
     host = run.host_time = dict(step_s=0.0, add_s=0.0, steps=0)     # where the wall time went
+    last = None                           # (the last call's record, when it returned, add_s then)
     k = 0
     try:
         while k < len(pending) or engine.has_unfinished():
@@ -183,15 +188,20 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                 host["add_s"] += timing[r.request_id].admitted + t0 - a
                 k += 1
             if not engine.has_unfinished():
+                last = None               # idle: the wait is no step's
                 time.sleep(max(0.0, min(pending[k].arrival - now, 0.05)))
                 continue
             n_rec, call = len(rec.steps), time.perf_counter()
+            if last is not None:          # the driver's time since the last call returned
+                last[0].gap = call - last[1] - (host["add_s"] - last[2])
             outs = engine.step()
             took = time.perf_counter() - call
             host["step_s"] += took
             host["steps"] += 1
+            last = None
             if len(rec.steps) > n_rec:
                 rec.steps[-1].period = took
+                last = (rec.steps[-1], call + took, host["add_s"])
             t = time.monotonic() - t0
             for o in outs:
                 rt = timing.get(o.request_id)
