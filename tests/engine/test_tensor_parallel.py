@@ -346,3 +346,21 @@ def test_tp2_cuda_graphs_nccl_equals_tp1(tiny_llama_dir) -> None:
         assert b.engine.runner.graphs is not None and b.engine.runner.executor.group.backend == "nccl"
         assert _tokens(b.generate(PROMPTS, sp, use_tqdm=False)) == want
         assert b.engine.runner.graphs.graphs                 # steps replayed graphs
+
+
+@pytest.mark.gpu
+def test_tp2_nccl_worker_killed_during_generate_raises(tiny_llama_dir) -> None:
+    """On 2 GPUs: a worker killed mid-generate; the monitor aborts the NCCL communicator, so
+    rank 0 is not left in a collective: generate raises WorkerDiedError, close() returns."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    llm = LLM(tiny_llama_dir, tensor_parallel_size=2, dtype="float32", num_blocks=256, max_num_seqs=8)
+    pid = llm.engine.runner.executor.procs[0].pid
+    started = threading.Event()
+    llm.engine.add_observer(lambda rec: started.set())
+    killer = threading.Thread(target=lambda: (started.wait(60), time.sleep(0.2), os.kill(pid, signal.SIGKILL)))
+    killer.start()
+    err, _ = _generate_in_thread(llm, PROMPTS, SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True), 120)
+    killer.join()
+    assert isinstance(err, WorkerDiedError) and "rank 1" in str(err), err
+    llm.close()

@@ -197,7 +197,7 @@ class TPExecutor:
             conn.send(("graphs", max_tokens))
         return self.shard.graphs if self.shard.enable_cuda_graphs(max_tokens) else None
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
+    def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 600.0) -> list[Any]:
         """fn(ShardStep, *args) on every rank (fn picklable: a module-level function), the
         results in rank order; a rank's exception raises RuntimeError naming it."""
         self._check_alive()
@@ -205,7 +205,7 @@ class TPExecutor:
             conn.send(("call", fn, args))
         results = [fn(self.shard, *args)]
         for rank in range(1, self.size):
-            _, ok, value = self._expect(rank, "reply", None)
+            _, ok, value = self._expect(rank, "reply", timeout)
             if not ok:
                 raise RuntimeError(f"tensor-parallel worker {value}")
             results.append(value)
