@@ -32,6 +32,7 @@ one run's step recording to --raw. A table at the end (and after each shape).
 
     python benchmarks/sim_gpu_all.py                   # the H200: both shapes, ~7-8 min cold
     python benchmarks/sim_gpu_all.py --quick           # the CPU check: a 2-layer Llama, ~2 min
+    python benchmarks/sim_gpu_all.py --replay benchmarks/results/sim_gpu_all.json   # CPU, afterwards
 """
 
 from __future__ import annotations
@@ -419,6 +420,44 @@ def print_table(shapes: dict) -> None:
                   f"{sat['sim_sweep_model_burst_req_s']:.2f} (sweep model, --diagnostics)")
 
 
+def replay(path: str, quick: bool) -> None:
+    """On the CPU, after a GPU run: each comparison's trace rebuilt from its seeds and
+    simulated again with variants of the run's cost models (final; final without the
+    admission terms; the sweep alone), against the engine's recorded numbers."""
+    from toolkit.schedulers.policies import resolve_policy
+    from toolkit.simulator import (
+        CostModel,
+        Simulator,
+        multi_client_trace,
+        scaled_lengths,
+        sharegpt_lengths,
+    )
+
+    data = json.load(open(path))
+    cols = ["ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90", "throughput_tok_s"]
+    print("shape     load  policy   model          " + "  ".join(f"{c:>16s}" for c in cols))
+    for shape, res in data["shapes"].items():
+        if "cost" not in res:
+            continue
+        settings = dict(res["engine"])
+        final = CostModel.from_dict(res["cost"]["final"])
+        models = {"final": final, "no admission": CostModel(dict(final.coef), source="no admission"),
+                  "sweep only": CostModel.from_dict(res["sweep"]["cost"])}
+        scale = PLAN["tiny" if quick else shape]["scale"]
+        for run in res.get("runs", []):
+            tr = run["trace"]
+            got = sharegpt_lengths(tr["n"], seed=0)[:tr["n"]]
+            got = scaled_lengths(got, scale, min_len=4) if scale != 1.0 else got
+            base = multi_client_trace(got, {c: s * run["rate"] for c, s in CLIENT_SHARES.items()},
+                                      vocab_size=settings["vocab_size"], seed=tr["arrivals_seed"])
+            trace = fresh_prompts(base, tr["prompts_seed"], settings["vocab_size"])
+            for name, cost in models.items():
+                sim = Simulator(resolve_policy(run["policy"]), cost, **settings).run(trace).summary()
+                row = compare(sim, run["real"])
+                print(f"{shape:9s} {run['load']:4.2f}  {run['policy']:8s} {name:14s} "
+                      + "  ".join(f"{row[c]['rel']:+16.1%}" for c in cols), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="llama8b,qwen3", help="comma list of llama8b, qwen3")
@@ -439,7 +478,12 @@ def main() -> None:
                                                 "--quick: /tmp/sim_gpu_all_quick.json)")
     ap.add_argument("--raw", default=None, help="per-request times JSON (default: <out>_raw.json)")
     ap.add_argument("--plot-dir", default=None, help="PNGs of TTFT over time, overloaded runs (default: --out's folder)")
+    ap.add_argument("--replay", default=None, metavar="RESULTS_JSON",
+                    help="no engine: simulate a finished run's comparisons again with variants of its cost models")
     args = ap.parse_args()
+    if args.replay:
+        replay(args.replay, args.quick)
+        return
     shapes = ["tiny"] if args.quick else args.shapes.split(",")
     bad = [s for s in shapes if s not in PLAN or s == "tiny" and not args.quick]
     if bad:
