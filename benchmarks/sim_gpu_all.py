@@ -293,7 +293,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     cost = CostModel.fit(both, weights=weights, admission=admission,
                          source=f"benchmarks/sim_gpu_all.py on {key.split('/')[0]}, {time.strftime('%Y-%m-%d')}: "
                                 f"{len(samples)} step shapes + {len(windows)} 32-step windows of "
-                                f"{len(recordings)} Poisson runs")
+                                f"{len(recordings)} engine runs (the burst, the ladder)")
     save_model(cost, key, shape, args)
     sweep_err = np.abs(cost.predict_features(np.stack([x for x, _ in samples])) - np.array([y for _, y in samples]))
     sweep_err = float(np.mean(sweep_err / np.array([y for _, y in samples])))
