@@ -125,6 +125,8 @@ class TPExecutor:
         self.store = torch.distributed.TCPStore("127.0.0.1", 0, size, True, timeout=timeout,
                                                 wait_for_workers=False)
         self.procs, self.conns = [], []
+        self._stop_r, self._stop_w = ctx.Pipe(duplex=False)
+        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns)
         for rank in range(1, size):
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=worker_main, args=(rank, size, self.store.port, child, spec),
@@ -133,8 +135,6 @@ class TPExecutor:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        self._stop_r, self._stop_w = ctx.Pipe(duplex=False)
-        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.conns)
         try:
             self._start(spec, startup_timeout, timeout)
         except BaseException:
