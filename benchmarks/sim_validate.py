@@ -1,6 +1,11 @@
 """Does the simulator's prediction hold? The same policy objects on the simulator and on the
 real engine, over the same ShareGPT trace with Poisson arrivals below and above saturation.
 
+Superseded on the GPU by benchmarks/sim_gpu_all.py (calibration, a saturation that holds, the
+refit on live runs and the comparisons in one call): the requests / makespan of an
+all-at-once batch below underestimates the sustainable rate (the first H200 run's "1.2x"
+was not overloaded).
+
 1. Saturation: the trace's requests all at once on the engine; saturation rate = requests /
    makespan (the simulator's own estimate printed beside it).
 2. For each load (default 0.5x and 1.2x saturation) and each policy (default fcfs, sjf): a
