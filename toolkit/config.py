@@ -64,16 +64,27 @@ class EngineConfig:
     # tensor parallelism: the model split over this many processes, one per GPU (gloo
     # processes on the CPU); the KV budget and gpu_memory_utilization are per rank
     tensor_parallel_size: int = 1
+    # host (CPU) tier of the KV cache, in GiB (pinned on CUDA): blocks the device prefix cache
+    # evicts are kept there and copied back on a hit, and swap preemption parks a victim's
+    # KV there; 0 = no host tier. host_cache_blocks (tests) gives the slot count instead
+    cpu_cache_gb: float = 0.0
+    host_cache_blocks: int | None = None
+    # preemption when the KV cache runs out: "recompute" (free the victim's blocks, prefill it
+    # again), "swap" (its KV to the host tier and back; recompute when the tier is full),
+    # "auto" (swap a victim with >= schedulers.core.SWAP_MIN_TOKENS computed tokens). Without
+    # a host tier every preemption recomputes
+    preemption: str = "auto"
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
                            ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
+                           ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str),
                            ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
                            ("cuda_graphs", bool), ("warmup", bool), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
             v = getattr(self, name)
             optional = name in ("max_model_len", "kv_cache_bytes", "num_blocks", "speculative",
-                                "async_scheduling")
+                                "async_scheduling", "host_cache_blocks")
             if v is None and optional:
                 continue
             ok = (isinstance(v, bool) if kind is bool else isinstance(v, str) if kind is str
@@ -100,6 +111,16 @@ class EngineConfig:
         _check(self.num_speculative_tokens >= 0, "num_speculative_tokens", ">= 0",
                self.num_speculative_tokens)
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1", self.tensor_parallel_size)
+        _check(0.0 <= self.cpu_cache_gb < float("inf"), "cpu_cache_gb", "a finite number >= 0 (GiB)",
+               self.cpu_cache_gb)
+        _check(self.host_cache_blocks is None or self.host_cache_blocks >= 0, "host_cache_blocks",
+               "None or >= 0", self.host_cache_blocks)
+        _check(self.preemption in ("auto", "swap", "recompute"), "preemption",
+               "one of 'auto', 'swap', 'recompute'", self.preemption)
+        if self.preemption == "swap" and not self.has_host_tier:
+            raise ValueError("EngineConfig.preemption='swap' parks a preempted request's KV in the host "
+                             "tier, which is off; set cpu_cache_gb > 0 (or host_cache_blocks > 0), or "
+                             "use preemption='recompute'")
         if self.tensor_parallel_size > 1 and self.speculative == "draft":
             raise ValueError("EngineConfig.speculative='draft' is not supported with tensor_parallel_size > 1 "
                              "(the draft model is not sharded); use speculative='ngram' or "
@@ -128,6 +149,10 @@ class EngineConfig:
         if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
             raise ValueError("EngineConfig.kv_cache_dtype='fp8' is not supported with "
                              "tensor_parallel_size > 1 yet; use kv_cache_dtype='auto'")
+
+    @property
+    def has_host_tier(self) -> bool:
+        return bool(self.host_cache_blocks) if self.host_cache_blocks is not None else self.cpu_cache_gb > 0
 
     def resolve_device(self) -> str:
         import torch
