@@ -33,7 +33,9 @@ class HostKVCache:
                 raise ValueError(f"HostKVCache {name} must be a positive integer, got {v!r}")
         self.num_slots, self.num_layers = num_slots, num_layers
         shape = (num_slots, num_layers, 2, block_size, num_kv_heads, head_dim)
-        self.slots = torch.empty(shape, dtype=dtype, pin_memory=pin)   # [S, L, 2, bs, H, D]
+        # one-byte floats (an fp8 KV cache) travel as bytes: index ops are defined for those
+        self.dtype = torch.uint8 if dtype.itemsize == 1 else dtype
+        self.slots = torch.empty(shape, dtype=self.dtype, pin_memory=pin)   # [S, L, 2, bs, H, D]
 
     @classmethod
     def like(cls, kv_cache, num_slots: int) -> "HostKVCache":
@@ -54,7 +56,8 @@ class HostKVCache:
         """host slot <- device block for each (device block, host slot); slots distinct."""
         if not pairs:
             return
-        self._check(layers, pairs, 0, 1)
+        layers = self._raw(layers)
+        self._check(layers, pairs, 1, 0)
         dev = layers[0].device
         for c in range(0, len(pairs), CHUNK):
             chunk = pairs[c:c + CHUNK]
@@ -75,7 +78,8 @@ class HostKVCache:
         """device block <- host slot for each (host slot, device block); blocks distinct."""
         if not pairs:
             return
-        self._check(layers, pairs, 1, 0)
+        layers = self._raw(layers)
+        self._check(layers, pairs, 0, 1)
         dev = layers[0].device
         for c in range(0, len(pairs), CHUNK):
             chunk = pairs[c:c + CHUNK]
@@ -91,6 +95,9 @@ class HostKVCache:
                 staging[j:j + k].copy_(self.slots[s:s + k], non_blocking=True)
             for i, layer in enumerate(layers):
                 layer.index_copy_(1, blocks, staging[:, i].transpose(0, 1))
+
+    def _raw(self, layers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [t.view(self.dtype) if t.dtype != self.dtype and t.dtype.itemsize == 1 else t for t in layers]
 
     def _check(self, layers: Sequence[torch.Tensor], pairs, slot_at: int, block_at: int) -> None:
         if len(layers) != self.num_layers:
@@ -128,6 +135,7 @@ def _runs(slots: Sequence[int]) -> list[tuple[int, int, int]]:
 # -- reference twins: one block of one layer at a time --
 def swap_out_reference(host: HostKVCache, layers: Sequence[torch.Tensor],
                        pairs: Sequence[tuple[int, int]]) -> None:
+    layers = host._raw(layers)
     for b, s in pairs:
         for i, layer in enumerate(layers):
             host.slots[s, i].copy_(layer[:, b].cpu())
@@ -135,6 +143,7 @@ def swap_out_reference(host: HostKVCache, layers: Sequence[torch.Tensor],
 
 def swap_in_reference(host: HostKVCache, layers: Sequence[torch.Tensor],
                       pairs: Sequence[tuple[int, int]]) -> None:
+    layers = host._raw(layers)
     for s, b in pairs:
         for i, layer in enumerate(layers):
             layer[:, b].copy_(host.slots[s, i].to(layer.device))

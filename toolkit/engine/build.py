@@ -141,8 +141,13 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         num_lookahead_tokens=cfg.num_speculative_tokens if cfg.speculative == "draft" else 0,
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
-        enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy)
+        enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy,
+        **_host_tier(cfg, kv_cache, executor))
     _check_policy(scheduler, cfg.policy)
+    host_tier = scheduler.kv.host if cfg.has_host_tier and hasattr(scheduler, "kv") else None
+    if cfg.has_host_tier and (not getattr(scheduler, "supports_host_tier", False) or host_tier is None):
+        raise ValueError(f"cpu_cache_gb / host_cache_blocks need a scheduler that supports the host tier "
+                         f"('continuous'); {type(scheduler).__name__} does not")
     if attention == "auto":
         attention = "triton" if device.type == "cuda" else "cpu"   # "torch": the slow reference
     attention = (executor.attention if executor is not None else
@@ -159,6 +164,11 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed
         sampler.generator = generator
     runner = Runner(model, attention, sampler, kv_cache, device, generator, executor=executor)
+    if host_tier is not None:
+        from toolkit.blocks.host_kv import HostKVCache
+
+        runner.host_kv = HostKVCache.like(kv_cache, host_tier.num_slots)
+        log.info("host tier: %r", runner.host_kv)
     graph_tokens = min(cfg.max_num_batched_tokens, cfg.max_num_seqs * (1 + cfg.num_speculative_tokens))
     if cfg.cuda_graphs and runner.enable_cuda_graphs(graph_tokens):
         log.info("steps of up to %d tokens replay piecewise CUDA graphs", graph_tokens)
@@ -204,6 +214,25 @@ def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: 
                       load_format=load_format, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
                       kv_cache_bytes=cfg.kv_cache_bytes, gpu_memory_utilization=cfg.gpu_memory_utilization,
                       cpu_kv_budget=CPU_KV_BUDGET)
+
+
+def _host_tier(cfg: EngineConfig, kv_cache: KVCache, executor: Any) -> dict:
+    """The scheduler's host-tier arguments: a HostTier of cpu_cache_gb (or host_cache_blocks)
+    worth of KV blocks, and the preemption mode."""
+    if not cfg.has_host_tier:
+        return {"preemption": cfg.preemption}
+    from toolkit.blocks.host_kv import HostKVCache
+    from toolkit.blocks.host_tier import HostTier
+
+    if executor is not None:
+        raise ValueError("the host tier (cpu_cache_gb / host_cache_blocks) does not support "
+                         "tensor_parallel_size > 1 yet; use one of them")
+    per = HostKVCache.bytes_per_slot(kv_cache)
+    n = cfg.host_cache_blocks if cfg.host_cache_blocks is not None else int(cfg.cpu_cache_gb * 2**30) // per
+    if n < 1:
+        raise ValueError(f"cpu_cache_gb={cfg.cpu_cache_gb} holds no KV block of {per} bytes; give at "
+                         f"least {per / 2**30:.6f} GiB, or 0 for no host tier")
+    return {"host_tier": HostTier(n), "preemption": cfg.preemption}
 
 
 def _draft_proposer(draft_model: Any, model: Any, kv_cache: KVCache, attention: Any,
