@@ -18,9 +18,10 @@ the same weights in one process:
 GPU mode adds, at the Llama-3.1-8B shape with random weights (random-weight distributions
 are nearly flat: their divergence says little about a trained model's, the CPU figures do):
   * capacity: a KV pool limited to --kv-gib GiB, bf16 vs fp8: the blocks it holds, the
-    largest batch of (prompt 1024 + output 1024)-token requests that runs at once (measured:
-    the most requests running in one step) and ShareGPT throughput (--data from
-    benchmarks/sharegpt_prep.py; a synthetic ShareGPT-like set when the file is absent).
+    largest batch of (prompt 1024 + output 1024)-token requests it holds to the end (pool
+    tokens // 2048), run at once to show it does (no preemption) and its decode throughput;
+    and ShareGPT throughput (--data from benchmarks/sharegpt_prep.py; a synthetic
+    ShareGPT-like set when the file is absent) with the preemptions each pool caused.
   * decode attention bandwidth with fp8 KV, as benchmarks/attention.py measures it: bytes
     moved (1-byte K/V) / median CUDA-graph time, against a copy and the bf16 cache's time.
 Prints tables; writes benchmarks/results/fp8_kv_{cpu,gpu}.json.
@@ -113,31 +114,37 @@ def summarize(m: dict[str, list[torch.Tensor]]) -> dict[str, float]:
             "top1_agreement": float(top1.mean()), "positions": int(kl.numel())}
 
 
-def divergence(ref_llm: Any, fp8_llm: Any, prompts: list[list[int]], gen: int) -> dict[str, Any]:
+def reference_run(ref_llm: Any, prompts: list[list[int]], gen: int) -> dict[str, Any]:
+    """The model dtype's greedy continuations and teacher-forced log-probs (float32, CPU), once."""
+    out = greedy(ref_llm, prompts, gen)
+    seqs = [list(p) + o[:-1] for p, o in zip(prompts, out)]   # position len(p)-1+i predicts o[i]
+    return {"prompts": prompts, "out": out, "seqs": seqs,
+            "logprobs": [teacher_forced_logprobs(ref_llm, s).float() for s in seqs]}
+
+
+def divergence(ref: dict[str, Any], fp8_llm: Any, gen: int) -> dict[str, Any]:
     """Greedy agreement over `gen` tokens and teacher-forced distribution metrics."""
-    ref_out = greedy(ref_llm, prompts, gen)
-    fp8_out = greedy(fp8_llm, prompts, gen)
+    fp8_out = greedy(fp8_llm, ref["prompts"], gen)
     cont: dict[str, list[torch.Tensor]] = {"kl": [], "tv": [], "top1": []}
     every: dict[str, list[torch.Tensor]] = {"kl": [], "tv": [], "top1": []}
-    for p, out in zip(prompts, ref_out):
-        seq = list(p) + out[:-1]                  # predicts out[0..gen-1] at positions len(p)-1..
-        m = distribution_metrics(teacher_forced_logprobs(ref_llm, seq), teacher_forced_logprobs(fp8_llm, seq))
+    for p, seq, lp in zip(ref["prompts"], ref["seqs"], ref["logprobs"]):
+        m = distribution_metrics(lp.double(), teacher_forced_logprobs(fp8_llm, seq))
         for k in m:
             cont[k].append(m[k][len(p) - 1:])
             every[k].append(m[k])
     return {"continuation": summarize(cont), "all_positions": summarize(every),
-            **agreement(ref_out, fp8_out)}
+            **agreement(ref["out"], fp8_out)}
 
 
-def print_divergence(label: str, d: dict[str, Any]) -> None:
+def print_divergence(label: str, d: dict[str, Any], gen: int) -> None:
     c = d["continuation"]
     print(f"  {label:34s} KL mean {c['kl_mean']:.2e} (p99 {c['kl_p99']:.2e}, max {c['kl_max']:.2e})  "
           f"TV mean {c['tv_mean']:.4f} (p99 {c['tv_p99']:.4f})  top-1 {100 * c['top1_agreement']:.1f}%  "
-          f"greedy {100 * d['greedy_prefix_agreement']:.1f}% of {GEN_TOKENS} before the first "
+          f"greedy {100 * d['greedy_prefix_agreement']:.1f}% of {gen} before the first "
           f"difference, {100 * d['identical_sequences']:.0f}% of prompts identical", flush=True)
 
 
-def set_headroom(llm: Any, headroom: float) -> None:
+def set_headroom(llm: Any, headroom: tuple[float, float]) -> None:
     """Recalibrate an fp8 engine's scales with another headroom (same prompts as start-up)."""
     from toolkit.engine.build import _create
     from toolkit.engine.kv_scales import calibrate, calibration_prompts
@@ -148,7 +155,21 @@ def set_headroom(llm: Any, headroom: float) -> None:
     k, v = calibrate(model, calibration_prompts(eng.tokenizer, model.vocab_size),
                      lambda c: _create("attention", name, kv_cache=c, **model.attention_kwargs()),
                      model.dtype, r.device, r.kv_cache.block_size, headroom=headroom)
-    r.kv_cache.set_scales(k, v, f"calibrated (amax x {headroom:g} / 448)")
+    r.kv_cache.set_scales(k, v, f"calibrated (amax x {headroom[0]:g}, {headroom[1]:g} / 448)")
+
+
+class RoundKV:
+    """An attention backend whose K/V are rounded to `dtype` before they are written: what a
+    cache of that dtype would cost, for context (the model's own dtype unchanged)."""
+
+    def __init__(self, inner: Any, dtype: torch.dtype) -> None:
+        self.inner, self.dtype = inner, dtype
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.inner.write_kv(layer, k.to(self.dtype).to(k.dtype), v.to(self.dtype).to(v.dtype))
 
 
 def machine() -> str:
@@ -171,21 +192,27 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
                            "prompts": n_prompts, "gen_tokens": gen, "machine": machine(),
                            "scales_source": fp8.engine.runner.kv_cache.scales_source, "headrooms": {}}
     print(f"fp8 vs float32 on the embedded model, {n_prompts} prompts x {gen} tokens:")
-    for h in args.headrooms:
-        set_headroom(fp8, h)
+    base = reference_run(ref, prompts, gen)
+    if "default" in args.variants:   # the engine as built: LLM(kv_cache_dtype="fp8")
+        res["default"] = d = divergence(base, fp8, gen)
+        print_divergence(f"default ({res['scales_source']})", d, gen)
+    for h in args.headrooms if "headroom" in args.variants else ():
+        set_headroom(fp8, (h, h))
         t0 = time.perf_counter()
-        d = divergence(ref, fp8, prompts, gen)
+        d = divergence(base, fp8, gen)
         d["seconds"] = time.perf_counter() - t0
         res["headrooms"][str(h)] = d
-        print_divergence(f"headroom {h:g} (scale = amax x {h:g}/448)", d)
-    # vLLM's calculate_kv_scales constants: k = amax / 200, v = amax / 100
-    set_headroom(fp8, 1.0)
-    kv = fp8.engine.runner.kv_cache
-    kv.set_scales([k * 448 / 200 for k in kv.k_scales], [v * 448 / 100 for v in kv.v_scales],
-                  "vLLM constants (amax/200, amax/100)")
-    d = divergence(ref, fp8, prompts, gen)
-    res["vllm_constants"] = d
-    print_divergence("vLLM's amax/200 (K), amax/100 (V)", d)
+        print_divergence(f"headroom {h:g} (scale = amax x {h:g}/448)", d, gen)
+    if "vllm" in args.variants:   # vLLM's calculate_kv_scales constants: k = amax/200, v = amax/100
+        set_headroom(fp8, (448 / 200, 448 / 100))
+        res["vllm_constants"] = d = divergence(base, fp8, gen)
+        print_divergence("vLLM's amax/200 (K), amax/100 (V)", d, gen)
+    if "bf16kv" in args.variants:   # context: the same model with K/V rounded to bf16 (8-bit mantissa)
+        r = ref.engine.runner
+        r.attention = RoundKV(r.attention, torch.bfloat16)
+        res["bf16_kv_context"] = d = divergence(base, ref, gen)
+        r.attention = r.attention.inner
+        print_divergence("context: K/V rounded to bf16", d, gen)
     ref.close()
     fp8.close()
     return res
@@ -216,7 +243,7 @@ def sharegpt(path: str, n: int, vocab: int) -> tuple[list[tuple[list[int], int]]
 def gpu_llm(cfg: Any, kv: str, kv_bytes: int, max_num_seqs: int) -> Any:
     from toolkit import LLM, SamplingParams
 
-    llm = LLM(cfg, dtype="bfloat16", kv_cache_dtype=kv, kv_cache_bytes=kv_bytes,
+    llm = LLM(cfg, dtype="bfloat16", kv_cache_dtype=kv, kv_cache_bytes=kv_bytes, seed=0,
               enable_prefix_caching=False, max_num_seqs=max_num_seqs, max_model_len=4096)
     llm.generate([[1] * 300, [2] * 20], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
                  use_tqdm=False)                      # compile before anything is timed
@@ -228,7 +255,7 @@ def run_requests(llm: Any, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
     from toolkit import SamplingParams
 
     eng = llm.engine
-    torch.cuda.synchronize()
+    sync()
     pre0, t0 = eng.num_preemptions, time.perf_counter()
     for p, n in reqs:
         eng.add_request(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
@@ -237,7 +264,7 @@ def run_requests(llm: Any, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
         for o in eng.step():
             produced += len(o.new_token_ids)
         most = max(most, eng.scheduler.num_running)
-    torch.cuda.synchronize()
+    sync()
     dt = time.perf_counter() - t0
     return {"requests": len(reqs), "output_tokens": produced, "seconds": dt, "tok_s": produced / dt,
             "max_running": most, "preemptions": eng.num_preemptions - pre0}
@@ -290,44 +317,73 @@ def decode_bandwidth(batches: list[int], contexts: list[int]) -> list[dict[str, 
     return rows
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def tiny_config() -> Any:
+    """--tiny: a small random Llama, so that GPU mode's code runs on a CPU end to end."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096,
+                       eos_token_id=2, bos_token_id=1)
+
+
 def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
     from toolkit.models.shapes import llama31_8b
 
-    cfg = llama31_8b()
-    kv_bytes = int(args.kv_gib * 2**30)
-    n_req = 64 if args.quick else args.num
+    parts = set(args.parts)
+    cfg = tiny_config() if args.tiny else llama31_8b()
+    kv_bytes = 2**19 if args.tiny else int(args.kv_gib * 2**30)
+    n_req = 16 if args.tiny else 64 if args.quick else args.num
     workload, source = sharegpt(args.data, n_req, cfg.vocab_size)
     rng = random.Random(1)
-    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randint(64, 512))] for _ in range(16)]
-    long_reqs = [([rng.randrange(cfg.vocab_size) for _ in range(1024)], 1024)
-                 for _ in range(32 if args.quick else 512)]
-    res: dict[str, Any] = {"model": "Llama-3.1-8B shape, random weights, bf16", "machine": machine(),
-                           "kv_gib": args.kv_gib, "workload": source, "capacity": {}, "sharegpt": {}}
+    n_prompts, long_len = (4, 128) if args.tiny else (16, 1024)
+    prompts = [[rng.randrange(cfg.vocab_size) for _ in range(rng.randint(64, 512))] for _ in range(n_prompts)]
+    res: dict[str, Any] = {"model": "tiny random Llama (--tiny)" if args.tiny else
+                           "Llama-3.1-8B shape, random weights, bf16", "machine": machine(),
+                           "kv_gib": kv_bytes / 2**30, "workload": source, "capacity": {}, "sharegpt": {}}
     llms = {}
-    for kv in ("auto", "fp8"):
+    for kv in ("auto", "fp8") if parts & {"capacity", "sharegpt", "divergence"} else ():
         t0 = time.perf_counter()
         llm = gpu_llm(cfg, kv, kv_bytes, args.max_num_seqs)
         cache = llm.engine.runner.kv_cache
         print(f"{kv}: {cache!r} (built in {time.perf_counter() - t0:.0f} s)", flush=True)
-        cap = run_requests(llm, long_reqs)
-        cap.update(blocks=cache.num_blocks, tokens=cache.num_tokens,
-                   fits_2048_token_requests=cache.num_tokens // 2048)
-        res["capacity"][kv] = cap
-        print(f"  capacity: {cache.num_tokens} tokens; (1024 + 1024)-token requests: at most "
-              f"{cap['max_running']} running at once, {cap['preemptions']} preemptions, "
-              f"{cap['tok_s']:.0f} tok/s", flush=True)
-        res["sharegpt"][kv] = sg = run_requests(llm, workload)
-        print(f"  ShareGPT ({source}) {sg['requests']} requests: {sg['tok_s']:.0f} output tok/s, at most "
-              f"{sg['max_running']} running, {sg['preemptions']} preemptions", flush=True)
+        if "capacity" in parts:
+            # the largest batch of (long_len + long_len)-token requests the pool holds to the end
+            # (blocks of 16 divide long_len: no rounding), run at once: must see no preemption
+            fits = min(cache.num_tokens // (2 * long_len), args.max_num_seqs)
+            reqs = [([rng.randrange(cfg.vocab_size) for _ in range(long_len)], long_len) for _ in range(fits)]
+            res["capacity"][kv] = cap = run_requests(llm, reqs)
+            cap.update(blocks=cache.num_blocks, tokens=cache.num_tokens, largest_batch=fits)
+            print(f"  capacity: {cache.num_blocks} blocks = {cache.num_tokens} tokens: {fits} requests of "
+                  f"{long_len} + {long_len} tokens at once ({cap['max_running']} ran together, "
+                  f"{cap['preemptions']} preemptions), {cap['tok_s']:.0f} output tok/s", flush=True)
+        if "sharegpt" in parts:
+            res["sharegpt"][kv] = sg = run_requests(llm, workload)
+            print(f"  ShareGPT ({source}) {sg['requests']} requests: {sg['tok_s']:.0f} output tok/s, at "
+                  f"most {sg['max_running']} running, {sg['preemptions']} preemptions", flush=True)
         if kv == "fp8":
             res["scales_source"] = cache.scales_source
-        llms[kv] = llm
-    res["divergence"] = d = divergence(llms["auto"], llms["fp8"], prompts, GEN_TOKENS)
-    print_divergence("fp8 vs bf16 (random weights)", d)
+        if "divergence" in parts:
+            llms[kv] = llm
+        else:
+            llm.close()
+    if "divergence" in parts:
+        gen = 16 if args.tiny else GEN_TOKENS
+        res["divergence"] = d = divergence(reference_run(llms["auto"], prompts, gen), llms["fp8"], gen)
+        print_divergence("fp8 vs bf16 (random weights)", d, gen)
     for llm in llms.values():
         llm.close()
     del llms
     gc.collect()
+    if "decode" not in parts:
+        return res
+    if not torch.cuda.is_available():
+        print("decode attention bandwidth: needs CUDA, skipped")
+        return res
     torch.cuda.empty_cache()
     print("decode attention bandwidth, Llama-3.1-8B heads, bf16 vs fp8 KV:")
     res["decode"] = decode_bandwidth([16, 64] if args.quick else [16, 64, 256],
@@ -339,7 +395,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mode", choices=["cpu", "gpu"], default="gpu" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="a few prompts / requests: proves it runs")
-    ap.add_argument("--headrooms", type=float, nargs="+", default=[1.0, 2.0])
+    ap.add_argument("--tiny", action="store_true", help="GPU mode with a tiny model (runs on a CPU)")
+    ap.add_argument("--headrooms", type=float, nargs="+", default=[1.0])
+    ap.add_argument("--variants", nargs="+", default=["default", "headroom", "bf16kv"],
+                    help="CPU mode: fp8 as LLM(kv_cache_dtype='fp8') builds it (vLLM's amax/200, "
+                         "amax/100), at each --headrooms (amax x h / 448 for K and V), with vLLM's "
+                         "constants set explicitly ('vllm'), and, for context, K/V rounded to bf16")
+    ap.add_argument("--parts", nargs="+", default=["capacity", "sharegpt", "divergence", "decode"],
+                    help="GPU mode: which measurements (split a run over several 10-minute calls)")
     ap.add_argument("--kv-gib", type=float, default=4.0, help="GPU: the KV pool's byte budget")
     ap.add_argument("--num", type=int, default=1000, help="GPU: ShareGPT requests")
     ap.add_argument("--data", default="benchmarks/data/sharegpt.json")
@@ -350,7 +413,8 @@ def main() -> None:
     t0 = time.perf_counter()
     res = run_cpu(args) if args.mode == "cpu" else run_gpu(args)
     res.update(date=time.strftime("%Y-%m-%d"), quick=args.quick, seconds=time.perf_counter() - t0)
-    out = Path(args.out or f"benchmarks/results/fp8_kv_{args.mode}{'_quick' if args.quick else ''}.json")
+    tag = "_tiny" if args.tiny else "_quick" if args.quick else ""
+    out = Path(args.out or f"benchmarks/results/fp8_kv_{args.mode}{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=lambda x: x if math.isfinite(x) else str(x)))
     print(f"wrote {out} ({res['seconds']:.0f} s)")

@@ -136,7 +136,10 @@ class EngineConfig:
         if self.speculative is not None:
             _check(self.num_speculative_tokens >= 1, "num_speculative_tokens",
                    ">= 1 when speculative is set", self.num_speculative_tokens)
-        _check(isinstance(self.kv_cache_dtype, str) and self.kv_cache_dtype in _KV_CACHE_DTYPES,
+        if not isinstance(self.kv_cache_dtype, str):
+            raise TypeError(f"EngineConfig.kv_cache_dtype must be a string, one of {_KV_CACHE_DTYPES}, "
+                            f"got {type(self.kv_cache_dtype).__name__} {self.kv_cache_dtype!r}")
+        _check(self.kv_cache_dtype in _KV_CACHE_DTYPES,
                "kv_cache_dtype", f"one of {_KV_CACHE_DTYPES} ('auto' = the model's dtype)",
                self.kv_cache_dtype)
         if self.kv_scales is not None:

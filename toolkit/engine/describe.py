@@ -37,7 +37,7 @@ def engine_rows(engine: Any, html: bool) -> dict[str, Any]:
         "allocator": repr(alloc),
         "sampler": show(r.sampler),
         "attention": show(r.attention),
-        "kv cache": repr(r.kv_cache),
+        "kv cache": repr(r.kv_cache) + (f"; lossy, {cost}" if (cost := _fp8_cost(r.kv_cache)) else ""),
         "kv blocks": kv,
         "max_model_len": engine.max_model_len,
         "async scheduling": engine.async_scheduling,
@@ -55,10 +55,12 @@ def engine_repr(engine: Any, name: str = "Engine") -> str:
         return f"{name}(closed)"
     r = engine.runner
     alloc = engine.allocator
+    cost = _fp8_cost(r.kv_cache)
+    fp8 = f", kv_cache_dtype=fp8 ({cost})" if cost else ""
     return (f"{name}(model={type(engine.model).__name__}, scheduler={type(engine.scheduler).__name__}, "
             f"allocator={type(alloc).__name__}, attention={type(r.attention).__name__}, "
             f"sampler={type(r.sampler).__name__}, kv={r.kv_cache.num_blocks}x{r.kv_cache.block_size} "
-            f"tokens, running={_count(engine.scheduler, 'num_running')}, "
+            f"tokens{fp8}, running={_count(engine.scheduler, 'num_running')}, "
             f"waiting={_count(engine.scheduler, 'num_waiting')}, steps={engine.num_steps})")
 
 
@@ -66,6 +68,15 @@ def engine_html(engine: Any, name: str = "Engine") -> str:
     if engine is None or engine.closed:
         return html_table(name, {"state": "closed"}, kind=name.lower())
     return html_table(name, engine_rows(engine, html=True), kind=name.lower())
+
+
+def _fp8_cost(kv_cache: Any) -> str:
+    """What an fp8 KV cache costs, as measured (toolkit/engine/kv_scales.py); '' otherwise."""
+    if not getattr(kv_cache, "is_fp8", False):
+        return ""
+    from toolkit.engine.kv_scales import MEASURED_COST
+
+    return MEASURED_COST
 
 
 def _count(scheduler: Any, name: str) -> Any:

@@ -11,12 +11,14 @@ e4m3's largest. Where the scales come from, first match wins:
 3. Calibration at start-up, as vLLM does with `calculate_kv_scales` (amax of the first batch):
    one prefill of CALIBRATION_TEXTS (tokenised; seeded random token ids when the model has no
    tokenizer) through the model, writing into a temporary cache of the model's dtype; per
-   layer, the largest |K| (after rotary) and |V| written gives scale = amax * HEADROOM / 448.
-   HEADROOM > 1 leaves room for values beyond the calibration's (they would saturate at 448);
-   e4m3 being floating point, the cost of headroom is only at the small end, where values
-   fall into e4m3's subnormals. HEADROOM = 1 (scale = amax / 448) measured best on the embedded
-   model (benchmarks/fp8_kv.py: `--headroom`; vLLM's own constants amount to 2.24 for K and
-   4.48 for V).
+   layer, the largest |K| (after rotary) and |V| written gives k_scale = amax_K / 200 and
+   v_scale = amax_V / 100: vLLM's constants (K_SCALE_CONSTANT, V_SCALE_CONSTANT), i.e. a
+   headroom of 448/200 = 2.24x (K) and 4.48x (V) above the calibration's largest value before
+   e4m3 saturates at 448. e4m3 being floating point, a scale sets the range, not the relative
+   precision (3 mantissa bits whatever the scale); headroom costs only at the small end, where
+   values fall into e4m3's subnormals. Measured on the embedded model (benchmarks/fp8_kv.py,
+   benchmarks/RESULTS.md): these constants gave the lowest KL of the scales tried (amax/448
+   and 2 x amax/448 for both), though the three are within a few tens of percent of each other.
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ from toolkit.kernels.reference import FP8_MAX
 
 log = logging.getLogger(__name__)
 
-HEADROOM = 1.0
+K_HEADROOM = 448 / 200          # vLLM: k_scale = amax / K_SCALE_CONSTANT (200)
+V_HEADROOM = 448 / 100          # vLLM: v_scale = amax / V_SCALE_CONSTANT (100)
+# what fp8 costs, measured (benchmarks/fp8_kv.py --mode cpu, benchmarks/RESULTS.md "FP8 KV cache"):
+# shown by the engine's repr and docs/interfaces.md next to the knob
+MEASURED_COST = ("measured on SmolLM2-135M vs float32: next-token KL 6.5e-3 nats, total variation "
+                 "0.029, top-1 96.7%, greedy equal for 27% of 128 tokens before the first difference")
 CALIBRATION_SEED = 0
 CALIBRATION_TEXTS = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
@@ -157,12 +164,14 @@ class _AmaxRecorder:
 @torch.inference_mode()
 def calibrate(model: Any, prompts: Sequence[Sequence[int]], make_attention: Callable[[KVCache], Any],
               dtype: torch.dtype, device: torch.device, block_size: int = 16,
-              headroom: float = HEADROOM) -> tuple[list[float], list[float]]:
+              headroom: tuple[float, float] = (K_HEADROOM, V_HEADROOM),
+              ) -> tuple[list[float], list[float]]:
     """(k_scales, v_scales): one prefill of the prompts (a ragged batch) through the model over a
-    temporary cache of `dtype`; scale = amax * headroom / 448 per layer (a layer whose K or V is
-    all zero gets 1.0). make_attention(cache) builds the attention backend over that cache."""
-    if headroom <= 0 or not prompts or not all(prompts):
-        raise ValueError("calibration needs non-empty prompts and headroom > 0")
+    temporary cache of `dtype`; per layer k_scale = amax_K x headroom[0] / 448, v_scale = amax_V x
+    headroom[1] / 448 (a layer whose K or V is all zero gets 1.0). make_attention(cache) builds
+    the attention backend over that cache."""
+    if min(headroom) <= 0 or not prompts or not all(prompts):
+        raise ValueError("calibration needs non-empty prompts and headrooms > 0")
     blocks = [-(-len(p) // block_size) for p in prompts]
     cache = KVCache(model.num_layers, sum(blocks), block_size, model.num_kv_heads, model.head_dim,
                     dtype, device)
@@ -179,12 +188,12 @@ def calibrate(model: Any, prompts: Sequence[Sequence[int]], make_attention: Call
     model.forward(ids, pos, recorder)
     amax = torch.stack([torch.stack([k, v]) for k, v in zip(recorder.k_amax, recorder.v_amax)]).tolist()
     cache.close()
-    scale = lambda a: a * headroom / FP8_MAX if a > 0 and math.isfinite(a) else 1.0
+    scale = lambda a, h: a * h / FP8_MAX if a > 0 and math.isfinite(a) else 1.0
     bad = [i for i, (k, v) in enumerate(amax) if not (math.isfinite(k) and math.isfinite(v))]
     if bad:
         raise ValueError(f"calibration found non-finite K/V in layers {bad}: the model's "
                          "activations overflow; give kv_scales= instead")
-    return [scale(k) for k, _ in amax], [scale(v) for _, v in amax]
+    return [scale(k, headroom[0]) for k, _ in amax], [scale(v, headroom[1]) for _, v in amax]
 
 
 def resolve_scales(kv_cache: KVCache, kv_scales: Any, folder: str | Path | None, model: Any,
@@ -202,7 +211,7 @@ def resolve_scales(kv_cache: KVCache, kv_scales: Any, folder: str | Path | None,
             prompts = calibration_prompts(tokenizer, model.vocab_size)
             k, v = calibrate(model, prompts, make_attention, dtype, kv_cache.device,
                              kv_cache.block_size)
-            source = f"calibrated (amax x {HEADROOM:g} / 448 over {sum(map(len, prompts))} tokens)"
+            source = f"calibrated (amax_K / 200, amax_V / 100 over {sum(map(len, prompts))} tokens)"
     kv_cache.set_scales(k, v, source)
     log.info("fp8 KV scales %s: K %.3g..%.3g, V %.3g..%.3g", source, min(k), max(k), min(v), max(v))
     return source
