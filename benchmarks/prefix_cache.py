@@ -13,6 +13,15 @@ allocator's lookup / peek / publish).
 
     python benchmarks/prefix_cache.py --out benchmarks/results/prefix_cache.json   # H200, < 5 min
     python benchmarks/prefix_cache.py --small                                      # CPU check, tiny model
+    # the CPU tier under a GPU pool too small for the working set (H200, ~6 min):
+    python benchmarks/prefix_cache.py --num 300 --num-blocks 2048 --cpu-cache-gb 16 \
+        --allocators hash_chain,hash_chain+cpu,radix+cpu --out benchmarks/results/prefix_cache_cpu_tier.json
+    python benchmarks/prefix_cache.py --quick      # the same comparison on the CPU (tiny model, ~2 min)
+
+"+cpu" allocators add the host tier (toolkit/blocks/host_tier.py): blocks the device prefix
+cache evicts go to --cpu-cache-gb of pinned host memory and come back on a hit. Their rows
+add the host tier's counters: blocks stored to the host, blocks loaded back (host hits) and
+host hits as a share of the prompt tokens (included in hit_rate).
 
 GPU defaults: 500 shared requests (the issue's 1000 would double the longest run, prefix
 caching off, at about 780k prompt tokens for 500; pass --num 1000 with a smaller
@@ -36,6 +45,8 @@ import torch
 
 # the pair compared first, the long baseline last: a run cut short keeps the comparison
 ALLOCATORS = {"hash_chain": "prefix_caching", "radix": "radix", "off": "free_list"}
+# with the host (CPU) tier: evicted cached blocks are kept in pinned host memory (--cpu-cache-gb)
+TIERED = {"hash_chain+cpu": "prefix_caching", "radix+cpu": "radix"}
 
 
 @dataclass
@@ -179,9 +190,13 @@ def host_cost(clients: list[Client], block_size: int = 16) -> dict:
         "blocks_per_request": need / len(prompts)}
 
 
-def build(args, allocator: str):
+def build(args, label: str):
     from toolkit import LLM
 
+    allocator = ALLOCATORS.get(label) or TIERED[label]
+    tier = dict(cpu_cache_gb=args.cpu_cache_gb) if label in TIERED else {}
+    if tier and args.small:
+        tier = dict(host_cache_blocks=args.host_cache_blocks)
     if args.small:
         from transformers import LlamaConfig
 
@@ -198,12 +213,16 @@ def build(args, allocator: str):
     if args.num_blocks:
         kw["num_blocks"] = args.num_blocks
     return LLM(cfg, allocator=allocator, enable_prefix_caching=allocator != "free_list",
-                    max_model_len=args.max_model_len, **kw)
+                    max_model_len=args.max_model_len, **kw, **tier)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="tiny random Llama on the CPU, small traces")
+    ap.add_argument("--quick", action="store_true", help="--small with a 40-block pool and 8 conversations, comparing "
+                    "hash_chain, hash_chain+cpu and radix+cpu (the CPU tier's check)")
+    ap.add_argument("--cpu-cache-gb", type=float, default=16.0, help="host tier size of the +cpu allocators")
+    ap.add_argument("--host-cache-blocks", type=int, default=256, help="host tier size with --small")
     ap.add_argument("--num", type=int, default=None, help="shared trace: requests (GPU default 500)")
     ap.add_argument("--rate", type=float, default=0.0, help="shared trace: requests / s (0: all at t=0)")
     ap.add_argument("--convs", type=int, default=None, help="chat trace: conversations (GPU default 48)")
@@ -215,9 +234,15 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.quick:
+        args.small = True
+        args.num_blocks = args.num_blocks or 40
+        args.convs = args.convs or 8
+        if args.allocators == ",".join(ALLOCATORS):
+            args.allocators = "hash_chain,hash_chain+cpu,radix+cpu"
     for a in args.allocators.split(","):
-        if a not in ALLOCATORS:
-            ap.error(f"unknown allocator {a!r}; valid: {list(ALLOCATORS)}")
+        if a not in ALLOCATORS and a not in TIERED:
+            ap.error(f"unknown allocator {a!r}; valid: {list(ALLOCATORS) + list(TIERED)}")
     small = args.small
     args.max_model_len = 1024 if small else 8192
     vocab = 517 if small else 128256
@@ -246,22 +271,32 @@ def main() -> None:
           + ", ".join(f"{k} {v:.0f}" for k, v in results["host"].items()), flush=True)
     for label in args.allocators.split(","):
         t = time.perf_counter()
-        llm = build(args, ALLOCATORS[label])
+        llm = build(args, label)
         startup = time.perf_counter() - t
         from toolkit import SamplingParams
         llm.generate([[1] * 300, [2] * 20], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
                      use_tqdm=False)                   # warm-up outside the timings
         spent = time_prefix_cache(llm)
+        host = llm.engine.scheduler.kv.host
         for name, clients in traces().items():
             spent["ms"] = 0.0
+            before = (host.num_stored, host.num_loaded) if host is not None else (0, 0)
             r = run_trace(llm, clients, sync)
             r.update(trace=name, allocator=label, startup_s=startup, prefix_cache_host_ms=spent["ms"],
                      num_blocks=llm.engine.allocator.num_blocks)
+            tier = ""
+            if host is not None:
+                bs = llm.engine.allocator.block_size
+                r.update(host_slots=host.num_slots, host_blocks_stored=host.num_stored - before[0],
+                         host_blocks_loaded=host.num_loaded - before[1])
+                r["host_hit_rate"] = r["host_blocks_loaded"] * bs / r["prompt_tokens"]
+                tier = (f"  host: {r['host_blocks_stored']} stored, {r['host_blocks_loaded']} loaded "
+                        f"({r['host_hit_rate']:.1%} of prompt tokens)")
             results["runs"].append(r)
-            print(f"[{name:6s} {label:10s}] hit {r['hit_rate']:6.1%}  TTFT mean {r['ttft_mean_ms']:8.1f} ms "
+            print(f"[{name:6s} {label:14s}] hit {r['hit_rate']:6.1%}  TTFT mean {r['ttft_mean_ms']:8.1f} ms "
                   f"p99 {r['ttft_p99_ms']:8.1f} ms  {r['output_tok_s']:8.0f} out tok/s  "
                   f"{r['total_tok_s']:8.0f} tot tok/s  {r['wall_s']:6.1f} s  "
-                  f"prefix-cache host {r['prefix_cache_host_ms']:7.1f} ms", flush=True)
+                  f"prefix-cache host {r['prefix_cache_host_ms']:7.1f} ms{tier}", flush=True)
         llm.close()
         del llm
         gc.collect()
