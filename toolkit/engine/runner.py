@@ -329,8 +329,9 @@ class Runner:
         return result
 
     def close(self) -> None:
-        """Free the KV cache; stop the tensor-parallel workers."""
+        """Free the KV cache (and the host tier's pinned pool); stop the tensor-parallel workers."""
         self.kv_cache.close()
+        self.host_kv = None
         if self.executor is not None:
             self.executor.close()
 
