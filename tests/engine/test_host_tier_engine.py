@@ -138,18 +138,25 @@ def test_options_are_validated(tiny_llama_dir):
 
 
 @pytest.mark.gpu
-def test_gpu_swap_round_trip_and_outputs(tiny_llama_dir):
-    """On CUDA: pinned pool, non_blocking staged copies; greedy outputs with swap equal an
-    ample pool's."""
-    params = SamplingParams(temperature=0.0, max_tokens=LONG, ignore_eos=True)
-    prompts = _long_prompts()
-    with LLM(tiny_llama_dir, dtype="float32", block_size=BS, num_blocks=256) as llm:
-        want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    with LLM(tiny_llama_dir, dtype="float32", block_size=BS, num_blocks=16, max_num_batched_tokens=16,
-             host_cache_blocks=48, preemption="swap") as llm:
-        assert llm.engine.runner.host_kv.slots.is_pinned()
-        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        assert llm.engine.scheduler.kv.num_swap_preemptions > 0
+@pytest.mark.parametrize("allocator", ["prefix_caching", "radix"])
+def test_gpu_tier_and_swap_outputs(tiny_llama_dir, allocator):
+    """On CUDA (pinned pool, staged non_blocking copies, async scheduling on by default):
+    swapped-out blocks poisoned after the copy, greedy outputs equal an ample pool's, for the
+    prefix cache's evictions and for swap preemption."""
+    first, again = _shared_prompts()
+    with LLM(tiny_llama_dir, dtype="float32", block_size=BS, num_blocks=256, allocator=allocator) as llm:
+        want_shared = _generate(llm, [first, again], 6)
+        want_long = _generate(llm, [_long_prompts()], LONG)
+    with LLM(tiny_llama_dir, dtype="float32", block_size=BS, num_blocks=12, max_num_seqs=1,
+             allocator=allocator, host_cache_blocks=64) as llm:
+        assert llm.engine.runner.host_kv.slots.is_pinned() and llm.engine.async_scheduling
+        seen = _poison_after_swap_out(llm)
+        assert _generate(llm, [first, again], 6) == want_shared
+        assert llm.engine.scheduler.kv.host.num_loaded >= 5 and seen["poisoned"] > 0
         _no_leaks(llm)
-    assert got == want
-    assert torch.cuda.is_available()
+    with LLM(tiny_llama_dir, dtype="float32", block_size=BS, num_blocks=16, max_num_batched_tokens=16,
+             host_cache_blocks=48, preemption="swap", allocator=allocator) as llm:
+        seen = _poison_after_swap_out(llm)
+        assert _generate(llm, [_long_prompts()], LONG) == want_long
+        assert llm.engine.scheduler.kv.num_swap_preemptions > 0 and seen["poisoned"] > 0
+        _no_leaks(llm)

@@ -3,8 +3,9 @@
 The pool has `num_slots` slots, each the size of one device KV block (the tensors are
 toolkit/blocks/host_kv.py's). A slot is free, or holds one of:
 - a **cached** block: a block the device prefix cache evicted, keyed by its chain hash
-  (toolkit/blocks/hashing.py; the radix tree's blocks have the same hashes), kept in an LRU
-  and handed back on a hit (`load`). Inclusive: a hit leaves the entry here, so evicting
+  (toolkit/blocks/hashing.py; the radix tree's blocks have the same hashes, so a host hit
+  rests on the BLAKE2b-128 bound even behind the radix tree, whose device hits compare
+  tokens), kept in an LRU and handed back on a hit (`load`). Inclusive: a hit leaves the entry here, so evicting
   the device copy again costs no copy.
 - an **owned** block: part of a swapped-out (preempted) request, never evicted; `free`d
   when the request resumes or finishes.
