@@ -22,6 +22,10 @@ for step in "$@"; do
     # tensor parallelism (needs nvidia-h200-x2; carry benchmarks/data for ShareGPT): TP=1 then TP=2
     tensor_parallel) timeout ${TP_TIMEOUT:-570} python3 benchmarks/tensor_parallel.py ${TP_ARGS:-} --out $OUT/tensor_parallel${TP_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/tensor_parallel${TP_TAG:-}.log | tail -30 ;;
     prefix_cache) timeout ${PC_TIMEOUT:-300} python3 benchmarks/prefix_cache.py ${PC_ARGS:-} --out $OUT/prefix_cache.json 2>&1 | grep -v Warning | tail -20 ;;
+    # the host (CPU) tier under a device pool too small for the working set (#19)
+    cpu_tier) timeout ${CT_TIMEOUT:-570} python3 benchmarks/prefix_cache.py --num ${CT_NUM:-300} --num-blocks ${CT_BLOCKS:-1536} --cpu-cache-gb 16 --allocators ${CT_ALLOCATORS:-hash_chain,hash_chain+cpu,radix+cpu} --out $OUT/prefix_cache_cpu_tier.json 2>&1 | grep -v Warning | tail -20 ;;
+    # swap vs recompute preemption, one trace a call (SWAP_TRACE=long | short) (#19)
+    swap) timeout ${SWAP_TIMEOUT:-570} python3 benchmarks/swap_vs_recompute.py --traces ${SWAP_TRACE:-long} ${SWAP_ARGS:-} --out $OUT/swap_vs_recompute_${SWAP_TRACE:-long}.json 2>&1 | grep -v Warning | tail -20 ;;
     # the simulator's cost model: fit on both shapes, the updated JSON copied back to $OUT
     sim_calibrate) timeout ${CAL_TIMEOUT:-470} python3 benchmarks/sim_calibrate.py ${CAL_ARGS:---shapes qwen3,llama8b} --out $OUT/sim_calibrate.json 2>&1 | grep -v Warning | tail -50
                    cp toolkit/simulator/data/cost_models.json $OUT/ ;;
