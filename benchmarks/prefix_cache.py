@@ -14,7 +14,7 @@ allocator's lookup / peek / publish).
     python benchmarks/prefix_cache.py --out benchmarks/results/prefix_cache.json   # H200, < 5 min
     python benchmarks/prefix_cache.py --small                                      # CPU check, tiny model
     # the CPU tier under a GPU pool too small for the working set (H200, ~6 min):
-    python benchmarks/prefix_cache.py --num 300 --num-blocks 2048 --cpu-cache-gb 16 \
+    python benchmarks/prefix_cache.py --num 300 --num-blocks 1536 --cpu-cache-gb 16 \
         --allocators hash_chain,hash_chain+cpu,radix+cpu --out benchmarks/results/prefix_cache_cpu_tier.json
     python benchmarks/prefix_cache.py --quick      # the same comparison on the CPU (tiny model, ~2 min)
 
