@@ -153,21 +153,25 @@ class KVCacheManager:
         req will write next that another request also holds is replaced by a private copy
         (recorded in out.blocks_to_copy). False when too few blocks are free; then nothing
         changed (hits are still the caller's)."""
-        host_keys: list[int] = []
+        back: list[int] = []             # host slots / keys of blocks copied back after the hits
         swapped = None
         if isinstance(hits, PrefixHit):
-            host_keys, hits = hits.host_keys, hits.blocks
-            if not req.block_ids:
-                swapped = self._swapped.get(req.request_id)
+            swapped = self._swapped.get(req.request_id) if not req.block_ids else None
+            back = hits.host_keys if swapped is None else swapped[0][len(hits.blocks):]
+            hits = hits.blocks
         if hits:
             assert not req.block_ids, "hits are for a request that holds no blocks"
-        back = host_keys if swapped is None else swapped[0][len(hits):]   # blocks copied back
         alloc_end = end + self.num_lookahead_tokens
         if limit is not None:
             alloc_end = min(alloc_end, max(end, limit))
-        held = len(hits) + len(back) if hits or back else len(req.block_ids)
-        shared = None if hits or back else self._shared_write_block(req)
-        grow = max(self.blocks_for(alloc_end) - held, 0)
+        fresh = bool(hits or back)
+        held = len(hits) + len(back) if fresh else len(req.block_ids)
+        shared = None if fresh else self._shared_write_block(req)
+        grow = -(-alloc_end // self.block_size) - held        # blocks_for(alloc_end) - held
+        if grow <= 0:
+            if shared is None and not fresh:
+                return True            # the common decode step: its block is there already
+            grow = 0
         if grow + len(back) + (shared is not None) > self.allocator.num_free_blocks():
             return False
         if hits:
