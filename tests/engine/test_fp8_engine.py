@@ -29,25 +29,43 @@ def _greedy(llm: LLM, logprobs: bool = False) -> list:
 
 
 def test_fp8_engine_runs_and_agrees_with_float32(tiny_llama_dir) -> None:
+    """Agreement is measured teacher-forced (float32's greedy continuation as the prompt, the
+    logprob of each next token and the argmax from prompt_logprobs): free-running greedy on a
+    random-weight model is a cascade of near ties (measured 0.51-0.84 position by position
+    depending on the scales) and says little."""
     with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=64) as ref:
         want = [o.token_ids for o in _greedy(ref)]
+        seqs = [p + w for p, w in zip(PROMPTS, want)]
+        ref_lp = _prompt_logprobs(ref, seqs)
     # a small pool (preemption) and prefix caching: fp8 blocks are shared and recomputed too
     with LLM(tiny_llama_dir, dtype="float32", device="cpu", kv_cache_dtype="fp8", num_blocks=12,
              max_num_seqs=4) as llm:
         cache = llm.engine.runner.kv_cache
         assert cache.dtype == torch.float8_e4m3fn and cache.scales_source.startswith("calibrated")
         outs = _greedy(llm, logprobs=True)
+        fp8_lp = _prompt_logprobs(llm, seqs)
         assert "kv_cache_dtype=fp8" in repr(llm)
     got = [o.token_ids for o in outs]
     assert all(len(g) == MAX_NEW and all(0 <= t < 517 for t in g) for g in got)
     lps = [lp for o in outs for step in o.logprobs for lp in step.values()]
     assert lps and all(math.isfinite(x) for x in lps)           # no NaN / inf anywhere
-    match = sum(a == b for g, w in zip(got, want) for a, b in zip(g, w)) / (len(PROMPTS) * MAX_NEW)
-    # measured 0.84 (position by position, so one early flip counts for the rest of its row; a
-    # random-weight model's logits are near ties); a broken quantiser (wrong scale, missing
-    # dequantisation) scores near 0. The embedded model's figures: benchmarks/RESULTS.md
-    print(f"fp8 vs float32 greedy token agreement on the tiny model: {match:.3f}")
-    assert match >= 0.6
+    top1, diffs = [], []
+    for p, s, a, b in zip(PROMPTS, seqs, ref_lp, fp8_lp):
+        for i in range(len(p), len(s)):                          # the continuation's positions
+            assert all(math.isfinite(x) for x in b[i].values())
+            diffs.append(abs(a[i][s[i]] - b[i][s[i]]))
+            top1.append(max(b[i], key=b[i].get) == s[i])         # float32's argmax is s[i]
+    agree, mean_diff = sum(top1) / len(top1), sum(diffs) / len(diffs)
+    # measured: top-1 0.94, mean |logprob difference| 0.0023 nats (logprobs near -6: a random
+    # model's flat distributions); a quantiser that forgets a scale moves logits by x100s
+    print(f"fp8 vs float32 on the tiny model: teacher-forced top-1 {agree:.3f}, mean |dlogprob| "
+          f"{mean_diff:.4f}")
+    assert agree >= 0.8 and mean_diff < 0.02
+
+
+def _prompt_logprobs(llm: LLM, seqs: list[list[int]]) -> list:
+    sp = SamplingParams(max_tokens=1, prompt_logprobs=1)
+    return [o.prompt_logprobs for o in llm.generate(seqs, sp, use_tqdm=False)]
 
 
 def test_same_budget_holds_more_blocks(tiny_llama_dir) -> None:
