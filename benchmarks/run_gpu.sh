@@ -26,6 +26,9 @@ for step in "$@"; do
     cpu_tier) timeout ${CT_TIMEOUT:-570} python3 benchmarks/prefix_cache.py --num ${CT_NUM:-300} --num-blocks ${CT_BLOCKS:-1536} --cpu-cache-gb 16 --allocators ${CT_ALLOCATORS:-hash_chain,hash_chain+cpu,radix+cpu} --out $OUT/prefix_cache_cpu_tier.json 2>&1 | grep -v Warning | tail -20 ;;
     # swap vs recompute preemption, one trace a call (SWAP_TRACE=long | short) (#19)
     swap) timeout ${SWAP_TIMEOUT:-570} python3 benchmarks/swap_vs_recompute.py --traces ${SWAP_TRACE:-long} ${SWAP_ARGS:-} --out $OUT/swap_vs_recompute_${SWAP_TRACE:-long}.json 2>&1 | grep -v Warning | tail -20 ;;
+    # FP8 KV cache (#19), in two calls of ~5 min (carry benchmarks/data for ShareGPT):
+    # FP8_PARTS="capacity sharegpt" FP8_TAG=_capacity, then FP8_PARTS="divergence decode" FP8_TAG=_divergence
+    fp8_kv) timeout ${FP8_TIMEOUT:-570} python3 -m benchmarks.fp8_kv --mode gpu --parts ${FP8_PARTS:-capacity sharegpt divergence decode} ${FP8_ARGS:-} --out $OUT/fp8_kv_gpu${FP8_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/fp8_kv_gpu${FP8_TAG:-}.log | tail -30 ;;
     # the simulator's cost model: fit on both shapes, the updated JSON copied back to $OUT
     sim_calibrate) timeout ${CAL_TIMEOUT:-470} python3 benchmarks/sim_calibrate.py ${CAL_ARGS:---shapes qwen3,llama8b} --out $OUT/sim_calibrate.json 2>&1 | grep -v Warning | tail -50
                    cp toolkit/simulator/data/cost_models.json $OUT/ ;;
