@@ -406,7 +406,7 @@ def main() -> None:
     ap.add_argument("--kv-gib", type=float, default=4.0, help="GPU: the KV pool's byte budget")
     ap.add_argument("--num", type=int, default=1000, help="GPU: ShareGPT requests")
     ap.add_argument("--data", default="benchmarks/data/sharegpt.json")
-    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
