@@ -164,7 +164,7 @@ class CPUAttention:
                 k, v = k.to(q.dtype), v.to(q.dtype)
             o = self._attend(qg, k.transpose(1, 2), v.transpose(1, 2), g.mask, k_scale)  # [n, H, Q, D]
             if v_scale != 1.0:
-                o = o * v_scale
+                o = o.mul_(v_scale)                                      # SDPA's fresh output
             o = o.transpose(1, 2).reshape(g.n * g.q_max, self.num_heads, self.head_dim)  # [n*Q, H, D]
             if whole:
                 return o
