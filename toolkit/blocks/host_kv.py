@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from toolkit.transfer import to_device   # pinned staging: a pageable H2D copy would stall the host
+
 CHUNK = 64   # blocks per staging buffer on CUDA (64 blocks of Llama-3.1-8B bf16: 128 MiB)
 
 
@@ -61,7 +63,7 @@ class HostKVCache:
         dev = layers[0].device
         for c in range(0, len(pairs), CHUNK):
             chunk = pairs[c:c + CHUNK]
-            blocks = torch.tensor([b for b, _ in chunk], dtype=torch.int64).to(dev, non_blocking=True)
+            blocks = to_device(torch.tensor([b for b, _ in chunk], dtype=torch.int64), dev)
             slots = [s for _, s in chunk]
             if dev.type == "cpu":
                 idx = torch.tensor(slots, dtype=torch.int64)
@@ -84,7 +86,7 @@ class HostKVCache:
         for c in range(0, len(pairs), CHUNK):
             chunk = pairs[c:c + CHUNK]
             slots = [s for s, _ in chunk]
-            blocks = torch.tensor([b for _, b in chunk], dtype=torch.int64).to(dev, non_blocking=True)
+            blocks = to_device(torch.tensor([b for _, b in chunk], dtype=torch.int64), dev)
             if dev.type == "cpu":
                 src = self.slots.index_select(0, torch.tensor(slots, dtype=torch.int64))  # [n, L, 2, ...]
                 for i, layer in enumerate(layers):
