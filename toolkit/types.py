@@ -40,6 +40,10 @@ def _int_list(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be a list of token ids, got {type(value).__name__}")
 
 
+# min_p travels to the kernels as float32: a positive value below float32's smallest normal
+# number would round to 0 or a denormal there, so it counts as off everywhere (reference too)
+MIN_P_FLOOR = 1.1754943508222875e-38
+
 PLACEHOLDER = -1   # a sampled token not yet on the host (async scheduling); never a real id
 
 
@@ -55,7 +59,7 @@ class SamplingParams:
     temperature: float = 1.0                     # 0 = greedy (argmax, lowest id on ties)
     top_k: int = 0                               # 0 or -1 = off
     top_p: float = 1.0                           # (0, 1]; 1 = off
-    min_p: float = 0.0                           # [0, 1]; 0 = off
+    min_p: float = 0.0                           # [0, 1]; 0 (or < 1.2e-38) = off
     presence_penalty: float = 0.0                # [-2, 2]
     frequency_penalty: float = 0.0               # [-2, 2]
     repetition_penalty: float = 1.0              # > 0; 1 = off (prompt and output tokens)

@@ -50,6 +50,18 @@ def test_processed_logits_match_reference_row_by_row(batch) -> None:
         torch.testing.assert_close(fast[i][finite].double(), want[finite], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("min_p, cut", [(2.3e-72, False), (1e-300, False), (1e-30, True), (0.5, True)])
+def test_min_p_below_float32_range_is_off_in_both(min_p: float, cut: bool) -> None:
+    """min_p reaches the kernels as float32: a value that would round to 0 there is off, and the
+    reference agrees (hypothesis found 2.3e-72 cutting in float64 and not in float32)."""
+    logits = torch.tensor([[1.0, 0.5]])
+    p = SamplingParams(temperature=0.25, min_p=min_p, logit_bias={0: -100.0})   # scaled [-396, 2]
+    meta = _meta(logits, [(p, [0], [], None)])
+    fast = Sampler().process(logits, meta)[0]
+    want = ReferenceSampler().process_row(logits[0], meta, 0)
+    assert bool(torch.isinf(fast[0])) == bool(torch.isinf(want[0])) == cut
+
+
 @settings(max_examples=40, deadline=None)
 @given(batch=mixed_batches(greedy=True), sampled_neighbour=st.booleans())
 def test_greedy_is_argmax_lowest_id_on_ties(batch, sampled_neighbour: bool) -> None:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from toolkit.samplers.bitmask import pack_token_bitmask
 from toolkit.transfer import to_device, upload
-from toolkit.types import SamplingParams
+from toolkit.types import MIN_P_FLOOR, SamplingParams
 
 _M64 = (1 << 64) - 1
 
@@ -236,6 +236,7 @@ class SamplingMetadata:
                           p.presence_penalty, p.frequency_penalty) for p in params],
                         dtype=np.float64).reshape(n, 7).T
         temp, top_p, min_p, top_k, rep, pres, freq = cols
+        min_p = np.where(min_p < MIN_P_FLOOR, 0.0, min_p)   # below float32's range: off (see types)
         greedy = temp == 0.0
         sampled = ~greedy                               # top-k/p, min_p only matter when sampling
         cpu["temperature"] = f32(temp)

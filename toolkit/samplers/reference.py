@@ -21,7 +21,7 @@ from torch import Tensor
 from toolkit.samplers.base import (SamplerOutput, SamplingMetadata, banned_bad_words,
                                    min_tokens_banned, seed_key)
 from toolkit.samplers.bitmask import unpack_token_bitmask
-from toolkit.types import SamplingParams
+from toolkit.types import MIN_P_FLOOR, SamplingParams
 
 NEG_INF = float("-inf")
 
@@ -68,7 +68,7 @@ def softmax(x: Tensor) -> Tensor:
 
 
 def apply_min_p(x: Tensor, p: SamplingParams) -> Tensor:
-    if p.min_p == 0.0:
+    if p.min_p < MIN_P_FLOOR:                    # below float32's range: off (toolkit.types)
         return x
     pr = softmax(x)
     return x.masked_fill(pr < p.min_p * pr.max(), NEG_INF)
