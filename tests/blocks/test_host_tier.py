@@ -186,7 +186,9 @@ def test_cuda_copies_match_the_twins_across_chunks() -> None:
         slots = list(dict.fromkeys(slots))[:len(blocks)]
         fast.swap_out(cache, list(zip(blocks, slots)))
         back = torch.randperm(nb, generator=g)[:len(blocks)].tolist()
-        out = [torch.zeros(c.shape, dtype=torch.uint8, device=dev).view(dtype) for c in cache]
+        out = [torch.empty_like(c) for c in cache]
+        for o in out:
+            o.view(torch.uint8).fill_(0xFF)                       # poison: NaN in bf16 and e4m3
         fast.swap_in(out, list(zip(slots, back)))
         torch.cuda.synchronize()
         for o, c in zip(out, cache):
