@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 
 
@@ -66,6 +67,7 @@ def main() -> None:
     path = default_model_path()
     tok = load_tokenizer(path)
     reqs = sample(args.num, tok)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"tokenizer": "SmolLM2-135M-Instruct (embedded)", "vocab_size": len(tok),
                    "requests": reqs}, f)
