@@ -15,6 +15,7 @@ For each setting (sync, async) on the Qwen3-0.6B shape (random weights, bf16):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import random
@@ -42,15 +43,53 @@ def gpu_busy_ms(fn, steps: int) -> float:
     return total_us / 1e3 / steps
 
 
+@contextlib.contextmanager
+def gc_passes():
+    """{generation: [passes, milliseconds]} of the cyclic collector while the block runs."""
+    passes: dict[int, list] = {}
+    started = [0.0]
+
+    def cb(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            p = passes.setdefault(info["generation"], [0, 0.0])
+            p[0] += 1
+            p[1] = round(p[1] + (time.perf_counter() - started[0]) * 1e3, 2)
+
+    gc.callbacks.append(cb)
+    try:
+        yield passes
+    finally:
+        gc.callbacks.remove(cb)
+
+
+@contextlib.contextmanager
+def _freeze(on: bool):
+    """setting "<loop>-nofreeze": generate without engine/gc_freeze.frozen_heap (for the A/B)."""
+    import toolkit.engine.llm as llm_module
+
+    if on:
+        yield
+        return
+    kept = llm_module.frozen_heap
+    llm_module.frozen_heap = lambda: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        llm_module.frozen_heap = kept
+
+
 def run(setting: str, args, reqs) -> dict:
     from toolkit import LLM, SamplingParams
     from toolkit.models.shapes import llama31_8b, qwen3_0_6b
 
     cfg = qwen3_0_6b() if args.shape == "qwen3" else llama31_8b()
     t0 = time.perf_counter()
+    loop, _, gc_mode = setting.partition("-")      # "async", "sync", "async-nofreeze", ...
     llm = LLM(cfg, dtype="bfloat16", max_num_seqs=args.batch, max_num_batched_tokens=8192,
               gpu_memory_utilization=0.6, enable_prefix_caching=False, max_model_len=4096,
-              async_scheduling=setting == "async")
+              async_scheduling=loop == "async")
     build = time.perf_counter() - t0
     eng = llm.engine
     out = dict(setting=setting, startup=dict(eng.startup, total_s=build))
@@ -61,10 +100,14 @@ def run(setting: str, args, reqs) -> dict:
 
     params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for _, n in reqs]
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    res = llm.generate([p for p, _ in reqs], params, use_tqdm=False)
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t
+    with gc_passes() as passes, _freeze(gc_mode != "nofreeze"):
+        t = time.perf_counter()
+        res = llm.generate([p for p, _ in reqs], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t
+    out["gc_passes"] = passes
+    print(f"[{setting}] garbage-collector passes during generate (generation: count, ms): {passes}",
+          flush=True)
     toks = sum(len(o.outputs[0].token_ids) for o in res)
     assert toks == sum(n for _, n in reqs)
     out["generate"] = dict(requests=len(reqs), output_tokens=toks, seconds=dt, tok_s=toks / dt,
@@ -119,7 +162,9 @@ def main() -> None:
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--shape", choices=["qwen3", "llama8b"], default="qwen3")
-    ap.add_argument("--settings", default="sync,async")
+    ap.add_argument("--settings", default="sync,async",
+                    help="comma-separated: sync, async, and either with -nofreeze (generate "
+                         "without freezing the heap, engine/gc_freeze.py)")
     ap.add_argument("--cprofile", type=int, default=0, help="profile N steady decode steps (host)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import gc
 import itertools
 import logging
 import multiprocessing
@@ -169,6 +170,10 @@ def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
     engine = llm.engine
+    # this process lives for the engine alone: what start-up built is never garbage, so the
+    # collector's full passes skip it for good (see engine/gc_freeze.py; vLLM does the same)
+    gc.collect()
+    gc.freeze()
     conn.send(("ready", dict(tokenizer=engine.tokenizer, max_model_len=engine.max_model_len,
                              vocab_size=engine.model.vocab_size)))
     trackers: dict[str, _Tracker] = {}

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from toolkit.config import EngineConfig
 from toolkit.engine.build import build_engine
+from toolkit.engine.gc_freeze import frozen_heap
 from toolkit.engine.progress import TokenProgress
 from toolkit.engine.request_fields import per_prompt_fields
 from toolkit.types import BeamSearchParams, RequestOutput, SamplingParams
@@ -72,7 +73,8 @@ class LLM:
             for i, (p, sp) in enumerate(zip(prompts, params)):
                 rid = engine.add_request(p, sp, output_kind="final", **fields[i])
                 order[rid] = i
-            with _live_view(self, live), TokenProgress(engine, order, params, enabled=use_tqdm) as bar:
+            with _live_view(self, live), TokenProgress(engine, order, params, enabled=use_tqdm) as bar, \
+                    frozen_heap():            # no full GC passes over the model's objects mid-loop
                 while engine.has_unfinished():
                     for o in engine.step():
                         if o.finished and o.request_id in order:
