@@ -43,6 +43,23 @@ def gpu_busy_ms(fn, steps: int) -> float:
     return total_us / 1e3 / steps
 
 
+def host_syncs(eng, steps: int) -> list[str]:
+    """What torch's sync debug mode flags in `steps` engine steps (calls that make the host wait
+    for the GPU: .item(), pageable copies, stream syncs); the step's own wait for the tokens
+    of the step before is an event wait, which it does not flag."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                eng.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message)[:300] for w in caught]
+
+
 @contextlib.contextmanager
 def gc_passes():
     """{generation: [passes, milliseconds]} of the cyclic collector while the block runs."""
@@ -110,8 +127,11 @@ def run(setting: str, args, reqs) -> dict:
           flush=True)
     toks = sum(len(o.outputs[0].token_ids) for o in res)
     assert toks == sum(n for _, n in reqs)
+    graphs = eng.runner.graphs
     out["generate"] = dict(requests=len(reqs), output_tokens=toks, seconds=dt, tok_s=toks / dt,
-                           overlapped_steps=eng.num_overlapped_steps, steps=eng.num_steps)
+                           overlapped_steps=eng.num_overlapped_steps, steps=eng.num_steps,
+                           whole_graph_steps=graphs.num_full_replays if graphs else 0,
+                           piecewise_graph_steps=graphs.num_piecewise_replays if graphs else 0)
     print(f"[{setting}] generate: {toks} tokens in {dt:.1f} s = {toks / dt:.0f} tok/s", flush=True)
 
     # steady decode at batch B
@@ -130,6 +150,9 @@ def run(setting: str, args, reqs) -> dict:
         eng.step()
         walls.append(time.perf_counter() - t)
     busy = gpu_busy_ms(eng.step, 10)
+    out["host_syncs"] = host_syncs(eng, 5)
+    print(f"[{setting}] synchronizing CUDA calls in 5 steady steps (torch sync debug mode): "
+          f"{len(out['host_syncs'])} {out['host_syncs'][:3]}", flush=True)
     if args.cprofile:            # where the host's time goes in these steps
         import cProfile
         import io

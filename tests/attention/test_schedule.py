@@ -35,5 +35,6 @@ def test_splits_tile_each_decode_sequence(kv, window) -> None:
         covered = sorted(k for w in items for k in range(max(w[4], lo), w[7]))
         assert covered == list(range(lo, n))                   # every visible key exactly once
         assert sorted(w[9] for w in items) == list(range(len(items)))
-    if s.num_splits == 1:
-        assert s.merge_rows == []
+    # one merge row per decode token, with its sequence's number of splits
+    assert s.merge_rows == [[b, len([w for w in s.decode if w[0] == b])] for b in range(len(kv))]
+    assert s.split == (s.num_splits > 1)

@@ -53,3 +53,22 @@ def test_cuda_forked_samples_equal_unforked(tiny_llama_dir):
         runs.append([c.token_ids for c in out.outputs])
     assert runs[0] == runs[1] == runs[2]
     assert len({tuple(t) for t in runs[0]}) > 1
+
+
+def test_cuda_whole_forward_graphs_replay_decode_steps(tiny_llama_dir, hf_greedy):
+    """Decode steps replay the whole-forward CUDA graph (attention over the bucket's static
+    tables; a 450-token prompt alone splits its keys) and still give HF's greedy tokens;
+    a step with a prefill chunk replays the pieces."""
+    prompts = [[(7 * i) % 500 + 3 for i in range(450)], [40, 41], [9] * 30]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    for batch in (prompts[:1], prompts):
+        expected = hf_greedy(tiny_llama_dir, batch, 20)
+        with LLM(tiny_llama_dir, dtype="float32", device="cuda", attention="triton",
+                 max_num_batched_tokens=64) as llm:
+            graphs = llm.engine.runner.graphs
+            before = graphs.num_full_replays
+            got = [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)]
+            assert graphs.num_full_replays - before >= 18, graphs.num_full_replays
+            if len(batch) == 1:
+                assert llm.engine.runner.attention.schedule.split     # the last step split its keys
+        assert got == expected, len(batch)

@@ -25,8 +25,16 @@ class TileConfig:
 class Schedule:
     decode: list[list[int]] = field(default_factory=list)     # work rows of the decode launch
     prefill: list[list[int]] = field(default_factory=list)    # work rows of the prefill launch
-    merge_rows: list[list[int]] = field(default_factory=list)  # (token, n_splits) per partial row
+    # (token, n_splits) per partial row: every decode token, listed even when nothing is split
+    # (the eager launch then writes the output directly and ignores them; a CUDA graph's
+    # static plan always merges, attention/static_plan.py)
+    merge_rows: list[list[int]] = field(default_factory=list)
     num_splits: int = 1                                       # max splits of a decode sequence
+
+    @property
+    def split(self) -> bool:
+        """Whether some decode sequence's keys are split (then the merge pass runs)."""
+        return self.num_splits > 1
 
 
 def key_ranges(first_pos: int, last_pos: int, window: int | None, block_n: int,
@@ -86,8 +94,6 @@ def build_schedule(
         sched.merge_rows.extend([qo_indptr[b] + i, s1 - s0 + 1] for i in range(q_lens[b]))
         sched.num_splits = max(sched.num_splits, s1 - s0 + 1)
         part_row += q_lens[b]
-    if sched.num_splits == 1:
-        sched.merge_rows = []                # the decode launch writes the output directly
 
     for b in seqs:
         if q_lens[b] <= decode.block_q:

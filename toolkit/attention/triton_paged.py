@@ -18,11 +18,13 @@ import torch
 
 from toolkit.attention.common import check_geometry, check_layout, check_qkv
 from toolkit.attention.schedule import Schedule, build_schedule
+from toolkit.attention.static_plan import StaticDecodePlans
 from toolkit.attention.tuning import KernelConfig, default_config
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
 from toolkit.kernels import dispatch as kernel_dispatch
 from toolkit.kernels import reference_attention
+from toolkit.transfer import to_device
 
 
 class TritonPagedAttention:
@@ -77,10 +79,13 @@ class TritonPagedAttention:
                                prefill=self._prefill_tile, window=self.sliding_window,
                                target_programs=cfg.target_programs,
                                min_split_tokens=cfg.min_split_tokens)
-        rows = sched.decode + sched.prefill + sched.merge_rows
-        # one host->device copy of all int32 tables: [decode W | prefill W | merge rows (pairs)]
+        merge = sched.merge_rows if sched.split else []     # not split: written directly
+        rows = sched.decode + sched.prefill + merge
+        # one host->device copy of all int32 tables: [decode W | prefill W | merge rows (pairs)],
+        # staged through pinned memory: a pageable copy would wait for the GPU's queue (with
+        # async scheduling, for the whole step before), see toolkit/transfer.py
         flat = [x for r in rows for x in r]
-        table = torch.tensor(flat, dtype=torch.int32).to(dev, non_blocking=True)
+        table = to_device(torch.tensor(flat, dtype=torch.int32), dev)
         cols = reference_attention.WORK_COLS
         n_dec, n_pre = len(sched.decode) * cols, len(sched.prefill) * cols
         self._work = {
@@ -88,8 +93,8 @@ class TritonPagedAttention:
             "prefill": table[n_dec:n_dec + n_pre].view(-1, cols),
             "merge": table[n_dec + n_pre:].view(-1, 2),
         }
-        if sched.merge_rows:
-            r, s = len(sched.merge_rows), sched.num_splits
+        if merge:
+            r, s = len(merge), sched.num_splits
             self._part_out = torch.empty(r, self.num_heads, s, self.head_dim, dtype=torch.float32,
                                          device=dev)                       # [R, H, S, D]
             self._part_lse = torch.empty(r, self.num_heads, s, dtype=torch.float32, device=dev)
@@ -139,6 +144,39 @@ class TritonPagedAttention:
                        block_q=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
                        num_stages=t.num_stages, **common)
         return out
+
+    # -- decode attention inside a CUDA graph (attention/static_plan.py) --
+    supports_static_decode = True      # declared capability (AttentionBackend: default False)
+
+    def static_decode_plans(self, sizes: list[int]) -> StaticDecodePlans:
+        """Fixed tables for CUDA-graph buckets of these token counts (allocated now, once)."""
+        cfg, cache = self.config, self.kv_cache
+        return StaticDecodePlans(
+            sizes, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            decode_block_q=cfg.decode.block_q, target_programs=cfg.target_programs,
+            min_split_tokens=cfg.min_split_tokens, max_pages=cache.num_blocks + max(sizes),
+            max_tokens_per_seq=cache.num_blocks * cache.block_size, device=cache.device)
+
+    def use_static(self, plans: StaticDecodePlans, bucket: int) -> bool:
+        """After plan(): copy this step's schedule into the bucket's tables; False when it
+        does not fit them (then run() as usual)."""
+        if self.schedule is None:
+            raise RuntimeError("call plan(layout) before use_static()")
+        return plans.fill(bucket, self.schedule, self.kv_indices)
+
+    def run_static(self, layer: int, q: torch.Tensor, out: torch.Tensor, plans: StaticDecodePlans,
+                   bucket: int) -> None:
+        """Decode attention over the bucket's tables into `out` [T, H, D]: fixed grids and
+        buffers, so it can be captured; always split mode plus the merge (a sequence with
+        one split is merged from one partial)."""
+        b = plans.buckets[bucket]
+        t = self.config.decode
+        k_scale, v_scale = self.kv_cache.scales(layer)
+        self._attn(q, self.kv_cache[layer], plans.kv_indices, b.work, out, b.part_out, b.part_lse,
+                   scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
+                   num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+        self._merge(b.part_out, b.part_lse, b.merge, out)
 
     def __repr__(self) -> str:
         s = self.schedule

@@ -12,6 +12,12 @@ Capture trick: while the forward is captured, the model sees a proxy attention w
 write_kv launches the cache writer on a static slot buffer (so it is captured), and whose
 run() ends the current graph, remembers (layer, q, out) and begins the next graph. Replay:
 graph 0, attention(0), graph 1, ..., attention(L-1), graph L.
+
+Full graphs: a backend that declares `supports_static_decode` (Triton) can also run a decode
+step's attention over fixed-capacity tables (attention/static_plan.py), so each bucket gets
+a second capture of the whole forward, attention included: one replay per step. A step uses
+it when its schedule fits the bucket's tables (every sequence in the decode class: decodes,
+draft verification, short chunks); otherwise the pieces replay as above.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class _Graph:
     pieces: list = field(default_factory=list)        # L + 1 CUDAGraphs
     calls: list = field(default_factory=list)         # (layer, q, out) between pieces
     hidden: torch.Tensor | None = None     # [Bp, hidden] output of the last piece
+    full: torch.cuda.CUDAGraph | None = None          # the whole forward (static decode tables)
+    full_hidden: torch.Tensor | None = None           # [Bp, hidden] its output
 
 
 class _CaptureProxy:
@@ -58,9 +66,7 @@ class _CaptureProxy:
         self.current.capture_begin(pool=pool)
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        from toolkit.kernels import dispatch
-
-        dispatch.write_kv(k, v, self.real.kv_cache[layer], self.graph.slots)
+        _write_kv(self.real, self.graph, layer, k, v)
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         self.current.capture_end()
@@ -77,6 +83,32 @@ class _CaptureProxy:
         self.graph.hidden = hidden
 
 
+def _write_kv(attention, graph: _Graph, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The cache writer on the graph's static slots (an fp8 cache: with the layer's scales)."""
+    from toolkit.kernels import dispatch
+
+    cache = attention.kv_cache
+    dispatch.write_kv(k, v, cache[layer], graph.slots, *cache.scales(layer))
+
+
+class _FullProxy:
+    """Stands in for the attention backend while a whole forward is captured: attention over
+    the bucket's static decode tables, captured like every other kernel."""
+
+    def __init__(self, real, graph: _Graph, plans, bucket: int) -> None:
+        self.real, self.graph, self.plans, self.bucket = real, graph, plans, bucket
+        for name in ("num_heads", "num_kv_heads", "head_dim", "scale", "sliding_window", "soft_cap"):
+            setattr(self, name, getattr(real, name))
+
+    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        _write_kv(self.real, self.graph, layer, k, v)
+
+    def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(q)
+        self.real.run_static(layer, q, out, self.plans, self.bucket)
+        return out
+
+
 class StepGraphs:
     def __init__(self, model, attention, max_tokens: int, device: torch.device) -> None:
         self.model, self.attention, self.device = model, attention, device
@@ -84,6 +116,12 @@ class StepGraphs:
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()      # buckets whose capture raised: they run eagerly
         self.pool = torch.cuda.graph_pool_handle()
+        # decode attention inside the graph: tables for every bucket, allocated before any
+        # capture (a graph bakes in their addresses); None: the backend cannot
+        self.static = (attention.static_decode_plans(self.sizes)
+                       if getattr(attention, "supports_static_decode", False) else None)
+        self.num_full_replays = 0          # steps that replayed a whole-forward graph
+        self.num_piecewise_replays = 0
 
     def bucket(self, batch: int) -> int | None:
         """The smallest bucket that holds `batch` tokens (None: too big, or its capture failed)."""
@@ -121,8 +159,39 @@ class StepGraphs:
         torch.cuda.synchronize()
         if bp in self.failed:
             return
+        if self.static is not None:
+            self._capture_full(bp, g)
         self.graphs[bp] = g
-        log.info("captured CUDA graphs for %d-token steps (%d pieces)", bp, len(g.pieces))
+        log.info("captured CUDA graphs for %d-token steps (%d pieces%s)", bp, len(g.pieces),
+                 ", and whole" if g.full is not None else "")
+
+    def _capture_full(self, bp: int, g: _Graph) -> None:
+        """The whole forward of bucket bp, attention over its static tables, as one graph
+        (a failure leaves the pieces alone)."""
+        tables = self.static.buckets[bp]
+        tables.table.zero_()               # no-op rows: the compile run below writes nothing
+        h = self.attention
+        q = torch.zeros(bp, h.num_heads, h.head_dim, dtype=g.hidden.dtype, device=self.device)
+        h.run_static(0, q, torch.empty_like(q), self.static, bp)     # compiles outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(pool=self.pool)
+                try:
+                    hidden = self.model.forward(g.ids, g.positions, _FullProxy(h, g, self.static, bp))
+                finally:
+                    graph.capture_end()
+        except Exception as e:            # stay piecewise, say why
+            log.warning("whole-forward CUDA-graph capture of a %d-token step failed (%s); its "
+                        "decode steps replay the pieces", bp, e)
+            return
+        finally:
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+        g.full, g.full_hidden = graph, hidden
 
     @torch.inference_mode()
     def replay(self, bp: int, ids: torch.Tensor, positions: torch.Tensor,
@@ -132,6 +201,11 @@ class StepGraphs:
         g.ids.copy_(ids, non_blocking=True)
         g.positions.copy_(positions, non_blocking=True)
         g.slots.copy_(slots, non_blocking=True)
+        if g.full is not None and self.attention.use_static(self.static, bp):
+            g.full.replay()
+            self.num_full_replays += 1
+            return g.full_hidden
+        self.num_piecewise_replays += 1
         for piece, (layer, q, out) in zip(g.pieces, g.calls):
             piece.replay()
             self.attention.run(layer, q, out=out)

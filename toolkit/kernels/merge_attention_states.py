@@ -2,7 +2,9 @@
 second pass: out = sum_s exp(lse_s - m) * o_s / sum_s exp(lse_s - m), m = max_s lse_s.
 
 One program per (partial row, query head). A split whose rows saw no key has lse = -inf and
-weighs nothing; every row has at least one split with a finite lse (its own key).
+weighs nothing; every row has at least one split with a finite lse (its own key). A row with
+zero splits is padding (a CUDA graph's fixed-size table, attention/static_plan.py): it
+writes nothing.
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ def _merge_kernel(
                 + offs_d[None, :], mask=s_ok[:, None] & (offs_d[None, :] < D), other=0.0)
     res = tl.sum(o * wgt[:, None], 0) / tl.sum(wgt, 0)                     # [D_PAD]
     tl.store(out_ptr + token * stride_ot + h * stride_oh + offs_d,
-             res.to(out_ptr.dtype.element_ty), mask=offs_d < D)
+             res.to(out_ptr.dtype.element_ty), mask=(offs_d < D) & (offs_d * 0 + n_splits > 0))
 
 
 def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows: torch.Tensor,
                            out: torch.Tensor) -> None:
     """part_out float32 [R, H, S, D], part_lse float32 [R, H, S], rows int32 [R, 2] =
-    (output token, number of valid splits) -> out[token, h] for every row r and head h."""
+    (output token, number of valid splits) -> out[token, h] for every row r and head h; rows
+    with 0 splits write nothing."""
     n_rows, h, s, d = part_out.shape
     if n_rows == 0:
         return

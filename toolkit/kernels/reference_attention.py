@@ -29,6 +29,8 @@ def paged_attention(
     _, _, page, h_kv, d = kv_cache.shape
     pages = kv_indices.long()
     for q_start, n_q, first_pos, page_base, start, _, _, hi, part_row, split in work.tolist():
+        if n_q == 0:
+            continue                       # a padding row of a fixed-size table: no query
         pos = torch.arange(start, hi, device=q.device)                     # [S] key positions
         blocks = pages[page_base + pos // page]
         k = dequantize(kv_cache[0, blocks, pos % page], k_scale)           # [S, H_kv, D] fp32
@@ -56,8 +58,11 @@ def paged_attention(
 def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows: torch.Tensor,
                            out: torch.Tensor) -> None:
     """part_out float32 [R, H, S, D], part_lse float32 [R, H, S], rows int32 [R, 2] =
-    (output token, number of valid splits) -> out[token, h]."""
+    (output token, number of valid splits) -> out[token, h]; rows with 0 splits (padding)
+    write nothing."""
     for r, (token, n_splits) in enumerate(rows.tolist()):
+        if n_splits == 0:
+            continue
         lse = part_lse[r, :, :n_splits]                                    # [H, n]
         wgt = torch.softmax(lse, dim=-1)                                   # exp(lse - logsumexp(lse))
         out[token] = torch.einsum("hs,hsd->hd", wgt, part_out[r, :, :n_splits]).to(out.dtype)

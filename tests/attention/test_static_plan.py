@@ -1,0 +1,101 @@
+"""Decode attention over fixed-capacity tables (attention/static_plan.py, what a full CUDA
+graph of a decode step replays) against the reference twin: a step's schedule copied into a
+bucket's tables, zero rows past it, the page list in the shared buffer, split mode always."""
+
+from __future__ import annotations
+
+import torch
+from attention_cases import REL_TOL, make_case, poisoned_like, rel_err
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toolkit.attention.schedule import TileConfig
+from toolkit.attention.torch_ref import TorchAttention
+from toolkit.attention.triton_paged import TritonPagedAttention
+from toolkit.attention.tuning import KernelConfig
+
+# decode class up to 4 query tokens; splits forced at small sizes so padding, several splits
+# per sequence and one-split sequences all occur
+SMALL = KernelConfig(decode=TileConfig(4, 16, 4, 1), prefill=TileConfig(8, 16, 4, 1),
+                     target_programs=16, min_split_tokens=16)
+SIZES = [1, 2, 4, 8, 12]
+
+
+def decode_lengths(max_seqs: int = 5):
+    """(kv_lens, q_lens) of a decode-class step: q_len in 1..4 (drafts), kv_len >= q_len."""
+    return st.lists(st.tuples(st.integers(1, 4), st.integers(0, 90)), min_size=1,
+                    max_size=max_seqs).map(lambda s: ([q + k for q, k in s], [q for q, _ in s])
+                                           ).filter(lambda s: sum(s[1]) <= SIZES[-1])
+
+
+def static_vs_reference(case, sizes, bucket, impl, window=None, layer=0):
+    h, d = case.q.shape[1], case.q.shape[2]
+    fast = TritonPagedAttention(case.cache, h, d, sliding_window=window, config=SMALL, impl=impl)
+    plans = fast.static_decode_plans(sizes)
+    for b in plans.buckets.values():          # stale tables from an "earlier step"
+        b.table.fill_(7)
+    fast.plan(case.layout)
+    if not fast.use_static(plans, bucket):
+        return None
+    out = poisoned_like(case.q)
+    fast.run_static(layer, case.q, out, plans, bucket)
+    ref = TorchAttention(case.cache, h, d, sliding_window=window)
+    ref.plan(case.layout)
+    return rel_err(out, ref.run(layer, case.q))
+
+
+@settings(max_examples=12, deadline=None)
+@given(lengths=decode_lengths(), window=st.one_of(st.none(), st.integers(1, 40)),
+       seed=st.integers(0, 2**16), impl=st.sampled_from(["triton", "reference"]))
+def test_static_tables_match_reference(lengths, window, seed, impl) -> None:
+    kv_lens, q_lens = lengths
+    case = make_case(4, 2, 16, 16, kv_lens, q_lens, torch.float32, seed)
+    bucket = next(s for s in SIZES if s >= case.layout.num_tokens)
+    err = static_vs_reference(case, SIZES, bucket, impl, window)
+    assert err is not None, "a decode step within the bucket's bound did not fit its tables"
+    assert err < REL_TOL[torch.float32], err
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=decode_lengths(), extra=st.lists(st.integers(0, 700), min_size=5, max_size=5),
+       window=st.one_of(st.none(), st.integers(1, 300)))
+def test_every_bucket_holds_the_splits_its_steps_can_need(lengths, extra, window) -> None:
+    """The bound of static_plan.py: a decode step of T tokens (more than the bucket before
+    holds) always fits bucket T's tables, long contexts and misaligned windows included.
+    Tables only: nothing is launched."""
+    q_lens = lengths[1]
+    kv_lens = [k + e for k, e in zip(lengths[0], extra)]
+    case = make_case(4, 2, 16, 16, kv_lens, q_lens, torch.float32, seed=0, spare_blocks=0)
+    fast = TritonPagedAttention(case.cache, 4, 16, sliding_window=window, config=SMALL,
+                                impl="reference")
+    plans = fast.static_decode_plans(SIZES)
+    fast.plan(case.layout)
+    bucket = next(s for s in SIZES if s >= case.layout.num_tokens)
+    assert fast.use_static(plans, bucket), (bucket, fast.schedule.num_splits,
+                                            plans.buckets[bucket].max_splits)
+
+
+def test_a_prefill_tile_does_not_fit() -> None:
+    case = make_case(4, 2, 16, 16, [30, 12], [1, 12], torch.float32, seed=0)
+    fast = TritonPagedAttention(case.cache, 4, 16, config=SMALL, impl="reference")
+    plans = fast.static_decode_plans([16])
+    fast.plan(case.layout)
+    assert fast.schedule.prefill and not fast.use_static(plans, 16)
+
+
+def test_padding_rows_write_nothing() -> None:
+    """Rows of the output past the step's tokens keep what they held (the bucket is larger
+    than the step): zero work items and zero merge rows are no-ops."""
+    case = make_case(4, 2, 16, 16, [40, 3], [1, 1], torch.float32, seed=2)
+    fast = TritonPagedAttention(case.cache, 4, 16, config=SMALL)
+    plans = fast.static_decode_plans([8])
+    fast.plan(case.layout)
+    assert fast.use_static(plans, 8)
+    q = torch.randn(8, 4, 16)
+    q[:2] = case.q
+    out = torch.full_like(q, 5.0)
+    fast.run_static(0, q, out, plans, 8)
+    assert torch.equal(out[2:], torch.full_like(out[2:], 5.0))
+    ref = TorchAttention(case.cache, 4, 16)
+    ref.plan(case.layout)
+    assert rel_err(out[:2], ref.run(0, case.q)) < REL_TOL[torch.float32]
