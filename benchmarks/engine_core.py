@@ -67,6 +67,13 @@ def gc_passes():
     started = [0.0]
 
     def cb(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2 and "first_full" not in passes:
+            import collections
+
+            objs = gc.get_objects(generation=2)    # what the first full pass walks
+            kinds = collections.Counter(type(o).__name__ for o in objs).most_common(8)
+            passes["first_full"] = dict(frozen=gc.get_freeze_count(), gen2=len(objs), types=kinds)
+            del objs
         if phase == "start":
             started[0] = time.perf_counter()
         else:

@@ -58,7 +58,8 @@ class StaticDecodePlans:
 
     def __init__(self, sizes: list[int], *, num_heads: int, num_kv_heads: int, head_dim: int,
                  decode_block_q: int, target_programs: int, min_split_tokens: int,
-                 max_pages: int, max_tokens_per_seq: int, device: torch.device) -> None:
+                 max_pages: int, max_tokens_per_seq: int, windowed: bool,
+                 device: torch.device) -> None:
         self.device = device
         caps, prev = {}, 0
         for t in sorted(sizes):
@@ -76,7 +77,12 @@ class StaticDecodePlans:
         self.kv_indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
         self.buckets: dict[int, BucketTables] = {}
         for t, s in caps.items():
-            work_cap = t * s
+            # n sequences split into at most ceil(target / (n * H_kv)) parts each (+1 with a
+            # window): at most target / H_kv + n items (+ n). A tight cap matters: every row
+            # is a program, and an empty one still takes an SM slot (decode tiles hold one
+            # program per SM at head_dim 128)
+            extra = -(-target_programs // num_kv_heads) if target_programs > 0 else 0
+            work_cap = min(t * s, extra + t * (2 if windowed else 1))
             table = torch.zeros(work_cap * WORK_COLS + t * 2, dtype=torch.int32, device=device)
             self.buckets[t] = BucketTables(
                 t, s, table, table[:work_cap * WORK_COLS].view(work_cap, WORK_COLS),

@@ -155,7 +155,8 @@ class TritonPagedAttention:
             sizes, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             decode_block_q=cfg.decode.block_q, target_programs=cfg.target_programs,
             min_split_tokens=cfg.min_split_tokens, max_pages=cache.num_blocks + max(sizes),
-            max_tokens_per_seq=cache.num_blocks * cache.block_size, device=cache.device)
+            max_tokens_per_seq=cache.num_blocks * cache.block_size,
+            windowed=self.sliding_window is not None, device=cache.device)
 
     def use_static(self, plans: StaticDecodePlans, bucket: int) -> bool:
         """After plan(): copy this step's schedule into the bucket's tables; False when it
