@@ -4,6 +4,7 @@ bucket's tables, zero rows past it, the page list in the shared buffer, split mo
 
 from __future__ import annotations
 
+import pytest
 import torch
 from attention_cases import REL_TOL, make_case, poisoned_like, rel_err
 from hypothesis import given, settings
@@ -35,10 +36,12 @@ def static_vs_reference(case, sizes, bucket, impl, window=None, layer=0):
     for b in plans.buckets.values():          # stale tables from an "earlier step"
         b.table.fill_(7)
     fast.plan(case.layout)
-    if not fast.use_static(plans, bucket):
+    mode = fast.use_static(plans, bucket)
+    if mode is None:
         return None
+    assert mode == ("split" if fast.schedule.num_splits > 1 else "direct")
     out = poisoned_like(case.q)
-    fast.run_static(layer, case.q, out, plans, bucket)
+    fast.run_static(layer, case.q, out, plans, bucket, mode)
     ref = TorchAttention(case.cache, h, d, sliding_window=window)
     ref.plan(case.layout)
     return rel_err(out, ref.run(layer, case.q))
@@ -71,7 +74,7 @@ def test_every_bucket_holds_the_splits_its_steps_can_need(lengths, extra, window
     plans = fast.static_decode_plans(SIZES)
     fast.plan(case.layout)
     bucket = next(s for s in SIZES if s >= case.layout.num_tokens)
-    assert fast.use_static(plans, bucket), (bucket, fast.schedule.num_splits,
+    assert fast.use_static(plans, bucket) is not None, (bucket, fast.schedule.num_splits,
                                             plans.buckets[bucket].max_splits)
 
 
@@ -80,22 +83,26 @@ def test_a_prefill_tile_does_not_fit() -> None:
     fast = TritonPagedAttention(case.cache, 4, 16, config=SMALL, impl="reference")
     plans = fast.static_decode_plans([16])
     fast.plan(case.layout)
-    assert fast.schedule.prefill and not fast.use_static(plans, 16)
+    assert fast.schedule.prefill and fast.use_static(plans, 16) is None
 
 
-def test_padding_rows_write_nothing() -> None:
+@pytest.mark.parametrize("kv_lens,mode", [([40, 3], "split"), ([9, 3], "direct")])
+def test_padding_rows_write_nothing(kv_lens, mode) -> None:
     """Rows of the output past the step's tokens keep what they held (the bucket is larger
-    than the step): zero work items and zero merge rows are no-ops."""
-    case = make_case(4, 2, 16, 16, [40, 3], [1, 1], torch.float32, seed=2)
+    than the step): zero work items and zero merge rows are no-ops, in either launch shape;
+    the split shape also holds a step that was not split."""
+    case = make_case(4, 2, 16, 16, kv_lens, [1, 1], torch.float32, seed=2)
     fast = TritonPagedAttention(case.cache, 4, 16, config=SMALL)
     plans = fast.static_decode_plans([8])
     fast.plan(case.layout)
-    assert fast.use_static(plans, 8)
-    q = torch.randn(8, 4, 16)
-    q[:2] = case.q
-    out = torch.full_like(q, 5.0)
-    fast.run_static(0, q, out, plans, 8)
-    assert torch.equal(out[2:], torch.full_like(out[2:], 5.0))
+    assert fast.use_static(plans, 8) == mode
     ref = TorchAttention(case.cache, 4, 16)
     ref.plan(case.layout)
-    assert rel_err(out[:2], ref.run(0, case.q)) < REL_TOL[torch.float32]
+    expected = ref.run(0, case.q)
+    for shape in {mode, "split"}:
+        q = torch.randn(8, 4, 16)
+        q[:2] = case.q
+        out = torch.full_like(q, 5.0)
+        fast.run_static(0, q, out, plans, 8, shape)
+        assert torch.equal(out[2:], torch.full_like(out[2:], 5.0)), shape
+        assert rel_err(out[:2], expected) < REL_TOL[torch.float32], shape

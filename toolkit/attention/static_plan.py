@@ -8,8 +8,10 @@ per layer, milliseconds per step at batch 256. For a step whose every sequence i
 decode class (q_len <= the decode tile's block_q: decodes, draft verification, short
 chunks) the launches can be fixed instead:
 
-- the decode kernel always runs in split mode over a work table of `work_cap` rows, and the
-  merge over `tokens` rows (one per token of the bucket), both with a fixed grid;
+- two launch shapes per bucket, each with a fixed grid: "direct" (no sequence split: the
+  decode kernel over `tokens` work rows writes the output itself) and "split" (the decode
+  kernel in split mode over `work_cap` rows, then the merge over `tokens` rows); a step
+  takes the first that holds its schedule (the engine captures a graph of each);
 - the step's schedule is copied into those tables (one host -> device copy) and the page
   list into a fixed buffer (one device copy); rows past the step's are zero, which the kernels
   skip (a work item with no query row and no key; a merge row with zero splits);
@@ -31,7 +33,6 @@ import torch
 
 from toolkit.attention.schedule import Schedule
 from toolkit.kernels.reference_attention import WORK_COLS
-from toolkit.transfer import to_device
 
 
 @dataclass
@@ -90,20 +91,25 @@ class StaticDecodePlans:
                 self._part_out[: t * num_heads * s * head_dim].view(t, num_heads, s, head_dim),
                 self._part_lse[: t * num_heads * s].view(t, num_heads, s))
 
-    def fill(self, bucket: int, sched: Schedule, kv_indices: torch.Tensor) -> bool:
-        """Copy a step's schedule and page list into bucket `bucket`'s tables; False (and
-        nothing copied) when the step does not fit them."""
+    def fill(self, bucket: int, sched: Schedule, kv_indices: torch.Tensor) -> str | None:
+        """Copy a step's schedule and page list into bucket `bucket`'s tables. Returns the
+        launch shape that holds it, "direct" (nothing split) or "split", or None (and nothing
+        copied) when the step does not fit."""
         b = self.buckets.get(bucket)
         if (b is None or sched.prefill or len(sched.decode) > b.work_cap
                 or sched.num_splits > b.max_splits or len(sched.merge_rows) > b.tokens
                 or kv_indices.numel() > self.kv_indices.numel()):
-            return False
+            return None
+        mode = "split" if sched.split else "direct"      # direct: one row per sequence <= tokens
         host = np.zeros(b.table.numel(), dtype=np.int32)          # zero rows: skipped
         if sched.decode:
             host[: len(sched.decode) * WORK_COLS] = np.asarray(sched.decode, dtype=np.int32).ravel()
         if sched.merge_rows:
             start = b.work_cap * WORK_COLS
             host[start: start + 2 * len(sched.merge_rows)] = np.asarray(sched.merge_rows, dtype=np.int32).ravel()
-        b.table.copy_(to_device(torch.from_numpy(host), self.device), non_blocking=True)
+        host_t = torch.from_numpy(host)
+        if self.device.type == "cuda":        # pinned: the copy does not wait for the GPU queue
+            host_t = host_t.pin_memory()
+        b.table.copy_(host_t, non_blocking=True)
         self.kv_indices[: kv_indices.numel()].copy_(kv_indices, non_blocking=True)
-        return True
+        return mode

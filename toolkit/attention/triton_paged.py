@@ -158,26 +158,34 @@ class TritonPagedAttention:
             max_tokens_per_seq=cache.num_blocks * cache.block_size,
             windowed=self.sliding_window is not None, device=cache.device)
 
-    def use_static(self, plans: StaticDecodePlans, bucket: int) -> bool:
-        """After plan(): copy this step's schedule into the bucket's tables; False when it
-        does not fit them (then run() as usual)."""
+    def use_static(self, plans: StaticDecodePlans, bucket: int) -> str | None:
+        """After plan(): copy this step's schedule into the bucket's tables; returns the launch
+        shape that holds it ("direct" or "split", for run_static), or None when it does not
+        fit (then run() as usual)."""
         if self.schedule is None:
             raise RuntimeError("call plan(layout) before use_static()")
         return plans.fill(bucket, self.schedule, self.kv_indices)
 
     def run_static(self, layer: int, q: torch.Tensor, out: torch.Tensor, plans: StaticDecodePlans,
-                   bucket: int) -> None:
+                   bucket: int, mode: str) -> None:
         """Decode attention over the bucket's tables into `out` [T, H, D]: fixed grids and
-        buffers, so it can be captured; always split mode plus the merge (a sequence with
-        one split is merged from one partial)."""
+        buffers, so it can be captured. mode "direct": one work row per token's sequence,
+        written directly; "split": every work row in split mode, then the merge (a sequence
+        with one split is merged from one partial)."""
+        if mode not in ("direct", "split"):
+            raise ValueError(f"mode must be 'direct' or 'split', got {mode!r}")
         b = plans.buckets[bucket]
         t = self.config.decode
         k_scale, v_scale = self.kv_cache.scales(layer)
-        self._attn(q, self.kv_cache[layer], plans.kv_indices, b.work, out, b.part_out, b.part_lse,
+        split = mode == "split"
+        work = b.work if split else b.work[: b.tokens]
+        self._attn(q, self.kv_cache[layer], plans.kv_indices, work, out,
+                   b.part_out if split else None, b.part_lse if split else None,
                    scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
                    num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
                    block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-        self._merge(b.part_out, b.part_lse, b.merge, out)
+        if split:
+            self._merge(b.part_out, b.part_lse, b.merge, out)
 
     def __repr__(self) -> str:
         s = self.schedule

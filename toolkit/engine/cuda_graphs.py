@@ -51,8 +51,9 @@ class _Graph:
     pieces: list = field(default_factory=list)        # L + 1 CUDAGraphs
     calls: list = field(default_factory=list)         # (layer, q, out) between pieces
     hidden: torch.Tensor | None = None     # [Bp, hidden] output of the last piece
-    full: torch.cuda.CUDAGraph | None = None          # the whole forward (static decode tables)
-    full_hidden: torch.Tensor | None = None           # [Bp, hidden] its output
+    # the whole forward over the static decode tables, per launch shape ("direct", "split"):
+    # (graph, its output hidden [Bp, hidden])
+    full: dict = field(default_factory=dict)
 
 
 class _CaptureProxy:
@@ -95,8 +96,8 @@ class _FullProxy:
     """Stands in for the attention backend while a whole forward is captured: attention over
     the bucket's static decode tables, captured like every other kernel."""
 
-    def __init__(self, real, graph: _Graph, plans, bucket: int) -> None:
-        self.real, self.graph, self.plans, self.bucket = real, graph, plans, bucket
+    def __init__(self, real, graph: _Graph, plans, bucket: int, mode: str) -> None:
+        self.real, self.graph, self.plans, self.bucket, self.mode = real, graph, plans, bucket, mode
         for name in ("num_heads", "num_kv_heads", "head_dim", "scale", "sliding_window", "soft_cap"):
             setattr(self, name, getattr(real, name))
 
@@ -105,7 +106,7 @@ class _FullProxy:
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
-        self.real.run_static(layer, q, out, self.plans, self.bucket)
+        self.real.run_static(layer, q, out, self.plans, self.bucket, self.mode)
         return out
 
 
@@ -160,19 +161,20 @@ class StepGraphs:
         if bp in self.failed:
             return
         if self.static is not None:
-            self._capture_full(bp, g)
+            for mode in ("direct", "split"):
+                self._capture_full(bp, g, mode)
         self.graphs[bp] = g
-        log.info("captured CUDA graphs for %d-token steps (%d pieces%s)", bp, len(g.pieces),
-                 ", and whole" if g.full is not None else "")
+        log.info("captured CUDA graphs for %d-token steps (%d pieces; whole: %s)", bp,
+                 len(g.pieces), ", ".join(g.full) or "none")
 
-    def _capture_full(self, bp: int, g: _Graph) -> None:
-        """The whole forward of bucket bp, attention over its static tables, as one graph
-        (a failure leaves the pieces alone)."""
+    def _capture_full(self, bp: int, g: _Graph, mode: str) -> None:
+        """The whole forward of bucket bp, attention over its static tables in launch shape
+        `mode`, as one graph (a failure leaves the pieces alone)."""
         tables = self.static.buckets[bp]
         tables.table.zero_()               # no-op rows: the compile run below writes nothing
         h = self.attention
         q = torch.zeros(bp, h.num_heads, h.head_dim, dtype=g.hidden.dtype, device=self.device)
-        h.run_static(0, q, torch.empty_like(q), self.static, bp)     # compiles outside the capture
+        h.run_static(0, q, torch.empty_like(q), self.static, bp, mode)   # compiles outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
@@ -181,17 +183,18 @@ class StepGraphs:
             with torch.cuda.stream(stream):
                 graph.capture_begin(pool=self.pool)
                 try:
-                    hidden = self.model.forward(g.ids, g.positions, _FullProxy(h, g, self.static, bp))
+                    hidden = self.model.forward(g.ids, g.positions,
+                                                _FullProxy(h, g, self.static, bp, mode))
                 finally:
                     graph.capture_end()
         except Exception as e:            # stay piecewise, say why
-            log.warning("whole-forward CUDA-graph capture of a %d-token step failed (%s); its "
-                        "decode steps replay the pieces", bp, e)
+            log.warning("whole-forward CUDA-graph capture (%s) of a %d-token step failed (%s); "
+                        "its decode steps replay the pieces", mode, bp, e)
             return
         finally:
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
-        g.full, g.full_hidden = graph, hidden
+        g.full[mode] = (graph, hidden)
 
     @torch.inference_mode()
     def replay(self, bp: int, ids: torch.Tensor, positions: torch.Tensor,
@@ -201,10 +204,12 @@ class StepGraphs:
         g.ids.copy_(ids, non_blocking=True)
         g.positions.copy_(positions, non_blocking=True)
         g.slots.copy_(slots, non_blocking=True)
-        if g.full is not None and self.attention.use_static(self.static, bp):
-            g.full.replay()
+        mode = self.attention.use_static(self.static, bp) if g.full else None
+        if mode in g.full:
+            graph, hidden = g.full[mode]
+            graph.replay()
             self.num_full_replays += 1
-            return g.full_hidden
+            return hidden
         self.num_piecewise_replays += 1
         for piece, (layer, q, out) in zip(g.pieces, g.calls):
             piece.replay()
