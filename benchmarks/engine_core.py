@@ -130,6 +130,11 @@ def run(setting: str, args, reqs) -> dict:
         torch.cuda.synchronize()
         dt = time.perf_counter() - t
     out["gc_passes"] = passes
+    if args.generate_busy:       # the same generate again under the profiler: GPU-bound or not?
+        busy = gpu_busy_ms(lambda: llm.generate([p for p, _ in reqs], params, use_tqdm=False), 1)
+        out["generate_gpu_busy_s"] = busy / 1e3
+        print(f"[{setting}] generate again under torch.profiler: GPU busy {busy / 1e3:.2f} s "
+              f"(the timed run's wall: {dt:.2f} s)", flush=True)
     print(f"[{setting}] garbage-collector passes during generate (generation: count, ms): {passes}",
           flush=True)
     toks = sum(len(o.outputs[0].token_ids) for o in res)
@@ -195,6 +200,8 @@ def main() -> None:
     ap.add_argument("--settings", default="sync,async",
                     help="comma-separated: sync, async, and either with -nofreeze (generate "
                          "without freezing the heap, engine/gc_freeze.py)")
+    ap.add_argument("--generate-busy", action="store_true",
+                    help="run generate a second time under torch.profiler for its GPU busy time")
     ap.add_argument("--cprofile", type=int, default=0, help="profile N steady decode steps (host)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
