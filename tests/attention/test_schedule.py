@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toolkit.attention.schedule import TileConfig, build_schedule, key_ranges
+from toolkit.attention.schedule import TileConfig, build_schedule, build_schedule_reference, key_ranges
 
 
 @given(first=st.integers(0, 300), n_q=st.integers(1, 64), window=st.one_of(st.none(), st.integers(1, 80)),
@@ -36,5 +36,31 @@ def test_splits_tile_each_decode_sequence(kv, window) -> None:
         assert covered == list(range(lo, n))                   # every visible key exactly once
         assert sorted(w[9] for w in items) == list(range(len(items)))
     # one merge row per decode token, with its sequence's number of splits
-    assert s.merge_rows == [[b, len([w for w in s.decode if w[0] == b])] for b in range(len(kv))]
+    assert s.merge_rows.tolist() == [[b, len([w for w in s.decode if w[0] == b])] for b in range(len(kv))]
     assert s.split == (s.num_splits > 1)
+
+
+@given(runs=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 400)), min_size=1, max_size=12),
+       window=st.one_of(st.none(), st.integers(1, 300)), target=st.sampled_from([0, 8, 64, 1000]),
+       block_q=st.sampled_from([1, 4, 8]), kv_heads=st.sampled_from([1, 2, 8]),
+       min_split=st.sampled_from([16, 64, 256]), block_n=st.sampled_from([16, 32, 128]))
+def test_numpy_schedule_equals_the_reference_row_for_row(runs, window, target, block_q, kv_heads,
+                                                         min_split, block_n) -> None:
+    """The fast builder's tables are the reference's, in the same order: ragged mixes of
+    decodes, drafts, chunks and prompts, splits on and off, windows."""
+    q_lens = [q for q, _ in runs]
+    kv = [q + past for q, past in runs]
+    qo = [0]
+    for q in q_lens:
+        qo.append(qo[-1] + q)
+    kvp = [0]
+    for n in kv:
+        kvp.append(kvp[-1] + -(-n // 16))
+    args = dict(num_kv_heads=kv_heads, decode=TileConfig(block_q, block_n, 4, 1),
+                prefill=TileConfig(16, 32, 4, 1), window=window, target_programs=target,
+                min_split_tokens=min_split)
+    fast, ref = build_schedule(qo, kv, kvp, **args), build_schedule_reference(qo, kv, kvp, **args)
+    assert fast.decode.tolist() == ref.decode
+    assert fast.prefill.tolist() == ref.prefill
+    assert fast.merge_rows.tolist() == ref.merge_rows
+    assert fast.num_splits == ref.num_splits

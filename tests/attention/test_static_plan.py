@@ -83,7 +83,7 @@ def test_a_prefill_tile_does_not_fit() -> None:
     fast = TritonPagedAttention(case.cache, 4, 16, config=SMALL, impl="reference")
     plans = fast.static_decode_plans([16])
     fast.plan(case.layout)
-    assert fast.schedule.prefill and fast.use_static(plans, 16) is None
+    assert len(fast.schedule.prefill) and fast.use_static(plans, 16) is None
 
 
 @pytest.mark.parametrize("kv_lens,mode", [([40, 3], "split"), ([9, 3], "direct")])

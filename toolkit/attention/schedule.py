@@ -1,5 +1,10 @@
 """Host-side tile schedule of one step for the paged-attention kernel (built once in plan()).
 
+`build_schedule` builds it with numpy (the decode class, one row per sequence and split, is
+what a batch-256 decode step consists of; a Python loop over it cost about 1 ms of host time
+per step); `build_schedule_reference` is its twin, a loop per sequence, that the tests hold it
+to row for row.
+
 Sequences with few query tokens (decode, short speculative chunks) form the *decode* class:
 one tile each, small row blocks, and split-KV (flash-decoding) when too few programs would
 fill the GPU. Longer query runs form the *prefill* class: tiles of BLOCK_Q tokens, no split,
@@ -12,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -23,6 +30,8 @@ class TileConfig:
 
 @dataclass
 class Schedule:
+    # rows as lists (the reference) or int32 numpy arrays [W, WORK_COLS] / [R, 2] (the fast
+    # builder); use len(), not truthiness
     decode: list[list[int]] = field(default_factory=list)     # work rows of the decode launch
     prefill: list[list[int]] = field(default_factory=list)    # work rows of the prefill launch
     # (token, n_splits) per partial row: every decode token, listed even when nothing is split
@@ -56,7 +65,7 @@ def key_ranges(first_pos: int, last_pos: int, window: int | None, block_n: int,
     return start, full_lo, full_hi, hi
 
 
-def build_schedule(
+def build_schedule_reference(
     qo_indptr: list[int], kv_lens: list[int], kv_indptr: list[int], *, num_kv_heads: int,
     decode: TileConfig, prefill: TileConfig, window: int | None, target_programs: int,
     min_split_tokens: int,
@@ -105,4 +114,69 @@ def build_schedule(
             assert r is not None
             sched.prefill.append([qo_indptr[b] + t0, n_q, first, kv_indptr[b], *r, 0, 0])
     sched.prefill.sort(key=lambda w: w[7] - w[4], reverse=True)           # most keys first
+    return sched
+
+
+def build_schedule(
+    qo_indptr, kv_lens, kv_indptr, *, num_kv_heads: int,
+    decode: TileConfig, prefill: TileConfig, window: int | None, target_programs: int,
+    min_split_tokens: int,
+) -> Schedule:
+    """build_schedule_reference's rows, in the same order, as int32 arrays: the decode class
+    vectorised over sequences and splits; prefill tiles (few: long query runs) in a loop."""
+    qo = np.asarray(qo_indptr, dtype=np.int64)
+    kv = np.asarray(kv_lens, dtype=np.int64)
+    kvp = np.asarray(kv_indptr, dtype=np.int64)
+    q = qo[1:] - qo[:-1]                                                   # [B]
+    short = np.flatnonzero(q <= decode.block_q)                           # decode-class sequences
+    sched = Schedule(decode=np.zeros((0, 10), np.int32), prefill=np.zeros((0, 10), np.int32),
+                     merge_rows=np.zeros((0, 2), np.int32))
+    if short.size:
+        qs, ks = q[short], kv[short]
+        first, last = ks - qs, ks - 1
+        lo = np.zeros_like(first) if window is None else np.maximum(0, first - window + 1)
+        split = 1 << 62
+        programs = short.size * num_kv_heads
+        if programs < target_programs:
+            want = -(-target_programs // programs)
+            tokens = max(min_split_tokens, -(-int((ks - lo).max()) // want))
+            split = -(-tokens // decode.block_n) * decode.block_n
+        s0, s1 = lo // split, last // split
+        n = s1 - s0 + 1                                                    # [S] splits per sequence
+        seq = np.repeat(np.arange(short.size), n)                          # [W] owner of each item
+        j = np.arange(seq.size) - np.repeat(np.cumsum(n) - n, n)           # [W] split within it
+        f, la = first[seq], last[seq]
+        k_lo = np.maximum((s0[seq] + j) * split, 0 if window is None else f - window + 1)
+        k_hi = np.minimum((s0[seq] + j + 1) * split, la + 1)
+        assert (k_lo < k_hi).all(), "every split of a decode sequence holds a key"
+        u_lo = np.maximum(k_lo, 0 if window is None else la - window + 1)
+        u_hi = np.minimum(k_hi, f + 1)
+        bn = decode.block_n
+        start = k_lo // bn * bn
+        full_lo = -(-u_lo // bn) * bn
+        full_hi = u_hi // bn * bn
+        empty = full_hi <= full_lo
+        full_lo = np.where(empty, start, full_lo)
+        full_hi = np.where(empty, start, full_hi)
+        part = np.cumsum(qs) - qs                                          # [S] first partial row
+        b = short[seq]
+        sched.decode = np.stack([qo[b], q[b], f, kvp[b], start, full_lo, full_hi, k_hi,
+                                 part[seq], j], axis=1).astype(np.int32)
+        tok_seq = np.repeat(np.arange(short.size), qs)                     # [R] owner of each token
+        tok = qo[short][tok_seq] + np.arange(tok_seq.size) - np.repeat(part, qs)
+        sched.merge_rows = np.stack([tok, n[tok_seq]], axis=1).astype(np.int32)
+        sched.num_splits = int(n.max())
+    long_seqs = np.flatnonzero(q > decode.block_q)
+    if long_seqs.size:
+        rows = []
+        for b in long_seqs.tolist():
+            qb, kb, qob, kvpb = int(q[b]), int(kv[b]), int(qo[b]), int(kvp[b])
+            for t0 in range(0, qb, prefill.block_q):
+                n_q = min(prefill.block_q, qb - t0)
+                first_b = kb - qb + t0
+                r = key_ranges(first_b, first_b + n_q - 1, window, prefill.block_n, 0, 1 << 62)
+                assert r is not None
+                rows.append([qob + t0, n_q, first_b, kvpb, *r, 0, 0])
+        rows.sort(key=lambda w: w[7] - w[4], reverse=True)                 # most keys first
+        sched.prefill = np.asarray(rows, dtype=np.int32).reshape(-1, 10)
     return sched

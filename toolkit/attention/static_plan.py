@@ -96,15 +96,15 @@ class StaticDecodePlans:
         launch shape that holds it, "direct" (nothing split) or "split", or None (and nothing
         copied) when the step does not fit."""
         b = self.buckets.get(bucket)
-        if (b is None or sched.prefill or len(sched.decode) > b.work_cap
+        if (b is None or len(sched.prefill) or len(sched.decode) > b.work_cap
                 or sched.num_splits > b.max_splits or len(sched.merge_rows) > b.tokens
                 or kv_indices.numel() > self.kv_indices.numel()):
             return None
         mode = "split" if sched.split else "direct"      # direct: one row per sequence <= tokens
         host = np.zeros(b.table.numel(), dtype=np.int32)          # zero rows: skipped
-        if sched.decode:
+        if len(sched.decode):
             host[: len(sched.decode) * WORK_COLS] = np.asarray(sched.decode, dtype=np.int32).ravel()
-        if sched.merge_rows:
+        if len(sched.merge_rows):
             start = b.work_cap * WORK_COLS
             host[start: start + 2 * len(sched.merge_rows)] = np.asarray(sched.merge_rows, dtype=np.int32).ravel()
         host_t = torch.from_numpy(host)

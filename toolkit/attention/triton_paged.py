@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from toolkit.attention.common import check_geometry, check_layout, check_qkv
@@ -57,7 +58,7 @@ class TritonPagedAttention:
         self._attn, self._merge = self._kernels(use_triton)
         self.layout: PagedKVLayout | None = None
         self.schedule: Schedule | None = None
-        self._work: dict[str, torch.Tensor] = {}
+        self._work: dict[str, torch.Tensor] | None = None
 
     @staticmethod
     def _kernels(use_triton: bool) -> tuple[Callable[..., None], Callable[..., None]]:
@@ -69,39 +70,45 @@ class TritonPagedAttention:
 
     def plan(self, layout: PagedKVLayout) -> None:
         check_layout(layout, self.kv_cache)
-        cfg, dev = self.config, self.kv_cache.device
+        cfg = self.config
         host = layout.host                 # the CPU copy build() kept: no device->host sync
-        qo, kvp = host.qo_indptr.tolist(), host.kv_indptr.tolist()
-        kv_lens = host.kv_lens.tolist()
-        prefill_kv = [kv_lens[b] for b in range(len(kv_lens)) if qo[b + 1] - qo[b] > cfg.decode.block_q]
-        self._prefill_tile = cfg.prefill_tile(max(prefill_kv, default=0))
-        sched = build_schedule(qo, kv_lens, kvp, num_kv_heads=self.num_kv_heads, decode=cfg.decode,
-                               prefill=self._prefill_tile, window=self.sliding_window,
-                               target_programs=cfg.target_programs,
-                               min_split_tokens=cfg.min_split_tokens)
-        merge = sched.merge_rows if sched.split else []     # not split: written directly
-        rows = sched.decode + sched.prefill + merge
-        # one host->device copy of all int32 tables: [decode W | prefill W | merge rows (pairs)],
-        # staged through pinned memory: a pageable copy would wait for the GPU's queue (with
-        # async scheduling, for the whole step before), see toolkit/transfer.py
-        flat = [x for r in rows for x in r]
-        table = to_device(torch.tensor(flat, dtype=torch.int32), dev)
+        qo, kvp, kv = host.qo_indptr.numpy(), host.kv_indptr.numpy(), host.kv_lens.numpy()
+        prefill_kv = kv[(qo[1:] - qo[:-1]) > cfg.decode.block_q]
+        self._prefill_tile = cfg.prefill_tile(int(prefill_kv.max()) if prefill_kv.size else 0)
+        self.schedule = build_schedule(qo, kv, kvp, num_kv_heads=self.num_kv_heads, decode=cfg.decode,
+                                       prefill=self._prefill_tile, window=self.sliding_window,
+                                       target_programs=cfg.target_programs,
+                                       min_split_tokens=cfg.min_split_tokens)
+        self._work = None                  # device tables: uploaded by the first run() (a step
+        self.kv_indices = layout.kv_indices   # replayed as a whole CUDA graph needs none)
+        self.layout = layout
+
+    def _tables(self) -> dict[str, torch.Tensor]:
+        """The step's work tables on the device, and the split buffers: one host->device copy
+        of [decode W | prefill W | merge rows (pairs)], staged through pinned memory (a
+        pageable copy would wait for the GPU's queue: with async scheduling, for the whole
+        step before; see toolkit/transfer.py)."""
+        if self._work is not None:
+            return self._work
+        sched, dev = self.schedule, self.kv_cache.device
+        merge = np.asarray(sched.merge_rows if sched.split else [], dtype=np.int32)   # not split: written directly
+        parts = [np.asarray(x, dtype=np.int32).reshape(-1) for x in (sched.decode, sched.prefill, merge)]
+        table = to_device(torch.from_numpy(np.concatenate(parts)), dev)
         cols = reference_attention.WORK_COLS
-        n_dec, n_pre = len(sched.decode) * cols, len(sched.prefill) * cols
+        n_dec, n_pre = parts[0].size, parts[1].size
         self._work = {
             "decode": table[:n_dec].view(-1, cols),
             "prefill": table[n_dec:n_dec + n_pre].view(-1, cols),
             "merge": table[n_dec + n_pre:].view(-1, 2),
         }
-        if merge:
+        if len(merge):
             r, s = len(merge), sched.num_splits
             self._part_out = torch.empty(r, self.num_heads, s, self.head_dim, dtype=torch.float32,
                                          device=dev)                       # [R, H, S, D]
             self._part_lse = torch.empty(r, self.num_heads, s, dtype=torch.float32, device=dev)
         else:
             self._part_out = self._part_lse = None
-        self.kv_indices = layout.kv_indices
-        self.layout, self.schedule = layout, sched
+        return self._work
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.layout is None:
@@ -131,16 +138,17 @@ class TritonPagedAttention:
         common: dict[str, Any] = {"scale": self.scale, "soft_cap": self.soft_cap,
                                   "sliding_window": self.sliding_window, "num_q_per_kv": self.group,
                                   "k_scale": k_scale, "v_scale": v_scale}
-        if self.schedule.decode:
+        work = self._tables()
+        if len(self.schedule.decode):
             t = cfg.decode
-            self._attn(q, cache, self.kv_indices, self._work["decode"], out, self._part_out,
+            self._attn(q, cache, self.kv_indices, work["decode"], out, self._part_out,
                        self._part_lse, block_q=t.block_q, block_n=t.block_n,
                        num_warps=t.num_warps, num_stages=t.num_stages, **common)
             if self._part_out is not None:
-                self._merge(self._part_out, self._part_lse, self._work["merge"], out)
-        if self.schedule.prefill:
+                self._merge(self._part_out, self._part_lse, work["merge"], out)
+        if len(self.schedule.prefill):
             t = self._prefill_tile
-            self._attn(q, cache, self.kv_indices, self._work["prefill"], out, None, None,
+            self._attn(q, cache, self.kv_indices, work["prefill"], out, None, None,
                        block_q=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
                        num_stages=t.num_stages, **common)
         return out
