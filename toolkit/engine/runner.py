@@ -129,6 +129,9 @@ class Runner:
         Host work here is per request, not per token where it can be (a decode row is one
         list append), and every index tensor of the step travels in one packed host->device
         copy (`transfer.upload`): a pinned staging buffer per tensor cost tens of us each."""
+        decode = self._decode_rows(out, prev)
+        if decode is not None:
+            return self._batch(out, prev, *decode)
         ids: list[int] = []               # [T] input token ids (placeholders as PLACEHOLDER)
         fill_at: list[int] = []           # flat positions of placeholder inputs
         fill_from: list[int] = []         # their rows in prev.tokens
@@ -174,19 +177,57 @@ class Runner:
                     logits_idx.append(offset - 1)
                 sampling.append(req)
                 drafts.append(req.spec_token_ids[:k])
+        q = np.asarray(q_lens, dtype=np.int64)
+        # positions [T]: start_b + j for token j of sequence b
+        pos = np.arange(offset) - np.repeat(np.cumsum(q) - q - np.asarray(starts, dtype=np.int64), q)
+        return self._batch(out, prev, ids, pos, tables, kv_lens, q_lens, logits_idx, sampling, drafts,
+                           fill_at, fill_from, p_rows, p_next, p_owner)
+
+    @staticmethod
+    def _decode_rows(out: SchedulerOutput, prev: Launched | None):
+        """prepare()'s lists for a step of plain decodes (every request runs its last token,
+        no drafts): one pass that does only what a decode needs, the common step of a
+        running batch. None: some request is not a plain decode (then the general path)."""
+        if not all(s.num_new_tokens == 1 and not s.num_spec_tokens for s in out.scheduled):
+            return None
+        ids, starts, tables, sampling = [], [], [], []
+        fill_at: list[int] = []
+        fill_from: list[int] = []
+        for i, s in enumerate(out.scheduled):
+            req = s.request
+            outs = req.output_token_ids
+            if not outs or s.start != len(req.prompt_token_ids) + len(outs) - 1:
+                return None                # a one-token prefill chunk
+            tok = outs[-1]
+            if tok == PLACEHOLDER:
+                fill_at.append(i)
+                fill_from.append(prev.rows[req.request_id])
+            ids.append(tok)
+            starts.append(s.start)
+            tables.append(s.block_ids)
+            sampling.append(req)
+        n = len(ids)
+        pos = np.asarray(starts, dtype=np.int64)
+        return (ids, pos, tables, (pos + 1).tolist(), [1] * n, list(range(n)), sampling,
+                [[] for _ in range(n)], fill_at, fill_from, [], [], [])
+
+    def _batch(self, out: SchedulerOutput, prev: Launched | None, ids: list[int], pos: np.ndarray,
+               tables: list, kv_lens: list[int], q_lens: list[int], logits_idx: list[int],
+               sampling: list[Request], drafts: list[list[int]], fill_at: list[int],
+               fill_from: list[int], p_rows: list[int], p_next: list[int], p_owner: list) -> Batch:
+        """The step's tensors from prepare()'s lists: padded to a CUDA-graph bucket, the
+        layout built, everything uploaded in one copy, placeholders filled from prev."""
         dev = self.device
+        offset = len(ids)
         bp = pad = None
         if self.graphs is not None:   # any step of at most the largest bucket's tokens
             bp = self.graphs.bucket(offset)
             if bp is not None:
                 pad = bp - offset
-                ids.extend([0] * pad)
+                ids = ids + [0] * pad
+                pos = np.concatenate([pos, np.zeros(pad, dtype=np.int64)])   # padding rows at 0
         layout = PagedKVLayout.build(tables, kv_lens, q_lens, self.kv_cache.block_size, "cpu",
                                      num_pad_seqs=pad or 0)
-        q = np.asarray(q_lens, dtype=np.int64)
-        # positions [T]: start_b + j for token j of sequence b; padding rows at position 0
-        pos = np.zeros(len(ids), dtype=np.int64)
-        pos[:offset] = np.arange(offset) - np.repeat(np.cumsum(q) - q - np.asarray(starts, dtype=np.int64), q)
         host = dict(input_ids=torch.tensor(ids, dtype=torch.int64), positions=torch.from_numpy(pos),
                     logits_indices=torch.tensor(logits_idx, dtype=torch.int64), **layout.tensors())
         if fill_at:
