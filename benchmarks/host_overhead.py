@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--attention", default="cpu", help="cpu (SDPA) or triton (its plan; reference kernels)")
+    ap.add_argument("--temperature", type=float, default=0.6,
+                    help="0: greedy (the CPU's argmax; 0.6 runs the CPU's slow Gumbel twin, timed as compute)")
     ap.add_argument("--sync", action="store_true", help="the synchronous loop (default: async scheduling)")
     ap.add_argument("--cprofile", type=int, default=0, help="then cProfile this many steps")
     args = ap.parse_args()
@@ -67,7 +69,7 @@ def main() -> None:
     rng = random.Random(0)
     for _ in range(b):
         eng.add_request([rng.randrange(4000) for _ in range(args.prompt)],
-                        SamplingParams(max_tokens=100_000, temperature=0.6, ignore_eos=True),
+                        SamplingParams(max_tokens=100_000, temperature=args.temperature, ignore_eos=True),
                         output_kind="final")
     for _ in range(5):                       # prefill and the first decodes
         eng.step()
