@@ -4,9 +4,9 @@ A step allocates thousands of small objects (lists, dicts, the step's result), s
 collector runs several young-generation passes per step, and every so often a full pass
 over every tracked object in the process: the model's modules, torch, transformers and
 Triton's caches, several hundred thousand objects that a step never makes garbage of. That
-full pass is a pause of tens of milliseconds inside some step (measured on the CPU harness
-`benchmarks/host_overhead.py`: 1.5 ms per step on average at batch 256, all of it in the
-occasional full pass).
+full pass is a pause inside some step: on the H200 machine 250-300 ms a pass over ~470k
+objects, 1-3 passes in an 11 s generate of the nano-vllm workload (`benchmarks/engine_core.py`
+counts them; RESULTS.md, "Engine core"); with the heap frozen, 22 ms of passes in all.
 
 `frozen_heap()` moves every object alive when a loop starts into the collector's permanent
 generation for the loop's duration (`gc.freeze`), so the passes inside the loop look only at
