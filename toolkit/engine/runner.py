@@ -129,9 +129,6 @@ class Runner:
         Host work here is per request, not per token where it can be (a decode row is one
         list append), and every index tensor of the step travels in one packed host->device
         copy (`transfer.upload`): a pinned staging buffer per tensor cost tens of us each."""
-        decode = self._decode_rows(out, prev)
-        if decode is not None:
-            return self._batch(out, prev, *decode)
         ids: list[int] = []               # [T] input token ids (placeholders as PLACEHOLDER)
         fill_at: list[int] = []           # flat positions of placeholder inputs
         fill_from: list[int] = []         # their rows in prev.tokens
@@ -182,34 +179,6 @@ class Runner:
         pos = np.arange(offset) - np.repeat(np.cumsum(q) - q - np.asarray(starts, dtype=np.int64), q)
         return self._batch(out, prev, ids, pos, tables, kv_lens, q_lens, logits_idx, sampling, drafts,
                            fill_at, fill_from, p_rows, p_next, p_owner)
-
-    @staticmethod
-    def _decode_rows(out: SchedulerOutput, prev: Launched | None):
-        """prepare()'s lists for a step of plain decodes (every request runs its last token,
-        no drafts): one pass that does only what a decode needs, the common step of a
-        running batch. None: some request is not a plain decode (then the general path)."""
-        if not all(s.num_new_tokens == 1 and not s.num_spec_tokens for s in out.scheduled):
-            return None
-        ids, starts, tables, sampling = [], [], [], []
-        fill_at: list[int] = []
-        fill_from: list[int] = []
-        for i, s in enumerate(out.scheduled):
-            req = s.request
-            outs = req.output_token_ids
-            if not outs or s.start != len(req.prompt_token_ids) + len(outs) - 1:
-                return None                # a one-token prefill chunk
-            tok = outs[-1]
-            if tok == PLACEHOLDER:
-                fill_at.append(i)
-                fill_from.append(prev.rows[req.request_id])
-            ids.append(tok)
-            starts.append(s.start)
-            tables.append(s.block_ids)
-            sampling.append(req)
-        n = len(ids)
-        pos = np.asarray(starts, dtype=np.int64)
-        return (ids, pos, tables, (pos + 1).tolist(), [1] * n, list(range(n)), sampling,
-                [[] for _ in range(n)], fill_at, fill_from, [], [], [])
 
     def _batch(self, out: SchedulerOutput, prev: Launched | None, ids: list[int], pos: np.ndarray,
                tables: list, kv_lens: list[int], q_lens: list[int], logits_idx: list[int],
