@@ -35,9 +35,9 @@ def gumbel_sample(logits: Tensor, keys: Tensor, greedy: Tensor) -> Tensor:
     u = (bits.to(torch.float64) + 0.5) * (1.0 / 4294967296.0)
     score = sub[r, c] + (-torch.log(-torch.log(u))).to(torch.float32)  # [M]
     n = rows.numel()
-    best = torch.full((n,), float("-inf")).scatter_reduce(0, r, score, "amax")   # [R]
+    best = torch.full((n,), float("-inf"), device=x.device).scatter_reduce(0, r, score, "amax")  # [R]
     win = score == best[r]
-    col = torch.full((n,), sub.shape[1], dtype=torch.int64).scatter_reduce(
+    col = torch.full((n,), sub.shape[1], dtype=torch.int64, device=x.device).scatter_reduce(
         0, r[win], c[win], "amin")                                     # lowest id among ties
     col = torch.where(col == sub.shape[1], torch.zeros_like(col), col)  # a row of only -inf: 0
     return tokens.index_copy_(0, rows, col)
