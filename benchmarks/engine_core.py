@@ -5,7 +5,7 @@ For each setting (sync, async) on the Qwen3-0.6B shape (random weights, bf16):
    then the seconds of the first generate (which should compile nothing);
 2. nano-vllm's protocol through the public LLM.generate: N requests, prompt and output lengths
    uniform in [100, 1024], temperature 0.6, ignore_eos; output tokens / wall second (warm);
-3. a steady decode step at batch B (prompt 512, temperature 0.6): the median perf_counter time
+3. a steady decode step at batch B (prompt --prompt, 512 by default; temperature 0.6): the median perf_counter time
    of engine.step() over 30 steps, against the GPU's busy time per step (sum of kernel times
    from torch.profiler over 10 such steps, per step); their ratio is the host's overhead.
 
@@ -23,6 +23,8 @@ import statistics
 import time
 
 import torch
+
+from toolkit.testing.compiles import triton_compiles
 
 
 def nano_workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -124,17 +126,30 @@ def run(setting: str, args, reqs) -> dict:
 
     params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for _, n in reqs]
     torch.cuda.synchronize()
-    with gc_passes() as passes, _freeze(gc_mode != "nofreeze"):
+    with gc_passes() as passes, _freeze(gc_mode != "nofreeze"), triton_compiles() as compiles:
         t = time.perf_counter()
         res = llm.generate([p for p, _ in reqs], params, use_tqdm=False)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t
     out["gc_passes"] = passes
+    out["compiles_in_generate"] = compiles      # what the warm-up missed
+    print(f"[{setting}] Triton compiles inside the timed generate (kernel: count, s): {compiles}", flush=True)
+    t = time.perf_counter()                     # the same workload again: nothing left to compile
+    llm.generate([p for p, _ in reqs], params, use_tqdm=False)
+    torch.cuda.synchronize()
+    out["generate_again"] = dict(seconds=time.perf_counter() - t)
+    out["generate_again"]["tok_s"] = sum(n for _, n in reqs) / out["generate_again"]["seconds"]
+    print(f"[{setting}] generate again: {out['generate_again']['tok_s']:.0f} tok/s", flush=True)
     if args.generate_busy:       # the same generate again under the profiler: GPU-bound or not?
         busy = gpu_busy_ms(lambda: llm.generate([p for p, _ in reqs], params, use_tqdm=False), 1)
         out["generate_gpu_busy_s"] = busy / 1e3
         print(f"[{setting}] generate again under torch.profiler: GPU busy {busy / 1e3:.2f} s "
               f"(the timed run's wall: {dt:.2f} s)", flush=True)
+    if args.diagnose:            # where the generate's wall goes, step by step
+        from benchmarks.step_diagnose import diagnose, print_report
+
+        out["diagnose"] = diagnose(llm, [p for p, _ in reqs], params)
+        print_report(out["diagnose"], f"[{setting}] ")
     print(f"[{setting}] garbage-collector passes during generate (generation: count, ms): {passes}",
           flush=True)
     toks = sum(len(o.outputs[0].token_ids) for o in res)
@@ -149,7 +164,7 @@ def run(setting: str, args, reqs) -> dict:
     # steady decode at batch B
     rng = random.Random(1)
     sp = SamplingParams(temperature=0.6, max_tokens=2000, ignore_eos=True)
-    ids = [eng.add_request([rng.randrange(cfg.vocab_size) for _ in range(512)], sp, output_kind="final")
+    ids = [eng.add_request([rng.randrange(cfg.vocab_size) for _ in range(args.prompt)], sp, output_kind="final")
            for _ in range(args.batch)]          # as LLM.generate adds them
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()):
         eng.step()
@@ -181,7 +196,7 @@ def run(setting: str, args, reqs) -> dict:
         print(f"[{setting}] cProfile of {args.cprofile} steady decode steps (tottime):\n"
               + buf.getvalue()[-6000:], flush=True)
     wall = statistics.median(walls) * 1e3
-    out["decode"] = dict(batch=args.batch, wall_ms=wall, gpu_busy_ms=busy, ratio=wall / busy)
+    out["decode"] = dict(batch=args.batch, prompt=args.prompt, wall_ms=wall, gpu_busy_ms=busy, ratio=wall / busy)
     print(f"[{setting}] decode step at batch {args.batch}: wall {wall:.2f} ms, GPU busy {busy:.2f} ms, "
           f"ratio {wall / busy:.2f}", flush=True)
     eng.abort(ids)
@@ -202,6 +217,9 @@ def main() -> None:
                          "without freezing the heap, engine/gc_freeze.py)")
     ap.add_argument("--generate-busy", action="store_true",
                     help="run generate a second time under torch.profiler for its GPU busy time")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="generate again, instrumented (benchmarks/step_diagnose.py)")
+    ap.add_argument("--prompt", type=int, default=512, help="prompt length of the steady decode")
     ap.add_argument("--cprofile", type=int, default=0, help="profile N steady decode steps (host)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
