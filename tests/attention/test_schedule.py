@@ -3,10 +3,11 @@ is visible to every row, and split pieces tile each decode sequence's keys once.
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from toolkit.attention.schedule import TileConfig, build_schedule, build_schedule_reference, key_ranges
+from toolkit.attention.schedule import (TileConfig, build_schedule, build_schedule_reference, key_ranges,
+                                      max_decode_splits)
 
 
 @given(first=st.integers(0, 300), n_q=st.integers(1, 64), window=st.one_of(st.none(), st.integers(1, 80)),
@@ -64,3 +65,25 @@ def test_numpy_schedule_equals_the_reference_row_for_row(runs, window, target, b
     assert fast.prefill.tolist() == ref.prefill
     assert fast.merge_rows.tolist() == ref.merge_rows
     assert fast.num_splits == ref.num_splits
+
+
+@given(runs=st.lists(st.tuples(st.integers(1, 8), st.integers(0, 3000)), min_size=1, max_size=12),
+       window=st.one_of(st.none(), st.integers(1, 300)), target=st.sampled_from([0, 8, 64, 264, 1000]),
+       kv_heads=st.sampled_from([1, 2, 8]), min_split=st.sampled_from([16, 64, 256]),
+       block_n=st.sampled_from([16, 32, 128]), block_q=st.sampled_from([1, 4, 8]))
+@example(runs=[(1, 69)], window=64, target=8, kv_heads=2, min_split=16, block_n=16, block_q=1)  # the +1
+def test_max_decode_splits_bounds_every_step(runs, window, target, kv_heads, min_split, block_n,
+                                             block_q) -> None:
+    """The bound the warm-up compiles the merge for (every power of two up to it): no step of
+    sequences up to max_tokens_per_seq keys splits a sequence more ways, for any batch."""
+    q_lens = [q for q, _ in runs]
+    kv = [q + past for q, past in runs]
+    qo = [0]
+    for q in q_lens:
+        qo.append(qo[-1] + q)
+    s = build_schedule(qo, kv, [0] * len(qo), num_kv_heads=kv_heads,
+                       decode=TileConfig(block_q, block_n, 4, 1), prefill=TileConfig(16, 32, 4, 1),
+                       window=window, target_programs=target, min_split_tokens=min_split)
+    bound = max_decode_splits(target_programs=target, num_kv_heads=kv_heads,
+                              min_split_tokens=min_split, max_tokens_per_seq=max(kv))
+    assert s.num_splits <= bound, (s.num_splits, bound)

@@ -117,6 +117,17 @@ def build_schedule_reference(
     return sched
 
 
+def max_decode_splits(*, target_programs: int, num_kv_heads: int, min_split_tokens: int,
+                      max_tokens_per_seq: int, num_seqs: int = 1) -> int:
+    """The most splits a decode sequence gets in a step of at least num_seqs decode sequences:
+    a split holds >= ceil(longest / want) keys with want = ceil(target / (seqs * H_kv)), and
+    >= min_split_tokens; a sequence's keys may straddle one more split boundary (+1)."""
+    if target_programs <= 0:
+        return 1
+    return max(1, min(-(-target_programs // (num_seqs * num_kv_heads)) + 1,
+                      -(-max_tokens_per_seq // min_split_tokens) + 1))
+
+
 def build_schedule(
     qo_indptr, kv_lens, kv_indptr, *, num_kv_heads: int,
     decode: TileConfig, prefill: TileConfig, window: int | None, target_programs: int,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from toolkit.attention.schedule import Schedule
+from toolkit.attention.schedule import Schedule, max_decode_splits
 from toolkit.kernels.reference_attention import WORK_COLS
 
 
@@ -65,11 +65,9 @@ class StaticDecodePlans:
         caps, prev = {}, 0
         for t in sorted(sizes):
             min_seqs = max(1, -(-(prev + 1) // decode_block_q))
-            s = 1
-            if target_programs > 0:
-                s = min(-(-target_programs // (min_seqs * num_kv_heads)) + 1,
-                        -(-max_tokens_per_seq // min_split_tokens) + 1)
-            caps[t] = max(1, s)
+            caps[t] = max_decode_splits(target_programs=target_programs, num_kv_heads=num_kv_heads,
+                                        min_split_tokens=min_split_tokens,
+                                        max_tokens_per_seq=max_tokens_per_seq, num_seqs=min_seqs)
             prev = t
         part = max(t * s for t, s in caps.items())
         self._part_out = torch.empty(part * num_heads * head_dim, dtype=torch.float32, device=device)

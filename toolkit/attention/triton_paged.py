@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from toolkit.attention.common import check_geometry, check_layout, check_qkv
-from toolkit.attention.schedule import Schedule, build_schedule
+from toolkit.attention.schedule import Schedule, build_schedule, max_decode_splits
 from toolkit.attention.static_plan import StaticDecodePlans
 from toolkit.attention.tuning import KernelConfig, default_config
 from toolkit.blocks.kv_cache import KVCache
@@ -56,6 +56,7 @@ class TritonPagedAttention:
             raise ValueError("impl='triton' needs a CUDA KV cache or TRITON_INTERPRET=1")
         use_triton = impl == "triton" or (impl == "auto" and can_triton)
         self._attn, self._merge = self._kernels(use_triton)
+        self._use_triton = use_triton
         self.layout: PagedKVLayout | None = None
         self.schedule: Schedule | None = None
         self._work: dict[str, torch.Tensor] | None = None
@@ -93,13 +94,18 @@ class TritonPagedAttention:
         sched, dev = self.schedule, self.kv_cache.device
         merge = np.asarray(sched.merge_rows if sched.split else [], dtype=np.int32)   # not split: written directly
         parts = [np.asarray(x, dtype=np.int32).reshape(-1) for x in (sched.decode, sched.prefill, merge)]
-        table = to_device(torch.from_numpy(np.concatenate(parts)), dev)
+        # each part at a 16-byte boundary: Triton specializes a kernel on its pointers'
+        # alignment, so a part at a step-dependent offset would compile a variant mid-run
+        at = np.cumsum([0] + [-(-p.size // 4) * 4 for p in parts])
+        flat = np.zeros(at[-1], dtype=np.int32)
+        for p, a in zip(parts, at):
+            flat[a:a + p.size] = p
+        table = to_device(torch.from_numpy(flat), dev)
         cols = reference_attention.WORK_COLS
-        n_dec, n_pre = parts[0].size, parts[1].size
         self._work = {
-            "decode": table[:n_dec].view(-1, cols),
-            "prefill": table[n_dec:n_dec + n_pre].view(-1, cols),
-            "merge": table[n_dec + n_pre:].view(-1, 2),
+            "decode": table[at[0]:at[0] + parts[0].size].view(-1, cols),
+            "prefill": table[at[1]:at[1] + parts[1].size].view(-1, cols),
+            "merge": table[at[2]:at[2] + parts[2].size].view(-1, 2),
         }
         if len(merge):
             r, s = len(merge), sched.num_splits
@@ -152,6 +158,21 @@ class TritonPagedAttention:
                        block_q=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
                        num_stages=t.num_stages, **common)
         return out
+
+    def warm_up(self, dtype: torch.dtype) -> None:
+        """Compile what short warm-up steps cannot reach (declared; AttentionBackend: optional):
+        the split merge for every split count a decode may get (a long context alone in a step
+        splits up to max_decode_splits ways; each power of two is its own kernel variant).
+        dtype: the queries' (the model's activations)."""
+        if not self._use_triton or self.kv_cache.device.type != "cuda":
+            return
+        from toolkit.kernels.merge_attention_states import precompile
+
+        cfg, cache = self.config, self.kv_cache
+        bound = max_decode_splits(target_programs=cfg.target_programs, num_kv_heads=self.num_kv_heads,
+                                  min_split_tokens=cfg.min_split_tokens,
+                                  max_tokens_per_seq=cache.num_blocks * cache.block_size)
+        precompile(self.num_heads, self.head_dim, bound, dtype, cache.device)
 
     # -- decode attention inside a CUDA graph (attention/static_plan.py) --
     supports_static_decode = True      # declared capability (AttentionBackend: default False)

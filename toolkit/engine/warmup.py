@@ -54,6 +54,10 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
             _step(runner, [_decode(0, _GREEDY),
                            ScheduledRequest(req, block_size, prefill - block_size, blocks)])
         bar.update(1)
+    # what the steps above cannot reach (a backend declares it; AttentionBackend: optional)
+    attention_warm_up = getattr(runner.attention, "warm_up", None)
+    if attention_warm_up is not None:
+        attention_warm_up(runner.model.dtype)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter() - start

@@ -14,7 +14,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# S_PAD is the one shape a step's split count changes: `precompile` compiles each power of two
+# up to a bound; the LSE strides (S, H * S) are not specialized on, so S itself compiles nothing
+@triton.jit(do_not_specialize=["stride_lr", "stride_lh"])
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, rows_ptr, out_ptr,
     stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_ot, stride_oh,
@@ -54,3 +56,18 @@ def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows:
         S_PAD=max(2, triton.next_power_of_2(s)), D=d, D_PAD=triton.next_power_of_2(d),
         num_warps=4 if d > 64 else 2,
     )
+
+
+def precompile(num_heads: int, head_dim: int, max_splits: int, out_dtype: torch.dtype,
+               device: torch.device) -> None:
+    """Compile the merge for every split count up to max_splits (one variant per power of
+    two), on one row with no valid split (it writes nothing), so that no step compiles one."""
+    rows = torch.zeros(1, 2, dtype=torch.int32, device=device)      # token 0, 0 splits
+    out = torch.empty(1, num_heads, head_dim, dtype=out_dtype, device=device)
+    s = 2
+    while True:
+        merge_attention_states(torch.zeros(1, num_heads, s, head_dim, device=device),
+                               torch.zeros(1, num_heads, s, device=device), rows, out)
+        if s >= max_splits:
+            return
+        s *= 2

@@ -88,7 +88,9 @@ def _attend(
     return acc, l_i, m_i
 
 
-@triton.jit
+# the partial-LSE strides follow the step's split count (S, H * S): not specialized on, so no
+# S compiles a new variant mid-run (they address one scalar store per row and head)
+@triton.jit(do_not_specialize=["stride_lr", "stride_lh"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, kv_indices_ptr, work_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,

@@ -361,7 +361,9 @@ def _worklist_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, temp_ptr, g
         tl.store(work_ptr + 1 + slot, row.to(tl.int32))
 
 
-@triton.jit
+# row counts move every step (n_slots = min(N, late_rows)): not specialized on, so an N the
+# warm-up's batch sizes did not cover compiles nothing mid-run
+@triton.jit(do_not_specialize=["n_rows", "n_slots"])
 def _late_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, chunk, temp_ptr, greedy_ptr,
                  log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, score_ptr, sidx_ptr,
                  fa_ptr, ia_ptr, z_ptr, st_i, st_f, work_ptr, n_slots,
