@@ -126,7 +126,7 @@ def run(setting: str, args, reqs) -> dict:
 
     params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for _, n in reqs]
     torch.cuda.synchronize()
-    with gc_passes() as passes, _freeze(gc_mode != "nofreeze"), triton_compiles() as compiles:
+    with gc_passes() as passes, _freeze(gc_mode != "nofreeze"), triton_compiles(strict=False) as compiles:
         t = time.perf_counter()
         res = llm.generate([p for p, _ in reqs], params, use_tqdm=False)
         torch.cuda.synchronize()

@@ -66,6 +66,19 @@ def test_split_kv_merge_matches_reference(lengths, geom, window, seed) -> None:
     check(case, window, config=FORCE_SPLIT)
 
 
+@settings(max_examples=20)
+@given(lengths=ragged_lengths(max_kv=120), seed=st.integers(0, 2**16))
+def test_work_tables_start_at_16_byte_boundaries(lengths, seed) -> None:
+    """Triton specializes a kernel on its pointers' 16-byte alignment: a work table at a
+    step-dependent offset would compile a new variant inside generate (seen on the H200)."""
+    kv_lens, q_lens = lengths
+    case = make_case(4, 2, 16, 16, kv_lens, q_lens, torch.float32, seed)
+    fast = TritonPagedAttention(case.cache, 4, 16, config=FORCE_SPLIT, impl="reference")
+    fast.plan(case.layout)
+    for name, t in fast._tables().items():
+        assert t.data_ptr() % 16 == 0, (name, t.storage_offset())
+
+
 @settings(max_examples=10)
 @given(lengths=ragged_lengths(), geom=head_geometry(), window=WINDOWS, cap=CAPS,
        seed=st.integers(0, 2**16))
