@@ -1,12 +1,15 @@
 """Offline throughput: the toolkit's engine vs Hugging Face continuous batching, same run.
 
-Workloads (random weights at real shapes; EOS ignored; greedy on both sides):
+Workloads (random weights at real shapes; EOS ignored; the same --temperature on both sides,
+greedy by default; 0.6 is nano-vllm's protocol, pure temperature sampling: no top-k / top-p):
   random    Qwen3-0.6B-shaped, N requests, prompt and output lengths uniform in [100, 1024]
   sharegpt  Llama-3.1-8B-shaped, requests from benchmarks/sharegpt_prep.py
 Throughput = requested output tokens / wall seconds. HF can run on the first --hf-num
-requests only (it is slow); the toolkit is then also timed on that same subset.
+requests only (it is slow); the toolkit is then also timed on that same subset. The toolkit
+runs the whole workload twice in one process: "first" (right after LLM(...): anything the
+warm-up missed compiles here) and "all" (warm: the figure the ratio uses).
 
-    python benchmarks/throughput.py --workload random --num 256 --hf-num 256 --out results/tp.json
+    python benchmarks/throughput.py --workload random --num 256 --hf-num 256 --temperature 0.6
 """
 
 from __future__ import annotations
@@ -45,14 +48,15 @@ def run_toolkit(cfg, reqs, args) -> dict:
     llm.generate([[1] * 300, [2] * 20], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
                  use_tqdm=False)
     results = {}
-    for label, sub in (("all", reqs), ("hf_subset", reqs[: args.hf_num])):
+    for label, sub in (("first", reqs), ("all", reqs), ("hf_subset", reqs[: args.hf_num])):
         if label == "hf_subset" and (args.hf_num in (0, len(reqs))):
             continue
         torch.cuda.synchronize()
         steps0 = eng.num_steps
         t0 = time.perf_counter()
         outs = llm.generate([p for p, _ in sub],
-                            [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in sub],
+                            [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True)
+                             for _, n in sub],
                             use_tqdm=False)                     # the public path, as a user calls it
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -71,13 +75,15 @@ def run_toolkit(cfg, reqs, args) -> dict:
     return results
 
 
-def run_hf(cfg, reqs) -> dict:
+def run_hf(cfg, reqs, temperature: float) -> dict:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     with torch.device("cuda"):   # random init on the GPU: an 8B model on the CPU takes minutes
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    gen = GenerationConfig(do_sample=False, max_new_tokens=max(n for _, n in reqs),
-                           eos_token_id=-1, pad_token_id=0)
+    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
+                else dict(do_sample=False))
+    gen = GenerationConfig(max_new_tokens=max(n for _, n in reqs), eos_token_id=-1, pad_token_id=0,
+                           **sampling)
     want = sum(n for _, n in reqs)
     t0 = time.perf_counter()
     got = 0
@@ -106,6 +112,7 @@ def main() -> None:
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--hf-num", type=int, default=256, help="HF runs the first N requests (0 = skip)")
     ap.add_argument("--attention", default="triton")
+    ap.add_argument("--temperature", type=float, default=0.0, help="both sides (0: greedy)")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--kv-fraction", type=float, default=0.6)
@@ -117,9 +124,10 @@ def main() -> None:
     print(f"workload {args.workload}: {len(reqs)} requests, {sum(len(p) for p, _ in reqs)} prompt tokens, "
           f"{sum(n for _, n in reqs)} output tokens; GPU {torch.cuda.get_device_name()}", flush=True)
     res = {"workload": args.workload, "gpu": torch.cuda.get_device_name(),
-           "date": time.strftime("%Y-%m-%d"), "toolkit": run_toolkit(cfg, reqs, args)}
+           "date": time.strftime("%Y-%m-%d"), "temperature": args.temperature,
+           "toolkit": run_toolkit(cfg, reqs, args)}
     if args.hf_num:
-        res["hf"] = run_hf(cfg, reqs[: args.hf_num])
+        res["hf"] = run_hf(cfg, reqs[: args.hf_num], args.temperature)
         tk = res["toolkit"].get("hf_subset", res["toolkit"]["all"])
         res["ratio"] = tk["tok_s"] / res["hf"]["tok_s"]
         print(f"\n| workload | requests | toolkit tok/s | HF CB tok/s | ratio |\n|---|---|---|---|---|\n"
