@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from toolkit.testing.compiles import triton_compiles
+from toolkit.kernels.compiles import triton_compiles
 
 
 def nano_workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:

@@ -190,9 +190,11 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if cfg.warmup and device.type == "cuda":
         from toolkit.engine.warmup import warm_up
 
-        startup["warmup_s"] = warm_up(runner, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                      block_size=cfg.block_size, num_blocks=kv_cache.num_blocks)
-        log.info("warm-up (kernel compiles, CUDA-graph captures): %.1f s", startup["warmup_s"])
+        startup.update(warm_up(runner, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                               block_size=cfg.block_size, num_blocks=kv_cache.num_blocks))
+        log.info("warm-up %.1f s: %.1f s compiling %d Triton kernels, %.1f s capturing CUDA graphs",
+                 startup["warmup_s"], startup["compile_s"], startup["kernels_compiled"],
+                 startup["capture_s"])
     engine = Engine(model, tokenizer, scheduler, runner, allocator=allocator, block_size=cfg.block_size,
                     num_blocks=kv_cache.num_blocks, max_model_len=max_model_len, eos_token_id=eos,
                     proposer=proposer, num_spec_tokens=k,

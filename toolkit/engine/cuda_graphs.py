@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -123,6 +124,18 @@ class StepGraphs:
                        if getattr(attention, "supports_static_decode", False) else None)
         self.num_full_replays = 0          # steps that replayed a whole-forward graph
         self.num_piecewise_replays = 0
+        self.capture_s = 0.0               # seconds in capture(), its kernel compiles excluded
+
+    @torch.inference_mode()
+    def capture(self, bp: int) -> None:
+        """Capture the forward for bucket bp. Call after an eager forward of the same padded
+        shape ran (it compiles the kernels; capture itself executes nothing)."""
+        from toolkit.kernels.compiles import triton_compiles
+
+        start = time.perf_counter()
+        with triton_compiles(strict=False) as compiled:    # the static attention's, if any
+            self._capture(bp)
+        self.capture_s += time.perf_counter() - start - sum(s for _, s in compiled.values())
 
     def bucket(self, batch: int) -> int | None:
         """The smallest bucket that holds `batch` tokens (None: too big, or its capture failed)."""
@@ -132,10 +145,7 @@ class StepGraphs:
     def captured(self, bp: int) -> bool:
         return bp in self.graphs
 
-    @torch.inference_mode()
-    def capture(self, bp: int) -> None:
-        """Capture the forward for bucket bp. Call after an eager forward of the same padded
-        shape ran (it compiles the kernels; capture itself executes nothing)."""
+    def _capture(self, bp: int) -> None:
         z = dict(dtype=torch.int64, device=self.device)
         g = _Graph(torch.zeros(bp, **z), torch.zeros(bp, **z), torch.full((bp,), -1, **z))
         torch.cuda.synchronize()

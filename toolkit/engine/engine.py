@@ -75,7 +75,9 @@ class Engine:
         self.best_of = BestOf()                      # best_of > n: only the n best are reported
         self._salts = itertools.count(1)             # a private prefix-cache key per prompt_logprobs request
         self.closed = False
-        self.startup: dict[str, float] = {}              # seconds: load, kv_cache, warmup (build_engine)
+        # seconds (build_engine): load_s, kv_cache_s, warmup_s; on CUDA also the warm-up's
+        # compile_s (kernels_compiled of them) and capture_s
+        self.startup: dict[str, float] = {}
         self.num_steps = 0
         self._num_landed = 0             # steps reported to observers
         self.num_overlapped_steps = 0    # steps launched before the last one's tokens were taken

@@ -16,6 +16,7 @@ import time
 import torch
 
 from toolkit.engine.progress import progress_bar
+from toolkit.kernels.compiles import triton_compiles
 from toolkit.types import Request, SamplingParams, ScheduledRequest, SchedulerOutput
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=2)
@@ -35,9 +36,21 @@ def _decode(i: int, params: SamplingParams) -> ScheduledRequest:
 
 @torch.inference_mode()
 def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks: int,
-            show_progress: bool = True) -> float:
-    """Run the dummy steps; returns the seconds taken."""
-    start = time.perf_counter()
+            show_progress: bool = True) -> dict[str, float]:
+    """Run the dummy steps; returns seconds: warmup_s in all, of which compile_s in Triton
+    compiles (kernels_compiled of them) and capture_s in CUDA-graph captures; the rest ran the
+    dummy steps."""
+    with triton_compiles(strict=False) as compiled:
+        start = time.perf_counter()
+        _warm_up(runner, max_num_batched_tokens, block_size, num_blocks, show_progress)
+        total = time.perf_counter() - start
+    return {"warmup_s": total, "compile_s": sum(s for _, s in compiled.values()),
+            "kernels_compiled": sum(n for n, _ in compiled.values()),
+            "capture_s": runner.graphs.capture_s if runner.graphs is not None else 0.0}
+
+
+def _warm_up(runner, max_num_batched_tokens: int, block_size: int, num_blocks: int,
+             show_progress: bool) -> None:
     sizes = list(runner.graphs.sizes) if runner.graphs is not None else [1, 16]
     prefill = min(512, max_num_batched_tokens, (num_blocks - 1) * block_size)
     with progress_bar(total=len(sizes) + 2, enabled=show_progress,
@@ -60,4 +73,3 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
         attention_warm_up(runner.model.dtype)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter() - start

@@ -13,7 +13,7 @@ _EXPORTS = {
     "check_allocator": "toolkit.testing.allocator",
     "allocator_state_machine": "toolkit.testing.allocator",
     "check_scheduler": "toolkit.testing.scheduler", "scheduler_machine": "toolkit.testing.scheduler",
-    "triton_compiles": "toolkit.testing.compiles",
+    "triton_compiles": "toolkit.kernels.compiles",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,5 +1,6 @@
-"""Which Triton kernels compile while a block of code runs: a warm-up is complete when a
-workload's first run compiles nothing.
+"""Which Triton kernels compile while a block of code runs: the warm-up reports its compile
+time with it, and a warm-up is complete when a workload's first run compiles nothing
+(exported for tests as `toolkit.testing.triton_compiles`).
 
     with triton_compiles() as seen:
         llm.generate(prompts, params)
