@@ -85,8 +85,10 @@ def test_warm_up_leaves_nothing_to_compile(tiny_llama_dir):
 
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(5, 400))] for _ in range(37)]
-    params = [SamplingParams(temperature=0.6, max_tokens=rng.randint(2, 100), ignore_eos=True)
-              for _ in prompts]
+    # the kinds of rows the warm-up covers: temperature alone, greedy, top-k / top-p, mixed
+    kinds = [dict(temperature=0.6), dict(temperature=0.0), dict(temperature=0.8, top_k=40, top_p=0.9)]
+    params = [SamplingParams(max_tokens=rng.randint(2, 100), ignore_eos=True, **kinds[i % 3 if i < 30 else 0])
+              for i in range(len(prompts))]
     with LLM(tiny_llama_dir, dtype="bfloat16", device="cuda", max_num_batched_tokens=256) as llm:
         with triton_compiles() as seen:
             llm.generate(prompts, params, use_tqdm=False)
