@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
+import contextlib
 import random
 import time
 
@@ -35,6 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import Qwen3Config
 
+    from benchmarks.step_diagnose import timed_method
     from toolkit import LLM, SamplingParams
     from toolkit.engine.gc_freeze import frozen_heap
 
@@ -48,24 +49,13 @@ def main() -> None:
     eng = llm.engine
     spent: dict[str, float] = collections.defaultdict(float)
 
-    def timed(obj, name: str) -> None:
-        f = getattr(obj, name)
-
-        @functools.wraps(f)
-        def g(*a, **k):
-            t = time.perf_counter()
-            try:
-                return f(*a, **k)
-            finally:
-                spent[name] += time.perf_counter() - t
-        setattr(obj, name, g)
-
     parts = [(eng.scheduler, "schedule"), (eng.scheduler, "update"),
              (eng.scheduler, "resolve_placeholders"), (eng.runner, "prepare"),
              (eng.runner.attention, "plan"), (eng.runner.model, "forward"),
              (eng.runner, "_sample_plain"), (eng.output_processor, "process"), (eng, "_retire")]
+    timers = contextlib.ExitStack()          # timed for the rest of the run
     for obj, name in parts:
-        timed(obj, name)
+        timers.enter_context(timed_method(obj, name, spent))
     rng = random.Random(0)
     for _ in range(b):
         eng.add_request([rng.randrange(4000) for _ in range(args.prompt)],

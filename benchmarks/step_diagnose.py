@@ -28,7 +28,7 @@ import torch
 
 
 @contextlib.contextmanager
-def _wrapped(obj: Any, name: str, spent: dict[str, float]):
+def timed_method(obj: Any, name: str, spent: dict[str, float]):
     """obj.name timed into spent[name] while the block runs (instance attribute, restored)."""
     f = getattr(obj, name)
 
@@ -96,7 +96,7 @@ def diagnose(llm, prompts: list, params: list, *, sync_debug: bool = True,
     caught: list[warnings.WarningMessage] = []
     with contextlib.ExitStack() as stack:
         for obj, name in parts:
-            stack.enter_context(_wrapped(obj, name, spent))
+            stack.enter_context(timed_method(obj, name, spent))
         eng.step, eng.scheduler.schedule = step, planning
         stack.callback(lambda: [vars(o).pop(n) for o, n in ((eng, "step"), (eng.scheduler, "schedule"))])
         inflight.Launched.result = result
