@@ -33,16 +33,22 @@ def nano_workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], in
             for _ in range(n)]
 
 
-def gpu_busy_ms(fn, steps: int) -> float:
-    """Sum of CUDA kernel and copy times (ms) of `steps` calls of fn, per call."""
+def gpu_busy_ms(fn, steps: int, kernels: dict | None = None) -> float:
+    """Sum of CUDA kernel and copy times (ms) of `steps` calls of fn, per call; `kernels`, when
+    given, is filled with {kernel name: [launches, ms]} per call."""
     from torch.autograd import DeviceType
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
-    total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
-    return total_us / 1e3 / steps
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if kernels is not None:
+        for e in events:
+            k = kernels.setdefault(e.name[:90], [0.0, 0.0])
+            k[0] += 1 / steps
+            k[1] += e.time_range.elapsed_us() / 1e3 / steps
+    return sum(e.time_range.elapsed_us() for e in events) / 1e3 / steps
 
 
 def host_syncs(eng, steps: int) -> list[str]:
@@ -176,7 +182,15 @@ def run(setting: str, args, reqs) -> dict:
         t = time.perf_counter()
         eng.step()
         walls.append(time.perf_counter() - t)
-    busy = gpu_busy_ms(eng.step, 10)
+    kernels: dict = {}
+    busy = gpu_busy_ms(eng.step, 10, kernels)
+    if args.kernels:             # the GPU time of a steady decode step, kernel by kernel
+        top = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+        out["kernels"] = {k: [round(n, 1), round(ms, 4)] for k, (n, ms) in top}
+        print(f"[{setting}] GPU time of a decode step at batch {args.batch}: {busy:.2f} ms in "
+              f"{sum(n for n, _ in kernels.values()):.0f} launches; the top {args.kernels}:", flush=True)
+        for k, (n, ms) in top[:args.kernels]:
+            print(f"[{setting}]   {ms:7.3f} ms  x{n:4.0f}  {k}", flush=True)
     out["host_syncs"] = host_syncs(eng, 5)
     print(f"[{setting}] synchronizing CUDA calls in 5 steady steps (torch sync debug mode): "
           f"{len(out['host_syncs'])} {out['host_syncs'][:3]}", flush=True)
@@ -220,6 +234,7 @@ def main() -> None:
     ap.add_argument("--diagnose", action="store_true",
                     help="generate again, instrumented (benchmarks/step_diagnose.py)")
     ap.add_argument("--prompt", type=int, default=512, help="prompt length of the steady decode")
+    ap.add_argument("--kernels", type=int, default=0, help="print the N costliest kernels of a decode step")
     ap.add_argument("--cprofile", type=int, default=0, help="profile N steady decode steps (host)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

@@ -38,6 +38,7 @@ def sharegpt_workload(path: str, n: int, vocab: int) -> list[tuple[list[int], in
 
 
 def run_toolkit(cfg, reqs, args) -> dict:
+    from benchmarks.step_diagnose import diagnose, print_report
     from toolkit import LLM, SamplingParams
 
     llm = LLM(cfg, dtype="bfloat16", attention=args.attention, max_num_seqs=args.max_num_seqs,
@@ -54,17 +55,21 @@ def run_toolkit(cfg, reqs, args) -> dict:
         torch.cuda.synchronize()
         steps0 = eng.num_steps
         t0 = time.perf_counter()
-        outs = llm.generate([p for p, _ in sub],
-                            [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True)
-                             for _, n in sub],
-                            use_tqdm=False)                     # the public path, as a user calls it
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        produced = sum(len(o.outputs[0].token_ids) for o in outs)
+        prompts = [p for p, _ in sub]
+        params = [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True) for _, n in sub]
+        if args.diagnose:      # every step timed: where the time went (a little slower)
+            report = diagnose(llm, prompts, params, sync_debug=False, runtime_calls=False)
+            print_report(report, f"[{label}] ")
+            dt = report["wall_s"]
+        else:
+            outs = llm.generate(prompts, params, use_tqdm=False)   # the public path, as a user calls it
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            produced = sum(len(o.outputs[0].token_ids) for o in outs)
+            assert produced == sum(n for _, n in sub), produced
         want = sum(n for _, n in sub)
-        assert produced == want, (produced, want)
         results[label] = dict(requests=len(sub), output_tokens=want, seconds=dt, tok_s=want / dt,
-                              steps=eng.num_steps - steps0)
+                              steps=eng.num_steps - steps0, diagnosed=args.diagnose)
         print(f"toolkit[{label}]: {len(sub)} requests, {want} tokens in {dt:.1f} s = {want / dt:.0f} tok/s",
               flush=True)
     results["kv_blocks"] = eng.num_blocks
@@ -116,6 +121,8 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--kv-fraction", type=float, default=0.6)
+    ap.add_argument("--diagnose", action="store_true",
+                    help="time every step of the toolkit's runs (benchmarks/step_diagnose.py)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cfg = qwen3_0_6b() if args.workload == "random" else llama31_8b()
