@@ -50,7 +50,7 @@ def calibrate(shape: str, args) -> dict:
     t = time.perf_counter()
     samples = profile_engine(llm, progress=True, **sweep)
     admission = profile_admission(llm)
-    cost = CostModel.fit(samples, admission=admission,
+    cost = CostModel.fit(samples, admission=admission, graph_tokens=llm.engine.runner.graph_tokens,
                          source=f"benchmarks/sim_calibrate.py on {key.split('/')[0]}, "
                                 f"{time.strftime('%Y-%m-%d')}, {len(samples)} step shapes")
     cost.save(key, args.data) if args.data else cost.save(key)

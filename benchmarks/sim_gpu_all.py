@@ -218,8 +218,9 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     sweep = dict(TINY_SWEEP if shape == "tiny" else GPU_SWEEP)
     samples = profile_engine(llm, progress=True, **sweep)
     admission = profile_admission(llm, lengths=(16, 128, 512) if shape == "tiny" else (16, 256, 1024))
+    graph_tokens = llm.engine.runner.graph_tokens      # larger steps run eagerly (cost.FEATURES)
     first = CostModel.fit(samples, source=f"sweep on {key.split('/')[0]}, {time.strftime('%Y-%m-%d')}",
-                          admission=admission)
+                          admission=admission, graph_tokens=graph_tokens)
     res["sweep"] = dict(cost=first.to_dict(), seconds=time.perf_counter() - t, samples=[
         dict(features=x.tolist(), measured_s=y, fitted_s=float(first.predict_features(x))) for x, y in samples])
     print(f"[{key}] sweep fit: {first!r}\n  mean relative error {first.fit_error['mean_rel']:.1%}, "
@@ -290,7 +291,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     windows = [w for rec in recordings if rec is not None for w in rec.window_samples(window=32, skip=4)]
     both = list(samples) + windows
     weights = [1.0 / len(samples)] * len(samples) + [1.0 / max(len(windows), 1)] * len(windows)
-    cost = CostModel.fit(both, weights=weights, admission=admission,
+    res["windows"] = [dict(features=x.tolist(), measured_s=y) for x, y in windows]   # offline refits
+    cost = CostModel.fit(both, weights=weights, admission=admission, graph_tokens=graph_tokens,
                          source=f"benchmarks/sim_gpu_all.py on {key.split('/')[0]}, {time.strftime('%Y-%m-%d')}: "
                                 f"{len(samples)} step shapes + {len(windows)} 32-step windows of "
                                 f"{len(recordings)} engine runs (the burst, the ladder)")
@@ -420,10 +422,28 @@ def print_table(shapes: dict) -> None:
                   f"{sat['sim_sweep_model_burst_req_s']:.2f} (sweep model, --diagnostics)")
 
 
+def eager_refit(samples: list[dict], settings: dict, admission: dict):
+    """The sweep's samples refit with cost.FEATURES' eager_steps, counted from each shape's
+    tokens (prefill + decodes, no drafts in the sweep) against the engine's largest CUDA-graph
+    step (min(max_num_batched_tokens, max_num_seqs))."""
+    from toolkit.simulator import FEATURES, CostModel
+    from toolkit.simulator.cost import as_features
+
+    graph = min(settings["max_num_batched_tokens"], settings["max_num_seqs"])
+    i, p, d = FEATURES.index("eager_steps"), FEATURES.index("prefill_tokens"), FEATURES.index("decode_seqs")
+    xs = []
+    for s in samples:
+        x = as_features(s["features"]).copy()
+        x[i] = float(x[p] + x[d] > graph)
+        xs.append((x, s["measured_s"]))
+    return CostModel.fit(xs, admission=admission, graph_tokens=graph, source="sweep refit with eager steps")
+
+
 def replay(path: str, quick: bool) -> None:
     """On the CPU, after a GPU run: each comparison's trace rebuilt from its seeds and
     simulated again with variants of the run's cost models (final; final without the
-    admission terms; the sweep alone), against the engine's recorded numbers."""
+    admission terms; the sweep alone; the sweep refit with eager steps counted, for runs
+    recorded before that feature), against the engine's recorded numbers."""
     from toolkit.schedulers.policies import resolve_policy
     from toolkit.simulator import (
         CostModel,
@@ -443,6 +463,8 @@ def replay(path: str, quick: bool) -> None:
         final = CostModel.from_dict(res["cost"]["final"])
         models = {"final": final, "no admission": CostModel(dict(final.coef), source="no admission"),
                   "sweep only": CostModel.from_dict(res["sweep"]["cost"])}
+        if final.graph_tokens is None:      # recorded before eager_steps: count them from the shapes
+            models["sweep + eager steps"] = eager_refit(res["sweep"]["samples"], settings, final.admission)
         scale = PLAN["tiny" if quick else shape]["scale"]
         for run in res.get("runs", []):
             tr = run["trace"]

@@ -11,7 +11,7 @@ from transformers import LlamaConfig
 
 from toolkit import LLM, SamplingParams
 from toolkit.schedulers import VTC
-from toolkit.simulator import CostModel, Simulator, make_trace, synthetic_lengths
+from toolkit.simulator import FEATURES, CostModel, Simulator, make_trace, synthetic_lengths
 from toolkit.simulator.calibrate import profile_admission, profile_engine
 from toolkit.simulator.replay import TraceRecorder, run_on_engine
 
@@ -83,6 +83,7 @@ def test_profile_gives_one_sample_per_shape_with_the_shape_in_its_features(llm) 
     assert feats[:, 2].tolist() == [4, 8, 0, 0, 0, 4, 2]            # decode sequences
     assert feats[:, 1].tolist() == [0, 0, 30, 100, 30, 50, 30]      # prefill tokens
     assert feats[:, 5].tolist() == [0, 0, 1, 1, 3, 1, 3]            # prompt chunks
+    assert llm.engine.runner.graph_tokens is None and not feats[:, 6].any()   # no graphs: none eager
     assert all(y > 0 for _, y in samples)
     adm = profile_admission(llm, lengths=(8, 400), repeats=3)
     assert not llm.engine.has_unfinished() and adm["per_token"] > 0 and adm["per_request"] >= 0
@@ -92,12 +93,16 @@ def test_profile_gives_one_sample_per_shape_with_the_shape_in_its_features(llm) 
 
 def test_recorder_detaches_and_refits(llm) -> None:
     rec = TraceRecorder(llm)
+    rec.graph_tokens = 16          # as if the engine replayed steps of <= 16 tokens from CUDA graphs
     llm.generate([[3] * 40, [4] * 20, [5] * 10] * 2, SamplingParams(max_tokens=8, ignore_eos=True),
                  use_tqdm=False)
     rec.detach()
     assert rec not in llm.engine.observers and len(rec.steps) >= 8
+    eager = [s.features[FEATURES.index("eager_steps")] for s in rec.steps]
+    assert eager == [float(sum(s.grants.values()) > 16) for s in rec.steps] and 0 < sum(eager) < len(eager)
     m = rec.fit_cost(skip=0, window=2)
     assert m.fit_error["samples"] == len(rec.steps) - 1 and m.coef["const"] >= 0
+    assert m.graph_tokens == 16
 
 
 def test_llm_takes_a_policy_by_name_class_or_instance_and_refuses_one_that_cannot_reach() -> None:

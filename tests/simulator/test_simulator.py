@@ -37,10 +37,10 @@ def const(c: float):
 # -- cost model --
 def test_fit_recovers_a_linear_model_and_refuses_negative_terms(tmp_path) -> None:
     rng = np.random.default_rng(0)
-    true = np.array([2e-3, 1e-5, 5e-5, 2e-7, 0.0, 3e-4])
+    true = np.array([2e-3, 1e-5, 5e-5, 2e-7, 0.0, 3e-4, 9e-3])
     X = np.column_stack([np.ones(40), rng.integers(0, 8192, 40), rng.integers(0, 256, 40),
                          rng.integers(0, 500_000, 40), rng.integers(0, 3000, 40),
-                         rng.integers(0, 8, 40)]).astype(float)
+                         rng.integers(0, 8, 40), rng.integers(0, 2, 40)]).astype(float)
     m = CostModel.fit(zip(X, X @ true))
     assert np.allclose([m.coef[f] for f in FEATURES], true, rtol=1e-6, atol=1e-12)
     assert m.fit_error["max_rel"] < 1e-6
@@ -56,6 +56,34 @@ def test_fit_recovers_a_linear_model_and_refuses_negative_terms(tmp_path) -> Non
     # (five columns: a vector recorded before prefill_seqs existed reads as prefill_seqs = 0)
     Xn = np.column_stack([np.ones(10), np.zeros(10), np.arange(10), np.zeros(10), np.zeros(10)])
     assert all(v >= 0 for v in CostModel.fit(zip(Xn, 1.0 - 0.05 * np.arange(10))).coef.values())
+
+
+def test_steps_past_the_cuda_graphs_are_eager_steps(tmp_path) -> None:
+    """A step of more tokens than the engine's largest CUDA graph runs eagerly: it counts
+    as one eager step (the 8B on the H200: 17-21 ms for 129-512 tokens, 5.4 ms for 128), the
+    limit travels with the model, and a model without one (CPU: no graphs) never counts."""
+    from toolkit.types import Request, SamplingParams, ScheduledRequest
+
+    def chunk(rid, n):
+        return ScheduledRequest(Request(rid, list(range(n)), SamplingParams()), 0, n, [0])
+
+    eager = FEATURES.index("eager_steps")
+    big, small = SchedulerOutput([chunk("a", 100), chunk("b", 29)]), SchedulerOutput([chunk("c", 128)])
+    assert step_features(big, 128)[eager] == 1.0
+    assert step_features(small, 128)[eager] == 0.0            # exactly the largest graph: replayed
+    assert step_features(big)[eager] == 0.0 and step_features(big, 129)[eager] == 0.0
+    m = CostModel({"const": 0.005, "prefill_tokens": 1e-5, "eager_steps": 0.01}, graph_tokens=128)
+    assert m(big) == pytest.approx(0.005 + 129e-5 + 0.01)
+    assert m(small) == pytest.approx(0.005 + 128e-5)
+    m.save("dev/shape", tmp_path / "c.json")
+    back = CostModel.load("dev/shape", tmp_path / "c.json")
+    assert back.graph_tokens == 128 and back(big) == pytest.approx(m(big))
+    assert "graph_tokens=128" in repr(back)
+    # fitted from plans: the flag counted with the given limit, which the model keeps
+    plans = [SchedulerOutput([chunk(f"r{n}", n)]) for n in (32, 64, 128, 192, 256, 512)]
+    secs = [0.005 + 1e-5 * n + (0.01 if n > 128 else 0.0) for n in (32, 64, 128, 192, 256, 512)]
+    fit = CostModel.fit(zip(plans, secs), graph_tokens=128, features=("const", "prefill_tokens", "eager_steps"))
+    assert fit.graph_tokens == 128 and fit.coef["eager_steps"] == pytest.approx(0.01, rel=1e-6)
 
 
 def test_prompt_chunks_are_a_feature_and_admission_is_charged_on_the_clock() -> None:

@@ -66,6 +66,13 @@ class Runner:
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
         self.host_kv = None           # HostKVCache of the host tier (blocks/host_kv.py), set by build_engine
 
+    @property
+    def graph_tokens(self) -> int | None:
+        """The most tokens a step replays from CUDA graphs (None: no graphs); a larger step
+        runs the model eagerly, a Python launch per kernel (the simulator's cost model counts
+        those steps apart)."""
+        return self.graphs.sizes[-1] if self.graphs is not None else None
+
     def enable_cuda_graphs(self, max_tokens: int) -> bool:
         """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
         chunks) from piecewise CUDA graphs (CUDA + a backend with run(out=))."""

@@ -165,4 +165,5 @@ def profile_admission(target: Any, *, lengths: Sequence[int] = (16, 256, 1024), 
 def fit_engine(target: Any, *, source: str, admission: bool = True, **shapes: Any) -> CostModel:
     """profile_engine (and profile_admission), then CostModel.fit."""
     adm = profile_admission(target) if admission else None
-    return CostModel.fit(profile_engine(target, **shapes), source=source, admission=adm)
+    return CostModel.fit(profile_engine(target, **shapes), source=source, admission=adm,
+                         graph_tokens=_engine_of(target).runner.graph_tokens)

@@ -3,7 +3,7 @@ seconds of admitting a request.
 
     t = c_const + c_prefill * prefill_tokens + c_decode * decode_seqs
         + c_decode_kv * decode_kv_tokens + c_prefill_attn * prefill_attn_ktokens
-        + c_prefill_seqs * prefill_seqs
+        + c_prefill_seqs * prefill_seqs + c_eager * eager_steps
 
 - prefill_tokens: tokens of prompt (or recompute) chunks: the GEMMs' rows beyond decode.
 - decode_seqs: sequences decoding one token (+ drafts) this step.
@@ -15,6 +15,10 @@ seconds of admitting a request.
   tokens (its attention tiles and metadata rows, the scheduler's prefix-cache lookup and
   block allocation on admission). Told apart from the tokens by calibration steps that
   carry k prompts of P / k tokens next to ones that carry one of P.
+- eager_steps: 1 for a step of more tokens than the engine replays from CUDA graphs
+  (`graph_tokens`, the largest graph bucket; None: no graphs, the feature is 0). Such a
+  step runs the model eagerly, one Python launch per kernel: on the H200 an 8B step of 129
+  to 512 tokens took 17-21 ms where one of 128 took 5.4 ms, a floor no per-token term fits.
 
 Admission (`admission`, outside any step): the host seconds of `engine.add_request` for a
 prompt of n tokens, `per_request + per_token * n` (validating and copying the prompt ids,
@@ -41,7 +45,8 @@ import numpy as np
 
 from toolkit.types import ScheduledRequest, SchedulerOutput
 
-FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens", "prefill_seqs")
+FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens", "prefill_seqs",
+            "eager_steps")
 ADMISSION = ("per_request", "per_token")     # host seconds of add_request: + per prompt token
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_FILE = DATA_DIR / "cost_models.json"
@@ -52,11 +57,13 @@ def _is_decode(s: ScheduledRequest) -> bool:
     return s.num_new_tokens == 1 + s.num_spec_tokens and s.start >= s.request.num_prompt_tokens
 
 
-def step_features(out: SchedulerOutput) -> np.ndarray:
-    """float64 [len(FEATURES)] of one step's plan (before or after its update)."""
-    prefill = decode = decode_kv = chunks = 0
+def step_features(out: SchedulerOutput, graph_tokens: int | None = None) -> np.ndarray:
+    """float64 [len(FEATURES)] of one step's plan (before or after its update); graph_tokens:
+    the most tokens a step of the engine replays from CUDA graphs (None: it has none)."""
+    prefill = decode = decode_kv = chunks = tokens = 0
     attn = 0.0
     for s in out.scheduled:
+        tokens += s.num_new_tokens
         if _is_decode(s):
             decode += 1
             decode_kv += s.end
@@ -64,7 +71,8 @@ def step_features(out: SchedulerOutput) -> np.ndarray:
             prefill += s.num_new_tokens
             chunks += 1
             attn += s.num_new_tokens * (s.start + s.end + 1) / 2 / 1000.0   # causal pairs
-    return np.array([1.0, prefill, decode, decode_kv, attn, chunks], dtype=np.float64)
+    eager = float(graph_tokens is not None and tokens > graph_tokens)
+    return np.array([1.0, prefill, decode, decode_kv, attn, chunks, eager], dtype=np.float64)
 
 
 def as_features(x) -> np.ndarray:
@@ -79,14 +87,17 @@ def as_features(x) -> np.ndarray:
 
 @dataclass
 class CostModel:
-    """Seconds of a step = coef . step_features(out); host seconds of admitting a request =
-    admission["per_request"] + admission["per_token"] * prompt tokens (none: 0). `source`
-    says where the numbers come from."""
+    """Seconds of a step = coef . step_features(out, graph_tokens); host seconds of admitting
+    a request = admission["per_request"] + admission["per_token"] * prompt tokens (none: 0).
+    `source` says where the numbers come from. graph_tokens: the largest step the calibrated
+    engine replayed from CUDA graphs (its max_num_seqs x (1 + speculative tokens), at most
+    max_num_batched_tokens); set it to simulate an engine whose limit differs."""
 
     coef: dict[str, float]
     source: str = "unfitted"
     fit_error: dict[str, float] = field(default_factory=dict)   # mean / max relative error of the fit
     admission: dict[str, float] = field(default_factory=dict)
+    graph_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for what, table, valid in (("cost features", self.coef, FEATURES), ("admission terms", self.admission, ADMISSION)):
@@ -107,7 +118,7 @@ class CostModel:
         return self.predict(out)
 
     def predict(self, out: SchedulerOutput) -> float:
-        return float(self._vec @ step_features(out))
+        return float(self._vec @ step_features(out, self.graph_tokens))
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
         return as_features(x) @ self._vec
@@ -136,16 +147,18 @@ class CostModel:
     @classmethod
     def fit(cls, samples: Iterable[tuple[np.ndarray | SchedulerOutput, float]], *,
             source: str = "fitted", features: Sequence[str] = FEATURES,
-            weights: Sequence[float] | None = None, admission: dict[str, float] | None = None) -> "CostModel":
+            weights: Sequence[float] | None = None, admission: dict[str, float] | None = None,
+            graph_tokens: int | None = None) -> "CostModel":
         """Least squares on relative error with non-negative coefficients, scaled so the
         predicted total equals the measured total, over samples of (step features or
         SchedulerOutput, measured seconds); a sample may also be the sum of several steps'
         features against the sum of their seconds (the model is linear). `features` may
         leave some out (their coefficient is 0); `weights` weigh the samples' relative
-        errors (e.g. so two sources count alike); `admission` is kept as given."""
+        errors (e.g. so two sources count alike); `admission` and `graph_tokens` (the
+        engine's, as the samples' eager_steps were counted) are kept as given."""
         xs, ys = [], []
         for x, y in samples:
-            xs.append(step_features(x) if isinstance(x, SchedulerOutput) else as_features(x))
+            xs.append(step_features(x, graph_tokens) if isinstance(x, SchedulerOutput) else as_features(x))
             ys.append(float(y))
         if len(xs) < len(features):
             raise ValueError(f"fitting {len(features)} coefficients needs at least that many samples, "
@@ -167,7 +180,7 @@ class CostModel:
         coef = dict.fromkeys(FEATURES, 0.0)
         for c, v in zip(cols, w):
             coef[FEATURES[c]] = float(v)
-        model = cls(coef, source=source, admission=dict(admission or {}))
+        model = cls(coef, source=source, admission=dict(admission or {}), graph_tokens=graph_tokens)
         rel = np.abs(model.predict_features(X) - y) / y
         model.fit_error = {"mean_rel": float(rel.mean()), "max_rel": float(rel.max()), "samples": len(y)}
         return model
@@ -175,12 +188,12 @@ class CostModel:
     # -- data --
     def to_dict(self) -> dict:
         return {"coef": dict(self.coef), "source": self.source, "fit_error": dict(self.fit_error),
-                "admission": dict(self.admission)}
+                "admission": dict(self.admission), "graph_tokens": self.graph_tokens}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         return cls(dict(d["coef"]), source=d.get("source", "?"), fit_error=dict(d.get("fit_error", {})),
-                   admission=dict(d.get("admission", {})))
+                   admission=dict(d.get("admission", {})), graph_tokens=d.get("graph_tokens"))
 
     def save(self, key: str, path: str | Path = DEFAULT_FILE) -> None:
         """Add or replace entry `key` ("<device>/<model shape>") in the JSON file at path."""
@@ -207,12 +220,13 @@ class CostModel:
     def __repr__(self) -> str:
         terms = ", ".join(f"{k}={v:.3g}" for k, v in self.coef.items() if v)
         adm = "".join(f", admission {k}={v:.3g}" for k, v in self.admission.items() if v)
-        return f"CostModel({terms}{adm}; {self.source})"
+        graphs = f", graph_tokens={self.graph_tokens}" if self.graph_tokens is not None else ""
+        return f"CostModel({terms}{adm}{graphs}; {self.source})"
 
 
 def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     """min ||A w - b|| with w >= 0: least squares on an active set, dropping the most
-    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 6 columns)."""
+    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 7 columns)."""
     active = list(range(A.shape[1]))
     w = np.zeros(A.shape[1])
     while active:

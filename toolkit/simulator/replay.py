@@ -57,6 +57,8 @@ class TraceRecorder:
 
     def __init__(self, target: Any = None, attach: bool = True) -> None:
         self.engine = None if target is None else _engine_of(target)   # None: a loaded recording
+        # the engine's largest CUDA-graph step: a larger one is an eager step (cost.FEATURES)
+        self.graph_tokens: int | None = None if self.engine is None else self.engine.runner.graph_tokens
         self.requests: dict[str, Any] = {}      # sequence id -> scheduler Request (first seen)
         self.steps: list[RecordedStep] = []
         self._trace: Trace | None = None        # a loaded recording's trace
@@ -79,7 +81,8 @@ class TraceRecorder:
                 prefill += s.num_new_tokens
         log = StepLog(rec.start_time, rec.duration, prefill, decode, rec.num_running, rec.num_waiting,
                       rec.num_preempted, rec.kv_blocks_used, rec.kv_blocks_total, by_client)
-        self.steps.append(RecordedStep(rec.start_time, rec.duration, step_features(out), dict(rec.grants), log))
+        self.steps.append(RecordedStep(rec.start_time, rec.duration, step_features(out, self.graph_tokens),
+                                       dict(rec.grants), log))
 
     def detach(self) -> None:
         if self.engine is not None and self in self.engine.observers:
@@ -93,7 +96,7 @@ class TraceRecorder:
         trace = self.trace()
         Path(path).write_text(json.dumps({"trace": {"label": trace.label, "meta": trace.meta,
                                                     "requests": [dataclasses.asdict(r) for r in trace.requests]},
-                                          "steps": steps}))
+                                          "steps": steps, "graph_tokens": self.graph_tokens}))
 
     @classmethod
     def load(cls, path: str) -> "TraceRecorder":
@@ -103,6 +106,7 @@ class TraceRecorder:
         rec._trace = Trace([TraceRequest(**r) for r in t["requests"]], t["label"], t["meta"])
         rec.steps = [RecordedStep(s["time"], s["duration"], as_features(s["features"]), s["grants"],
                                   StepLog(**s["log"]), s["period"], s.get("gap")) for s in d["steps"]]
+        rec.graph_tokens = d.get("graph_tokens")
         return rec
 
     def trace(self, label: str = "recorded") -> Trace:
@@ -149,7 +153,7 @@ class TraceRecorder:
     def fit_cost(self, source: str = "refit from a recorded run", skip: int = 2, window: int = 32) -> CostModel:
         """A cost model fitted to the recorded steps' wall times, over sliding windows of
         `window` steps (see window_samples; window=1: step by step)."""
-        return CostModel.fit(self.window_samples(window, skip), source=source)
+        return CostModel.fit(self.window_samples(window, skip), source=source, graph_tokens=self.graph_tokens)
 
     def __repr__(self) -> str:
         return f"TraceRecorder({len(self.requests)} requests, {len(self.steps)} steps)"
