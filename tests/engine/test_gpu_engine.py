@@ -74,6 +74,23 @@ def test_cuda_whole_forward_graphs_replay_decode_steps(tiny_llama_dir, hf_greedy
         assert got == expected, len(batch)
 
 
+def test_capture_limit_past_the_decode_batch_replays_prefill_steps(tiny_llama_dir, hf_greedy):
+    """max_cudagraph_capture_size above max_num_seqs: a step of a 300-token prompt replays the
+    piecewise graphs (eagerly an 8B step of that size took 17-21 ms on the H200) and still
+    gives HF's greedy tokens."""
+    prompts = [[(5 * i) % 500 + 3 for i in range(300)], [40, 41]]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    expected = hf_greedy(tiny_llama_dir, prompts, 12)
+    with LLM(tiny_llama_dir, dtype="float32", device="cuda", attention="triton", max_num_seqs=4,
+             max_num_batched_tokens=512, max_cudagraph_capture_size=512) as llm:
+        graphs = llm.engine.runner.graphs
+        assert graphs.sizes[-1] == 512 == llm.engine.runner.graph_tokens
+        before = graphs.num_piecewise_replays
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert graphs.num_piecewise_replays > before          # the prefill step (302 tokens)
+    assert got == expected
+
+
 def test_warm_up_leaves_nothing_to_compile(tiny_llama_dir):
     """After LLM(...), a workload's first generate compiles no Triton kernel (on the H200 the
     first generate of the nano workload compiled the sampler's late rounds and the split merge

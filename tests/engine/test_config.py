@@ -1,0 +1,26 @@
+"""EngineConfig rules that need no model: the CUDA-graph capture limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolkit.config import EngineConfig
+
+
+@pytest.mark.parametrize("kw, tokens", [
+    (dict(), 256),                                                    # max_num_seqs
+    (dict(max_num_seqs=128, num_speculative_tokens=3, speculative="ngram"), 512),   # verification rows
+    (dict(max_num_seqs=1024, max_num_batched_tokens=512), 512),       # never past the step budget
+    (dict(max_cudagraph_capture_size=512), 512),                      # vLLM's default limit
+    (dict(max_cudagraph_capture_size=100_000), 8192),
+    (dict(max_num_seqs=512, max_cudagraph_capture_size=64), 64),      # smaller than the decode batch
+])
+def test_graph_tokens_is_the_largest_captured_step(kw, tokens):
+    assert EngineConfig(**kw).graph_tokens == tokens
+
+
+@pytest.mark.parametrize("bad, err", [(0, ValueError), (-5, ValueError), (1.5, TypeError), ("512", TypeError),
+                                      (True, TypeError)])
+def test_bad_capture_limits_say_what_is_valid(bad, err):
+    with pytest.raises(err, match="max_cudagraph_capture_size"):
+        EngineConfig(max_cudagraph_capture_size=bad)
