@@ -448,6 +448,7 @@ def replay(path: str, quick: bool) -> None:
     from toolkit.simulator import (
         CostModel,
         Simulator,
+        make_trace,
         multi_client_trace,
         scaled_lengths,
         sharegpt_lengths,
@@ -478,6 +479,16 @@ def replay(path: str, quick: bool) -> None:
                 row = compare(sim, run["real"])
                 print(f"{shape:9s} {run['load']:4.2f}  {run['policy']:8s} {name:14s} "
                       + "  ".join(f"{row[c]['rel']:+16.1%}" for c in cols), flush=True)
+        burst = res.get("saturation", {}).get("burst")
+        if burst:      # the full-batch regime: the simulator's burst (as sim_mu runs it) against the engine's
+            n, mns = PLAN["tiny" if quick else shape]["burst_n"], settings["max_num_seqs"]
+            got = sharegpt_lengths(OFFSET + n, seed=0)[OFFSET:OFFSET + n]
+            got = scaled_lengths(got, scale, min_len=4) if scale != 1.0 else got
+            trace = make_trace(got, rate=1e9, vocab_size=settings["vocab_size"], seed=7)
+            for name, cost in models.items():
+                mu = burst_rate(Simulator("fcfs", cost, **settings).run(trace), mns)["rate"]
+                print(f"{shape:9s} burst of {n}, full-batch rate: {name:20s} {mu:6.2f} req/s against the "
+                      f"engine's {burst['rate']:.2f} ({rel(mu, burst['rate']):+.1%})", flush=True)
 
 
 def main() -> None:
