@@ -343,9 +343,7 @@ def _round_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, chunk, temp_pt
                          PREFETCH, FAST)
 
 
-# not specialized on the row count: Triton compiles N = 1 apart from other N, so a first
-# batch of 3 rows compiled mid-run although the warm-up had run 1, 2, 4, ... rows
-@triton.jit(do_not_specialize=["n_rows"])
+@triton.jit(do_not_specialize=["n_rows"])          # as _round_kernel
 def _worklist_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, temp_ptr, greedy_ptr,
                      log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, score_ptr, sidx_ptr, fa_ptr,
                      ia_ptr, z_ptr, st_i, st_f, work_ptr, HAS_KTH: tl.constexpr,
@@ -403,9 +401,7 @@ def _late_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, chunk, temp_ptr
                          z_ptr, ROUND, BLOCK, SKIP, STAGES, PREFETCH, FAST)
 
 
-# not specialized on the row count: Triton compiles N = 1 apart from other N, so a first
-# batch of 3 rows compiled mid-run although the warm-up had run 1, 2, 4, ... rows
-@triton.jit(do_not_specialize=["n_rows"])
+@triton.jit(do_not_specialize=["n_rows"])          # as _round_kernel
 def _finalize_kernel(x_ptr, stride, n_cols, n_rows, n_split, n_late, temp_ptr, greedy_ptr,
                      log_min_p_ptr, top_k_ptr, top_p_ptr, kth_ptr, keys_ptr, score_ptr, sidx_ptr,
                      fa_ptr, ia_ptr, z_ptr, st_i, st_f, out_ptr, ROUNDS: tl.constexpr,

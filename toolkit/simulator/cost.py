@@ -90,8 +90,9 @@ class CostModel:
     """Seconds of a step = coef . step_features(out, graph_tokens); host seconds of admitting
     a request = admission["per_request"] + admission["per_token"] * prompt tokens (none: 0).
     `source` says where the numbers come from. graph_tokens: the largest step the calibrated
-    engine replayed from CUDA graphs (its max_num_seqs x (1 + speculative tokens), at most
-    max_num_batched_tokens); set it to simulate an engine whose limit differs."""
+    engine replayed from CUDA graphs (`EngineConfig.graph_tokens`: max_num_seqs x (1 + k) or
+    max_cudagraph_capture_size, at most max_num_batched_tokens); set it to simulate an engine
+    whose limit differs."""
 
     coef: dict[str, float]
     source: str = "unfitted"
