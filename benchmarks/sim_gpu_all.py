@@ -425,11 +425,13 @@ def print_table(shapes: dict) -> None:
 def eager_refit(samples: list[dict], settings: dict, admission: dict):
     """The sweep's samples refit with cost.FEATURES' eager_steps, counted from each shape's
     tokens (prefill + decodes, no drafts in the sweep) against the engine's largest CUDA-graph
-    step (min(max_num_batched_tokens, max_num_seqs))."""
+    step (`EngineConfig.graph_tokens` of the run's settings)."""
+    from toolkit.config import EngineConfig
     from toolkit.simulator import FEATURES, CostModel
     from toolkit.simulator.cost import as_features
 
-    graph = min(settings["max_num_batched_tokens"], settings["max_num_seqs"])
+    graph = EngineConfig(max_num_seqs=settings["max_num_seqs"],
+                         max_num_batched_tokens=settings["max_num_batched_tokens"]).graph_tokens
     i, p, d = FEATURES.index("eager_steps"), FEATURES.index("prefill_tokens"), FEATURES.index("decode_seqs")
     xs = []
     for s in samples:
