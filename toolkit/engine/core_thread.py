@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from toolkit.engine.gc_freeze import frozen_heap
 from toolkit.types import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -120,15 +121,18 @@ class ThreadCore:
 
     def _loop(self) -> None:
         try:
-            while not self._stop:
-                self._run_commands()
-                if self._stop:
-                    break
-                if not self.engine.has_unfinished():
-                    self._wake.wait()
-                    self._wake.clear()
-                    continue
-                self._step()
+            # the heap frozen for the loop's life, as LLM.generate does (engine/gc_freeze.py):
+            # no full collector pass over the model's objects pauses a step of a served request
+            with frozen_heap():
+                while not self._stop:
+                    self._run_commands()
+                    if self._stop:
+                        break
+                    if not self.engine.has_unfinished():
+                        self._wake.wait()
+                        self._wake.clear()
+                        continue
+                    self._step()
         except BaseException as e:                 # pragma: no cover - a bug in the loop itself
             log.exception("the engine loop stopped")
             self.error = e

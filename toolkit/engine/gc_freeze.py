@@ -19,6 +19,7 @@ builds and drops engines in one process.
 from __future__ import annotations
 
 import gc
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -41,3 +42,38 @@ def frozen_heap(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+class GcPauses:
+    """Count the collector's passes while the block runs, and the seconds they took:
+    `with GcPauses() as p: ...` then `p.full` (oldest-generation passes), `p.seconds`.
+    A full pass is a pause inside some step; a benchmark reports these so a slow step can
+    be told from a collector's pass."""
+
+    def __init__(self) -> None:
+        self.full = 0              # passes over the oldest generation
+        self.passes = 0            # all passes
+        self.seconds = 0.0         # their total time
+        self.longest = 0.0
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        took = time.perf_counter() - self._t0
+        self.passes += 1
+        self.full += info.get("generation") == 2
+        self.seconds += took
+        self.longest = max(self.longest, took)
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def as_dict(self) -> dict:
+        return dict(gc_passes=self.passes, gc_full_passes=self.full, gc_s=self.seconds,
+                    gc_longest_s=self.longest)

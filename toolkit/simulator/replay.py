@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from toolkit.engine.gc_freeze import GcPauses, frozen_heap
 from toolkit.simulator.cost import CostModel, _is_decode, as_features, step_features
 from toolkit.simulator.result import RequestTiming, RunResult, StepLog
 from toolkit.simulator.trace import Trace, TraceRequest
@@ -177,49 +178,53 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
     host = run.host_time = dict(step_s=0.0, add_s=0.0, steps=0)     # where the wall time went
     last = None                           # (the last call's record, when it returned, add_s then)
     k = 0
+    # the heap frozen as LLM.generate runs (engine/gc_freeze.py): a full collector pass over the
+    # process's objects is a pause of 0.1-1 s inside some step, which no cost model predicts
     try:
-        while k < len(pending) or engine.has_unfinished():
-            now = time.monotonic() - t0
-            if time_limit is not None and now > time_limit:
-                raise TimeoutError(f"run_on_engine: {trace!r} not done after {time_limit} s")
-            while k < len(pending) and (not realtime or pending[k].arrival <= now):
-                r = pending[k]
-                sp = SamplingParams(max_tokens=r.output_len, ignore_eos=True, temperature=0.0)
-                a = time.monotonic()
-                engine.add_request(r.prompt_ids, sp, request_id=r.request_id,
-                                   arrival_time=t0 + (r.arrival if realtime else 0.0), **r.policy_fields())
-                timing[r.request_id].admitted = time.monotonic() - t0
-                host["add_s"] += timing[r.request_id].admitted + t0 - a
-                k += 1
-            if not engine.has_unfinished():
-                last = None               # idle: the wait is no step's
-                time.sleep(max(0.0, min(pending[k].arrival - now, 0.05)))
-                continue
-            n_rec, call = len(rec.steps), time.perf_counter()
-            if last is not None:          # the driver's time since the last call returned
-                last[0].gap = call - last[1] - (host["add_s"] - last[2])
-            outs = engine.step()
-            took = time.perf_counter() - call
-            host["step_s"] += took
-            host["steps"] += 1
-            last = None
-            if len(rec.steps) > n_rec:
-                rec.steps[-1].period = took
-                last = (rec.steps[-1], call + took, host["add_s"])
-            t = time.monotonic() - t0
-            for o in outs:
-                rt = timing.get(o.request_id)
-                if rt is None:
+        with frozen_heap(), GcPauses() as pauses:
+            while k < len(pending) or engine.has_unfinished():
+                now = time.monotonic() - t0
+                if time_limit is not None and now > time_limit:
+                    raise TimeoutError(f"run_on_engine: {trace!r} not done after {time_limit} s")
+                while k < len(pending) and (not realtime or pending[k].arrival <= now):
+                    r = pending[k]
+                    sp = SamplingParams(max_tokens=r.output_len, ignore_eos=True, temperature=0.0)
+                    a = time.monotonic()
+                    engine.add_request(r.prompt_ids, sp, request_id=r.request_id,
+                                       arrival_time=t0 + (r.arrival if realtime else 0.0), **r.policy_fields())
+                    timing[r.request_id].admitted = time.monotonic() - t0
+                    host["add_s"] += timing[r.request_id].admitted + t0 - a
+                    k += 1
+                if not engine.has_unfinished():
+                    last = None               # idle: the wait is no step's
+                    time.sleep(max(0.0, min(pending[k].arrival - now, 0.05)))
                     continue
-                new = sum(len(c.new_token_ids) for c in o.outputs) if o.outputs else len(o.new_token_ids)
-                rt.token_times.extend([t] * new)
-                if o.finished:
-                    rt.finish, rt.finish_reason = t, o.finish_reason
+                n_rec, call = len(rec.steps), time.perf_counter()
+                if last is not None:          # the driver's time since the last call returned
+                    last[0].gap = call - last[1] - (host["add_s"] - last[2])
+                outs = engine.step()
+                took = time.perf_counter() - call
+                host["step_s"] += took
+                host["steps"] += 1
+                last = None
+                if len(rec.steps) > n_rec:
+                    rec.steps[-1].period = took
+                    last = (rec.steps[-1], call + took, host["add_s"])
+                t = time.monotonic() - t0
+                for o in outs:
+                    rt = timing.get(o.request_id)
+                    if rt is None:
+                        continue
+                    new = sum(len(c.new_token_ids) for c in o.outputs) if o.outputs else len(o.new_token_ids)
+                    rt.token_times.extend([t] * new)
+                    if o.finished:
+                        rt.finish, rt.finish_reason = t, o.finish_reason
     except BaseException:
         engine.abort([r.request_id for r in pending[:k] if timing[r.request_id].finish is None])
         raise
     finally:
         rec.detach()
+    host.update(pauses.as_dict())
     # step times on the trace's clock: perf_counter and monotonic share a rate; align at t0
     offset = (time.perf_counter() - time.monotonic()) + t0
     for s in rec.steps:
