@@ -139,6 +139,11 @@ def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
            "minsplit128": replace(base, min_split_tokens=128), "minsplit512": replace(base, min_split_tokens=512)}
     for bn, st, nw in [(64, 2, 4), (128, 2, 4), (128, 4, 4), (64, 3, 4)]:
         out[f"bn{bn}_s{st}_w{nw}"] = replace(base, decode=TileConfig(base.decode.block_q, bn, nw, st))
+    # small batches (#21): shorter splits, more programs, shorter key steps
+    for bn, min_split, target in [(64, 64, 4), (64, 128, 4), (64, 64, 8), (32, 32, 8), (64, 128, 8)]:
+        out[f"bn{bn}_min{min_split}_t{target}x"] = replace(
+            base, target_programs=target * sms, min_split_tokens=min_split,
+            decode=TileConfig(base.decode.block_q, bn, 4, 2))
     return out
 
 
@@ -166,7 +171,7 @@ def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batc
                 moved = kv_bytes + 2 * q.numel() * q.element_size()
                 base = default_config(DTYPE, d, h // h_kv, torch.device(DEVICE))
                 variants = decode_variants(base, sms) if sweep and (
-                    batch, ctx) in {(64, 4096), (1, 16384), (256, 512)} and model == "llama3-8b" else {"default": base}
+                    batch, ctx) in {(64, 4096), (1, 16384), (256, 512), (1, 4096), (64, 512), (16, 4096)} and model == "llama3-8b" else {"default": base}
                 times = {}
                 for name, cfg in variants.items():
                     if time.time() > deadline and name != "default":
@@ -233,6 +238,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "attention.json"))
     ap.add_argument("--quick", action="store_true", help="batch 1/64, context 512/4096 only")
     ap.add_argument("--no-sweep", action="store_true", help="time only the default tile configs")
+    ap.add_argument("--decode-only", action="store_true", help="skip the prefill comparison")
     ap.add_argument("--budget-s", type=float, default=200.0, help="stop config sweeps after this long")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -248,8 +254,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results["default_config"] = asdict(default_config(DTYPE, 128, 4, torch.device(DEVICE)))
-    print("prefill (causal, bf16):")
-    run_prefill(results, not args.no_sweep, deadline)
+    if not args.decode_only:
+        print("prefill (causal, bf16):")
+        run_prefill(results, not args.no_sweep, deadline)
     out.write_text(json.dumps(results, indent=1))
     print("decode (bf16, block 16, % of copy bandwidth):")
     batches, contexts = ([1, 64], [512, 4096]) if args.quick else (BATCHES, CONTEXTS)

@@ -117,6 +117,16 @@ def test_triton_kernels_match_twin(lengths, geom, dtype, seed, split, window) ->
     assert rel_err(twin, want) < tol
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_bf16_queries_take_the_fp16_math_path(split) -> None:
+    """bf16 q over an fp8 cache: the kernel attends in fp16 (F16_MATH); still the twin's
+    result to bf16 rounding, split decode and a prefill chunk included."""
+    case = fp8_case(8, 2, 32, 16, [40, 1, 33], [1, 1, 17], torch.bfloat16, seed=11)
+    want = run(TorchAttention(case.cache, 8, 32), case)
+    got = run(TritonPagedAttention(case.cache, 8, 32, config=FORCE_SPLIT if split else None), case)
+    assert rel_err(got, want) < 2e-2
+
+
 @pytest.mark.parametrize("cls", [TorchAttention, CPUAttention, TritonPagedAttention])
 def test_backends_write_the_twins_bytes(cls) -> None:
     """write_kv of every backend stores quantize_fp8(k / k_scale) of its layer at the slots."""

@@ -99,7 +99,7 @@ def _paged_attention_kernel(
     NUM_Q_PER_KV: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-    WORK_COLS: tl.constexpr, KV_FP8: tl.constexpr,
+    WORK_COLS: tl.constexpr, KV_FP8: tl.constexpr, F16_MATH: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     w = tl.program_id(0)
@@ -123,6 +123,8 @@ def _paged_attention_kernel(
     q_rows = (q_start + tok).to(tl.int64)
     q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)          # [M, D_PAD]
+    if F16_MATH:   # fp8 KV under bf16 q: e4m3 -> fp16 is one instruction on Hopper, -> bf16 is emulated
+        q = q.to(tl.float16)
     q_pos = first_pos + tok                                                # [M]
 
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
@@ -173,7 +175,11 @@ def paged_attention(
     out [T, H, D] (written unless part_out is given); part_out float32 [R, H, S, D] and
     part_lse float32 [R, H, S] (natural-log LSE) receive split partials when given.
     An fp8 (e4m3fn) cache holds K / k_scale and V / v_scale: tiles are converted to q's dtype
-    (exact), k_scale is folded into the softmax scale and v_scale into the output.
+    (exact), k_scale is folded into the softmax scale and v_scale into the output. Under a
+    bf16 q the tiles and q are converted to fp16 instead: e4m3 -> fp16 is exact and a single
+    instruction per pair on Hopper, while e4m3 -> bf16 is emulated and made fp8 decode slower
+    than bf16's (H200, benchmarks/fp8_kv.py). q -> fp16 keeps more mantissa than bf16 and is
+    exact for |q| < 65504; the products still accumulate in fp32.
     """
     check_scales(kv_cache, k_scale, v_scale)
     n_work = work.shape[0]
@@ -197,5 +203,6 @@ def paged_attention(
         D=d, D_PAD=triton.next_power_of_2(d), HAS_WINDOW=sliding_window is not None,
         HAS_SOFTCAP=soft_cap is not None, SPLIT=split, PRECISION=precision,
         WORK_COLS=WORK_COLS, KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
+        F16_MATH=kv_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages,
     )
