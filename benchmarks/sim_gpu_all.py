@@ -451,11 +451,12 @@ def eager_refit(samples: list[dict], settings: dict, admission: dict):
     return CostModel.fit(xs, admission=admission, graph_tokens=graph, source="sweep refit with eager steps")
 
 
-def replay(path: str, quick: bool) -> None:
+def replay(path: str, quick: bool, ship: str | None = None) -> None:
     """On the CPU, after a GPU run: each comparison's trace rebuilt from its seeds and
     simulated again with variants of the run's cost models (final; final without the
     admission terms; the sweep alone; the sweep refit with eager steps counted, for runs
-    recorded before that feature), against the engine's recorded numbers."""
+    recorded before that feature; with ship, also the model shipped in toolkit/simulator/data,
+    or in the file ship names), against the engine's recorded numbers."""
     from toolkit.schedulers.policies import resolve_policy
     from toolkit.simulator import (
         CostModel,
@@ -478,6 +479,10 @@ def replay(path: str, quick: bool) -> None:
                   "sweep only": CostModel.from_dict(res["sweep"]["cost"])}
         if final.graph_tokens is None:      # recorded before eager_steps: count them from the shapes
             models["sweep + eager steps"] = eager_refit(res["sweep"]["samples"], settings, final.admission)
+        if ship is not None:                 # the shipped model (toolkit/simulator/data, or ship's file)
+            where = (ship,) if ship else ()
+            if res.get("key") in CostModel.available(*where):
+                models["shipped"] = CostModel.load(res["key"], *where)
         scale = PLAN["tiny" if quick else shape]["scale"]
         for run in res.get("runs", []):
             tr = run["trace"]
@@ -526,11 +531,13 @@ def main() -> None:
                                                 "--quick: /tmp/sim_gpu_all_quick.json)")
     ap.add_argument("--raw", default=None, help="per-request times JSON (default: <out>_raw.json)")
     ap.add_argument("--plot-dir", default=None, help="PNGs of TTFT over time, overloaded runs (default: --out's folder)")
+    ap.add_argument("--replay-shipped", nargs="?", const="", default=None, metavar="COST_MODELS_JSON",
+                    help="with --replay: also simulate with the shipped cost model (or this file's)")
     ap.add_argument("--replay", default=None, metavar="RESULTS_JSON",
                     help="no engine: simulate a finished run's comparisons again with variants of its cost models")
     args = ap.parse_args()
     if args.replay:
-        replay(args.replay, args.quick)
+        replay(args.replay, args.quick, args.replay_shipped)
         return
     shapes = ["tiny"] if args.quick else args.shapes.split(",")
     bad = [s for s in shapes if s not in PLAN or s == "tiny" and not args.quick]

@@ -7,6 +7,8 @@ from typing import Any
 
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+# steps up to this many tokens replay CUDA graphs by default (EngineConfig.max_cudagraph_capture_size)
+DEFAULT_CAPTURE_TOKENS = 512
 
 
 def _check(cond: bool, name: str, valid: str, value: object) -> None:
@@ -42,11 +44,14 @@ class EngineConfig:
     seed: int = 0
     # replay decode steps from piecewise CUDA graphs (CUDA with the Triton backend only)
     cuda_graphs: bool = True
-    # the largest step (tokens) replayed from CUDA graphs; None = max_num_seqs x (1 + k), the
-    # largest decode / verification step (at most max_num_batched_tokens). A larger step runs
-    # the model eagerly, one Python launch per kernel: on the H200 an 8B step of 129-512 tokens
-    # took 17-21 ms that way, 5.4 ms replayed at 128. vLLM captures up to 512 (its
-    # max_cudagraph_capture_size); larger values capture more buckets at start-up
+    # the largest step (tokens) replayed from CUDA graphs; None = the larger of 512 and
+    # max_num_seqs x (1 + k), the largest decode / verification step (never past
+    # max_num_batched_tokens). A larger step runs the model eagerly, one Python launch per
+    # kernel: on the H200 an 8B step of 192-512 prompt tokens took 19-28 ms that way and
+    # 5.8-11.3 ms replayed; a prompt admitted beside 32-96 decodes 24-29 ms against 11-15 ms
+    # (benchmarks/capture_size.py). vLLM's limit is min(2 x max_num_seqs, 512); 512 here
+    # whatever the batch, since an arrival's prompt chunk is what it replays. Larger values
+    # capture more buckets at start-up (64 tokens apart above 256)
     max_cudagraph_capture_size: int | None = None
     # schedule and launch step N + 1 before step N's tokens reach the host (hides the host's
     # work under the GPU's); None = on for CUDA, off on the CPU. Off with speculative decoding
@@ -164,7 +169,8 @@ class EngineConfig:
     @property
     def graph_tokens(self) -> int:
         """The largest step replayed from CUDA graphs (the top capture bucket), in tokens."""
-        top = self.max_cudagraph_capture_size or self.max_num_seqs * (1 + self.num_speculative_tokens)
+        top = self.max_cudagraph_capture_size or max(DEFAULT_CAPTURE_TOKENS,
+                                                     self.max_num_seqs * (1 + self.num_speculative_tokens))
         return min(self.max_num_batched_tokens, top)
 
     @property
