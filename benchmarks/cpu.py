@@ -89,6 +89,9 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--modes", default="eos,fixed")
     ap.add_argument("--out", default="benchmarks/results/cpu.json")
+    ap.add_argument("--toolkit-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the toolkit's weights and activations (HF stays float32, its default for "
+                         "this model); bfloat16 changes greedy tokens (same_tokens says by how much)")
     args = ap.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -100,7 +103,7 @@ def main() -> None:
     path = default_model_path()
     tok = load_tokenizer(path)
     prompts = chat_prompts(tok)
-    llm = LLM(path, dtype="float32", device="cpu")
+    llm = LLM(path, dtype=args.toolkit_dtype, device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     eos = llm.engine.eos_token_id
     run_toolkit(llm, prompts[:2], 4, False)           # warm both (allocations, first calls)
@@ -136,7 +139,8 @@ def main() -> None:
 
 
 def write(path: str, rows: list[dict], args: argparse.Namespace, ttft: dict[str, float]) -> None:
-    result = {"benchmark": "cpu", "model": "SmolLM2-135M-Instruct (embedded), float32",
+    result = {"benchmark": "cpu", "model": "SmolLM2-135M-Instruct (embedded)",
+              "toolkit_dtype": args.toolkit_dtype, "hf_dtype": "float32",
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               "cpu": platform.processor() or platform.machine(), "repeats": args.repeats,
               "max_new_tokens": args.max_new, "rows": rows, "readme_example": ttft}
