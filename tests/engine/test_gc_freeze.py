@@ -51,3 +51,37 @@ def test_disabled_or_gc_off_changes_nothing() -> None:
             assert gc.get_freeze_count() == 0
     finally:
         gc.enable()
+
+
+def test_gc_pauses_counts_passes_and_only_inside() -> None:
+    from toolkit.engine.gc_freeze import GcPauses
+
+    with GcPauses() as p:
+        gc.collect()                          # one full pass
+        gc.collect(0)                         # one young pass
+    assert p.full == 1 and p.passes == 2
+    assert p.seconds >= p.longest > 0.0
+    gc.collect()                              # after the block: not counted, callback gone
+    assert p.passes == 2
+    d = p.as_dict()
+    assert d["gc_full_passes"] == 1 and d["gc_passes"] == 2
+
+
+def test_run_on_engine_runs_with_the_heap_frozen(monkeypatch) -> None:
+    """The simulator's real runs step the engine as LLM.generate does: heap frozen, passes counted."""
+    from transformers import LlamaConfig
+
+    from toolkit import LLM
+    from toolkit.simulator import make_trace
+    from toolkit.simulator.replay import run_on_engine
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=128, max_position_embeddings=256)
+    seen = []
+    with LLM(cfg, device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4) as llm:
+        step = llm.engine.step
+        monkeypatch.setattr(llm.engine, "step", lambda: (seen.append(gc.get_freeze_count()), step())[1])
+        run = run_on_engine(llm, make_trace([(8, 3), (5, 2)], rate=1e9, vocab_size=128, seed=1), realtime=False)
+    assert seen and min(seen) > 1000          # frozen at every step
+    assert gc.get_freeze_count() == 0         # and given back
+    assert {"gc_passes", "gc_full_passes", "gc_s"} <= set(run.host_time)

@@ -144,8 +144,9 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy,
         **_host_tier(cfg, kv_cache, executor))
     _check_policy(scheduler, cfg.policy)
-    host_tier = scheduler.kv.host if cfg.has_host_tier and hasattr(scheduler, "kv") else None
-    if cfg.has_host_tier and (not getattr(scheduler, "supports_host_tier", False) or host_tier is None):
+    tiered = cfg.has_host_tier and getattr(scheduler, "supports_host_tier", False)   # declared (schedulers/base.py)
+    host_tier = scheduler.kv.host if tiered else None
+    if cfg.has_host_tier and host_tier is None:
         raise ValueError(f"cpu_cache_gb / host_cache_blocks need a scheduler that supports the host tier "
                          f"('continuous'); {type(scheduler).__name__} does not")
     if attention == "auto":

@@ -21,6 +21,9 @@ class Scheduler(Protocol):
       `resolve_placeholders(outputs, result) -> outputs` puts the real tokens in their place
       one step later (finishing now a request whose token stops it). Without it the engine
       runs the synchronous loop.
+    - `supports_host_tier: bool = False`. True: the constructor takes `host_tier=` and
+      `preemption=` ("auto" | "swap" | "recompute"), and `kv.host` is the tier it was given
+      (the engine refuses cpu_cache_gb / preemption="swap" for a scheduler without it).
     - `num_running`, `num_waiting`: queue lengths, read by step records (observers).
     """
 
