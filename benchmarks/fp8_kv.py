@@ -253,6 +253,7 @@ def gpu_llm(cfg: Any, kv: str, kv_bytes: int, max_num_seqs: int) -> Any:
 def run_requests(llm: Any, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
     """All requests at once (ignore_eos); throughput, most running at once, preemptions."""
     from toolkit import SamplingParams
+    from toolkit.engine.gc_freeze import frozen_heap
 
     eng = llm.engine
     sync()
@@ -260,10 +261,11 @@ def run_requests(llm: Any, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
     for p, n in reqs:
         eng.add_request(p, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
     produced = most = 0
-    while eng.has_unfinished():
-        for o in eng.step():
-            produced += len(o.new_token_ids)
-        most = max(most, eng.scheduler.num_running)
+    with frozen_heap():     # as LLM.generate: no full GC pass inside a step
+        while eng.has_unfinished():
+            for o in eng.step():
+                produced += len(o.new_token_ids)
+            most = max(most, eng.scheduler.num_running)
     sync()
     dt = time.perf_counter() - t0
     return {"requests": len(reqs), "output_tokens": produced, "seconds": dt, "tok_s": produced / dt,

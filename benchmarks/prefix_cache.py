@@ -105,6 +105,7 @@ def run_trace(llm, clients: list[Client], sync) -> dict:
     """Drive the engine: add each client's first turn at its arrival, its next turn when the
     previous one finishes; collect TTFT, hit counts and token counts."""
     from toolkit import SamplingParams
+    from toolkit.engine.gc_freeze import frozen_heap
 
     eng = llm.engine
     pending = sorted(range(len(clients)), key=lambda i: clients[i].arrival)
@@ -122,26 +123,27 @@ def run_trace(llm, clients: list[Client], sync) -> dict:
 
     sync()
     t0 = time.perf_counter()
-    while pending or owner:
-        now = time.perf_counter() - t0
-        while pending and clients[pending[0]].arrival <= now:
-            send(pending.pop(0), 0)
-        if not eng.has_unfinished():
-            if not pending:
-                raise RuntimeError(f"{len(owner)} requests never reported a finish")
-            time.sleep(max(0.0, clients[pending[0]].arrival - now))
-            continue
-        for o in eng.step():
-            if not o.finished:
+    with frozen_heap():     # as LLM.generate: no full GC pass inside a step
+        while pending or owner:
+            now = time.perf_counter() - t0
+            while pending and clients[pending[0]].arrival <= now:
+                send(pending.pop(0), 0)
+            if not eng.has_unfinished():
+                if not pending:
+                    raise RuntimeError(f"{len(owner)} requests never reported a finish")
+                time.sleep(max(0.0, clients[pending[0]].arrival - now))
                 continue
-            ci, turn = owner.pop(o.request_id)
-            ttft.append(o.metrics.time_to_first_token)
-            cached += o.metrics.num_cached_tokens
-            toks = o.outputs[0].token_ids
-            out_toks += len(toks)
-            clients[ci].history += toks
-            if turn + 1 < len(clients[ci].turns):
-                send(ci, turn + 1)
+            for o in eng.step():
+                if not o.finished:
+                    continue
+                ci, turn = owner.pop(o.request_id)
+                ttft.append(o.metrics.time_to_first_token)
+                cached += o.metrics.num_cached_tokens
+                toks = o.outputs[0].token_ids
+                out_toks += len(toks)
+                clients[ci].history += toks
+                if turn + 1 < len(clients[ci].turns):
+                    send(ci, turn + 1)
     sync()
     wall = time.perf_counter() - t0
     q = statistics.quantiles(ttft, n=100) if len(ttft) > 1 else ttft * 99

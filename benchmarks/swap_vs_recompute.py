@@ -73,6 +73,7 @@ def traces(args) -> dict[str, tuple[list[list[int]], int]]:
 
 def run(llm, prompts: list[list[int]], max_tokens: int, sync) -> dict:
     from toolkit import SamplingParams
+    from toolkit.engine.gc_freeze import frozen_heap
 
     eng = llm.engine
     sched, runner = eng.scheduler, eng.runner
@@ -107,11 +108,12 @@ def run(llm, prompts: list[list[int]], max_tokens: int, sync) -> dict:
     ids = [eng.add_request(p, params, output_kind="final") for p in prompts]
     done: dict[str, float] = {}
     out_toks = 0
-    while eng.has_unfinished():
-        for o in eng.step():
-            if o.finished:
-                done[o.request_id] = time.perf_counter() - t0
-                out_toks += len(o.outputs[0].token_ids)
+    with frozen_heap():     # as LLM.generate: no full GC pass inside a step
+        while eng.has_unfinished():
+            for o in eng.step():
+                if o.finished:
+                    done[o.request_id] = time.perf_counter() - t0
+                    out_toks += len(o.outputs[0].token_ids)
     sync()
     wall = time.perf_counter() - t0
     sched.schedule, runner.swap = real_schedule, real_swap
