@@ -1,14 +1,15 @@
 """Steps larger than the decode batch: eager, or replayed from CUDA graphs captured up to
 `EngineConfig.max_cudagraph_capture_size` (#16).
 
-One process; the shape (random weights, the simulator's engine settings: max_num_seqs 128,
-so the default top bucket is 128 tokens) is built once per setting, and the step shapes that
-cross the default's top bucket are timed on each with `toolkit.simulator.calibrate.
-profile_engine` (mean wall time of a step, after warm-up steps): prompt chunks of 128-1024
-tokens alone, and prompts admitted beside a running decode batch (what an arrival does to
-the inter-token latency of everyone running).
+One process; the shape (random weights, the simulator's engine settings: max_num_seqs 128)
+is built once per setting, and step shapes past 128 tokens are timed on each with
+`toolkit.simulator.calibrate.profile_engine` (mean wall time of a step, after warm-up steps):
+prompt chunks of 128-1024 tokens alone, and prompts admitted beside a running decode batch
+(what an arrival does to the inter-token latency of everyone running). Size 128 is the
+decode batch (the default before 2026-12-02: the run in benchmarks/RESULTS.md, made with
+`--sizes none,512`, measured exactly this), 512 today's default.
 
-    python benchmarks/capture_size.py --shape llama8b --sizes none,512 --out $OUT/capture_size.json
+    python benchmarks/capture_size.py --shape llama8b --sizes 128,512 --out $OUT/capture_size.json
     python benchmarks/capture_size.py --shape tiny      # CPU check of the script (no graphs there)
 """
 
@@ -60,8 +61,8 @@ def measure(shape: str, size: int | None, steps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="llama8b", help="llama8b, qwen3 or tiny (CPU check)")
-    ap.add_argument("--sizes", default="none,512", help="comma list of max_cudagraph_capture_size values "
-                                                       "('none': the default rule)")
+    ap.add_argument("--sizes", default="128,512", help="comma list of max_cudagraph_capture_size values "
+                                                      "('none': the default rule)")
     ap.add_argument("--steps", type=int, default=6, help="timed steps per shape")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -75,7 +76,7 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(dict(date=time.strftime("%Y-%m-%d"), shape=args.shape, rows=rows), f, indent=1)
-    print("\nstep".ljust(34) + "".join(f"{str(r['size']):>12s}" for r in rows) + "   (ms per step; size=None is the default)")
+    print("\nstep".ljust(34) + "".join(f"{str(r['size']):>12s}" for r in rows) + "   (ms per step, by capture limit)")
     for name in rows[0]["steps"]:
         cells = [r["steps"][name] * 1e3 for r in rows]
         ratio = f"   {cells[0] / cells[-1]:.2f}x" if len(cells) > 1 else ""

@@ -123,7 +123,7 @@ def _paged_attention_kernel(
     q_rows = (q_start + tok).to(tl.int64)
     q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)          # [M, D_PAD]
-    if F16_MATH:   # fp8 KV under bf16 q: e4m3 -> fp16 is one instruction on Hopper, -> bf16 is emulated
+    if F16_MATH:   # fp8 KV under bf16 q: attend in fp16 (e4m3 -> fp16 converts natively on Hopper)
         q = q.to(tl.float16)
     q_pos = first_pos + tok                                                # [M]
 
@@ -176,10 +176,11 @@ def paged_attention(
     part_lse float32 [R, H, S] (natural-log LSE) receive split partials when given.
     An fp8 (e4m3fn) cache holds K / k_scale and V / v_scale: tiles are converted to q's dtype
     (exact), k_scale is folded into the softmax scale and v_scale into the output. Under a
-    bf16 q the tiles and q are converted to fp16 instead: e4m3 -> fp16 is exact and a single
-    instruction per pair on Hopper, while e4m3 -> bf16 is emulated and made fp8 decode slower
-    than bf16's (H200, benchmarks/fp8_kv.py). q -> fp16 keeps more mantissa than bf16 and is
-    exact for |q| < 65504; the products still accumulate in fp32.
+    bf16 q the tiles and q are converted to fp16 instead: e4m3 -> fp16 is exact and has a
+    native conversion on Hopper (cvt.rn.f16x2.e4m3x2), and converting to bf16 made fp8 decode
+    slower than bf16's (H200: 0.83-1.15x of bf16 before, 1.27-1.61x after; benchmarks/
+    RESULTS.md, "FP8 KV cache"). q -> fp16 keeps more mantissa than bf16 and is exact for
+    |q| < 65504; the products still accumulate in fp32.
     """
     check_scales(kv_cache, k_scale, v_scale)
     n_work = work.shape[0]

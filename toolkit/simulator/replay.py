@@ -179,7 +179,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
     last = None                           # (the last call's record, when it returned, add_s then)
     k = 0
     # the heap frozen as LLM.generate runs (engine/gc_freeze.py): a full collector pass over the
-    # process's objects is a pause of 0.1-1 s inside some step, which no cost model predicts
+    # process's objects is a pause of hundreds of ms inside some step, which no cost model predicts
     try:
         with frozen_heap(), GcPauses() as pauses:
             while k < len(pending) or engine.has_unfinished():
