@@ -6,6 +6,7 @@ import pytest
 import torch
 from attention_cases import DEVICE, make_case
 
+from toolkit.attention.torch_ref import TorchAttention
 from toolkit.attention.triton_paged import TritonPagedAttention
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
@@ -66,3 +67,18 @@ def test_run_before_plan() -> None:
     cache = KVCache(1, 4, 16, 2, 32, torch.float32, DEVICE)
     with pytest.raises(RuntimeError, match="plan"):
         TritonPagedAttention(cache, 4, 32).run(0, torch.zeros(1, 4, 32, device=DEVICE))
+
+
+def test_graphs_follow_the_declared_run_out_capability() -> None:
+    """CUDA graphs need run(out=); the engine reads the declaration, not the signature."""
+    from toolkit.engine.cuda_graphs import supports_graphs
+
+    class Undeclared:
+        def run(self, layer, q, out=None):
+            return out
+
+    class Declared(Undeclared):
+        supports_run_out = True
+
+    assert not supports_graphs(Undeclared()) and supports_graphs(Declared())
+    assert TritonPagedAttention.supports_run_out and not getattr(TorchAttention, "supports_run_out", False)

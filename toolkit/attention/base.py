@@ -4,6 +4,11 @@ A backend is built over a KVCache (one tensor [2, num_blocks, block_size, H_kv, 
 layer) and the model's head geometry. `plan` receives the step's PagedKVLayout and
 prepares whatever metadata every layer reuses; `write_kv` stores the new tokens' K/V
 at `layout.slot_mapping`; `run` returns attention of the step's queries over the cache.
+
+Declared capabilities, with their defaults (the engine reads them when it is assembled;
+docs/interfaces.md): `supports_run_out = False` (True: `run(layer, q, out=)` writes into a
+given [T, H, D] buffer, which CUDA graphs need), `supports_static_decode = False` (the
+whole-forward decode graphs' fixed tables), and `warm_up(dtype)` (absent: nothing to compile).
 """
 
 from __future__ import annotations

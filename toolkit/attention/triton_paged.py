@@ -125,6 +125,8 @@ class TritonPagedAttention:
         kernel_dispatch.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping,
                                  *self.kv_cache.scales(layer))
 
+    supports_run_out = True            # declared capability: run(out=) (AttentionBackend: default False)
+
     def run(self, layer: int, q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, H, D] -> out [T, H, D] (written into `out` when given: q's shape and dtype,
         last dim contiguous)."""

@@ -22,7 +22,6 @@ draft verification, short chunks); otherwise the pieces replay as above.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -33,8 +32,9 @@ log = logging.getLogger(__name__)
 
 
 def supports_graphs(attention) -> bool:
-    """Graphs need an attention backend whose run() writes into a given `out` buffer."""
-    return "out" in inspect.signature(attention.run).parameters
+    """Graphs need an attention backend whose run() writes into a given `out` buffer: one that
+    declares `supports_run_out = True` (AttentionBackend, attention/base.py; default False)."""
+    return bool(getattr(attention, "supports_run_out", False))
 
 
 def buckets(max_tokens: int) -> list[int]:
