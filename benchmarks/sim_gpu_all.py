@@ -38,6 +38,7 @@ one run's step recording to --raw. A table at the end (and after each shape).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -451,13 +452,15 @@ def print_table(shapes: dict) -> None:
 def eager_refit(samples: list[dict], settings: dict, admission: dict):
     """The sweep's samples refit with cost.FEATURES' eager_steps, counted from each shape's
     tokens (prefill + decodes, no drafts in the sweep) against the engine's largest CUDA-graph
-    step (`EngineConfig.graph_tokens` of the run's settings)."""
+    step (`EngineConfig.graph_tokens` of the run's settings, as they were then)."""
     from toolkit.config import EngineConfig
     from toolkit.simulator import FEATURES, CostModel
     from toolkit.simulator.cost import as_features
 
+    # those runs predate the 512-token default too: their graphs stopped at the decode batch
     graph = EngineConfig(max_num_seqs=settings["max_num_seqs"],
-                         max_num_batched_tokens=settings["max_num_batched_tokens"]).graph_tokens
+                         max_num_batched_tokens=settings["max_num_batched_tokens"],
+                         max_cudagraph_capture_size=settings["max_num_seqs"]).graph_tokens
     i, p, d = FEATURES.index("eager_steps"), FEATURES.index("prefill_tokens"), FEATURES.index("decode_seqs")
     xs = []
     for s in samples:
@@ -491,7 +494,7 @@ def replay(path: str, quick: bool, ship: str | None = None) -> None:
             continue
         settings = dict(res["engine"])
         final = CostModel.from_dict(res["cost"]["final"])
-        models = {"final": final, "no admission": CostModel(dict(final.coef), source="no admission"),
+        models = {"final": final, "no admission": dataclasses.replace(final, admission={}, source="no admission"),
                   "sweep only": CostModel.from_dict(res["sweep"]["cost"])}
         if final.graph_tokens is None:      # recorded before eager_steps: count them from the shapes
             models["sweep + eager steps"] = eager_refit(res["sweep"]["samples"], settings, final.admission)

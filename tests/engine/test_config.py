@@ -14,7 +14,7 @@ from toolkit.config import EngineConfig
     (dict(max_num_seqs=256, num_speculative_tokens=3, speculative="ngram"), 1024),   # verification rows
     (dict(max_num_seqs=1024, max_num_batched_tokens=512), 512),       # never past the step budget
     (dict(max_num_batched_tokens=200), 200),
-    (dict(max_cudagraph_capture_size=512), 512),                      # vLLM's default limit
+    (dict(max_cudagraph_capture_size=512), 512),                      # an explicit limit
     (dict(max_cudagraph_capture_size=100_000), 8192),
     (dict(max_num_seqs=512, max_cudagraph_capture_size=64), 64),      # smaller than the decode batch
 ])

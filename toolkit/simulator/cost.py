@@ -17,8 +17,9 @@ seconds of admitting a request.
   carry k prompts of P / k tokens next to ones that carry one of P.
 - eager_steps: 1 for a step of more tokens than the engine replays from CUDA graphs
   (`graph_tokens`, the largest graph bucket; None: no graphs, the feature is 0). Such a
-  step runs the model eagerly, one Python launch per kernel: on the H200 an 8B step of 129
-  to 512 tokens took 17-21 ms where one of 128 took 5.4 ms, a floor no per-token term fits.
+  step runs the model eagerly, one Python launch per kernel: on the H200, with graphs to 128
+  tokens, an 8B step of 129 to 512 tokens took 17-21 ms where one of 128 took 5.4 ms, a floor
+  no per-token term fits.
 
 Admission (`admission`, outside any step): the host seconds of `engine.add_request` for a
 prompt of n tokens, `per_request + per_token * n` (validating and copying the prompt ids,
@@ -90,9 +91,8 @@ class CostModel:
     """Seconds of a step = coef . step_features(out, graph_tokens); host seconds of admitting
     a request = admission["per_request"] + admission["per_token"] * prompt tokens (none: 0).
     `source` says where the numbers come from. graph_tokens: the largest step the calibrated
-    engine replayed from CUDA graphs (`EngineConfig.graph_tokens`: max_num_seqs x (1 + k) or
-    max_cudagraph_capture_size, at most max_num_batched_tokens); set it to simulate an engine
-    whose limit differs."""
+    engine replayed from CUDA graphs (`EngineConfig.graph_tokens`, `Runner.graph_tokens`); set
+    it to simulate an engine whose limit differs."""
 
     coef: dict[str, float]
     source: str = "unfitted"
