@@ -24,6 +24,7 @@ import time
 
 import torch
 
+from toolkit.engine.gc_freeze import GcPauses
 from toolkit.kernels.compiles import triton_compiles
 
 
@@ -70,11 +71,12 @@ def host_syncs(eng, steps: int) -> list[str]:
 
 @contextlib.contextmanager
 def gc_passes():
-    """{generation: [passes, milliseconds]} of the cyclic collector while the block runs."""
-    passes: dict[int, list] = {}
-    started = [0.0]
+    """{generation: [passes, milliseconds]} of the cyclic collector while the block runs
+    (engine/gc_freeze.GcPauses; filled when the block ends), and "first_full": what the first
+    full pass walked (frozen objects, objects in generation 2, their commonest types)."""
+    passes: dict = {}
 
-    def cb(phase: str, info: dict) -> None:
+    def census(phase: str, info: dict) -> None:
         if phase == "start" and info["generation"] == 2 and "first_full" not in passes:
             import collections
 
@@ -82,18 +84,14 @@ def gc_passes():
             kinds = collections.Counter(type(o).__name__ for o in objs).most_common(8)
             passes["first_full"] = dict(frozen=gc.get_freeze_count(), gen2=len(objs), types=kinds)
             del objs
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            p = passes.setdefault(info["generation"], [0, 0.0])
-            p[0] += 1
-            p[1] = round(p[1] + (time.perf_counter() - started[0]) * 1e3, 2)
 
-    gc.callbacks.append(cb)
+    gc.callbacks.append(census)                   # before GcPauses': the census is not timed
     try:
-        yield passes
+        with GcPauses() as pauses:
+            yield passes
     finally:
-        gc.callbacks.remove(cb)
+        gc.callbacks.remove(census)
+    passes.update({g: [n, round(t * 1e3, 2)] for g, (n, t) in pauses.by_generation.items()})
 
 
 @contextlib.contextmanager

@@ -46,28 +46,38 @@ def frozen_heap(enabled: bool = True) -> Iterator[None]:
 
 class GcPauses:
     """Count the collector's passes while the block runs, and the seconds they took:
-    `with GcPauses() as p: ...` then `p.full` (oldest-generation passes), `p.seconds`.
-    A full pass is a pause inside some step; a benchmark reports these so a slow step can
-    be told from a collector's pass."""
+    `with GcPauses() as p: ...` then `p.by_generation` ({generation: [passes, seconds]}),
+    `p.full` (passes over the oldest generation), `p.seconds`. A full pass is a pause inside
+    some step; a benchmark reports these so a slow step can be told from a collector's pass."""
 
     def __init__(self) -> None:
-        self.full = 0              # passes over the oldest generation
-        self.passes = 0            # all passes
-        self.seconds = 0.0         # their total time
+        self.by_generation: dict[int, list] = {}   # generation -> [passes, seconds]
         self.longest = 0.0
         self._t0 = 0.0
+
+    @property
+    def full(self) -> int:
+        return self.by_generation.get(2, [0])[0]
+
+    @property
+    def passes(self) -> int:
+        return sum(n for n, _ in self.by_generation.values())
+
+    @property
+    def seconds(self) -> float:
+        return sum(t for _, t in self.by_generation.values())
 
     def _callback(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._t0 = time.perf_counter()
             return
         took = time.perf_counter() - self._t0
-        self.passes += 1
-        self.full += info.get("generation") == 2
-        self.seconds += took
+        p = self.by_generation.setdefault(info.get("generation"), [0, 0.0])
+        p[0] += 1
+        p[1] += took
         self.longest = max(self.longest, took)
 
-    def __enter__(self) -> "GcPauses":
+    def __enter__(self) -> GcPauses:
         gc.callbacks.append(self._callback)
         return self
 
@@ -75,5 +85,5 @@ class GcPauses:
         gc.callbacks.remove(self._callback)
 
     def as_dict(self) -> dict:
-        return dict(gc_passes=self.passes, gc_full_passes=self.full, gc_s=self.seconds,
-                    gc_longest_s=self.longest)
+        return {"gc_passes": self.passes, "gc_full_passes": self.full, "gc_s": self.seconds,
+                "gc_longest_s": self.longest}
