@@ -11,7 +11,8 @@ compare policies below and above it. For each model shape (random weights):
    until bracketed: a run is overloaded when its queue grows over the run (the median
    TTFT of the last quarter of arrivals over twice the first quarter's, and grown by more
    than 5% of the arrival window). Saturation = mu if the bracket holds it, else the
-   bracket's geometric mean. The simulator's mu (its own burst) is printed beside it.
+   bracket's geometric mean; with --ladder-refine R, R more runs halve the bracket and its
+   geometric mean is saturation. The simulator's mu (its own burst) is printed beside it.
 3. The cost model refit on the sweep plus the ladder runs' own steps (sums over windows
    of 32 steps, see TraceRecorder.window_samples; the two sources weighted alike), with the
    admission terms: saved as "<device>/<shape>" in toolkit/simulator/data/cost_models.json.
@@ -101,19 +102,29 @@ def burst_rate(run, max_num_seqs: int) -> dict:
     return dict(rate=(i1 - i0) / max(f[i1] - f[i0], 1e-9), window=(i0, i1), makespan_s=run.makespan)
 
 
-def ladder(is_over, guess: float, factor: float, max_runs: int) -> tuple[float, bool, list]:
+def ladder(is_over, guess: float, factor: float, max_runs: int, refine: int = 0) -> tuple[float, bool, list]:
     """Rates guess * factor^j: up while stable, down while overloaded, until the first
-    change of direction brackets saturation (or max_runs). Returns the geometric mean of
-    the bracket, whether it was bracketed (if not: the highest stable rate, or the lowest
-    overloaded one / factor), and the rates tried."""
+    change of direction brackets saturation (or max_runs); then `refine` more runs at the
+    bracket's geometric mean, each halving it (in log rate). Returns the geometric mean of
+    the final bracket, whether it was bracketed (if not: the highest stable rate, or the
+    lowest overloaded one / factor), and the rates tried."""
     tried, rate = [], guess
+
+    def bracket() -> tuple[float, float] | None:
+        stable = [t["rate"] for t in tried if not t["overloaded"]]
+        loaded = [t["rate"] for t in tried if t["overloaded"]]
+        return (max(stable), min(loaded)) if stable and loaded else None
+
     for _ in range(max_runs):
         over, info = is_over(rate)
         tried.append(dict(rate=rate, **info))
-        stable = [t["rate"] for t in tried if not t["overloaded"]]
-        loaded = [t["rate"] for t in tried if t["overloaded"]]
-        if stable and loaded:
-            return math.sqrt(max(stable) * min(loaded)), True, tried
+        if bracket():
+            for _ in range(refine):
+                lo, hi = bracket()
+                mid = math.sqrt(lo * hi)
+                tried.append(dict(rate=mid, refine=True, **is_over(mid)[1]))
+            lo, hi = bracket()
+            return math.sqrt(lo * hi), True, tried
         rate = rate / factor if over else rate * factor
     stable = [t["rate"] for t in tried if not t["overloaded"]]
     return (max(stable) if stable else min(t["rate"] for t in tried) / factor), False, tried
@@ -278,14 +289,15 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
 
     # the ladder's runs take about n / rate + a request's life each; skip it if it would eat the
     # comparisons' time (saturation is then the burst's rate)
-    need = plan["ladder_n"] / (0.8 * mu["rate"]) + plan["ladder_n"] / (1.25 * mu["rate"]) + 2 * mu["makespan_s"] / 3
+    need = ((2 + args.ladder_refine) * plan["ladder_n"] / mu["rate"]) + 2 * mu["makespan_s"] / 3
     runs = plan["ladder_runs"] if left() > need + 60 else 0
     if not runs:
         print(f"  ladder skipped: {left():.0f} s of the budget left, ~{need:.0f} s needed", flush=True)
-    sat, bracketed, tried = ladder(engine_over, 0.8 * mu["rate"], args.ladder, runs) if runs else (mu["rate"], False, [])
+    sat, bracketed, tried = (ladder(engine_over, 0.8 * mu["rate"], args.ladder, runs, args.ladder_refine)
+                             if runs else (mu["rate"], False, []))
     stable = [x["rate"] for x in tried if not x["overloaded"]] or [0.0]
     loaded = [x["rate"] for x in tried if x["overloaded"]] or [math.inf]
-    if not bracketed or max(stable) <= mu["rate"] <= min(loaded):
+    if not bracketed or (not args.ladder_refine and max(stable) <= mu["rate"] <= min(loaded)):
         sat = mu["rate"]           # the burst's rate, when the ladder agrees (or says nothing)
     res["saturation"] = dict(engine_req_s=sat, bracketed=bracketed, burst=mu, engine_ladder=tried,
                              sim_sweep_model_burst_req_s=sim_mu0, seconds=time.perf_counter() - t)
@@ -536,6 +548,10 @@ def main() -> None:
     ap.add_argument("--compare-n", type=int, default=0, help="requests per comparison run (0: the plan's)")
     ap.add_argument("--ladder", type=float, default=1.5625, help="factor between the ladder's rates (from 0.8 mu)")
     ap.add_argument("--budget", type=float, default=530.0, help="seconds: comparisons that would not fit are skipped")
+    ap.add_argument("--ladder-refine", type=int, default=0,
+                    help="after bracketing, this many Poisson runs halving the bracket; saturation is then "
+                         "the refined bracket's geometric mean, not the burst's rate (a burst's full-batch "
+                         "rate measured 17%% under the rate Poisson arrivals sustain: RESULTS, 2026-12-02 (c))")
     ap.add_argument("--run-limit", type=float, default=90.0, help="seconds one engine run may take")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-runs", type=int, default=1,
