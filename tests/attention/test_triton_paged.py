@@ -197,26 +197,3 @@ def test_gpu_long_context_split_decode(dtype) -> None:
     assert fast.schedule is not None and fast.schedule.num_splits > 1
     check(case)
     check(case, config=replace(fast.config, fused_merge=False))
-
-
-@pytest.mark.gpu
-def test_gpu_fused_merge_under_concurrency() -> None:
-    """On the GPU the splits of a sequence run concurrently and arrive in any order: 20
-    launches over many splits per sequence (8 x the SMs in programs), each equal to the
-    two-launch merge's output, with every semaphore back at zero after each."""
-    case = make_case(32, 8, 128, 16, [20000, 5000, 777, 1, 4096, 12345], [1] * 6, torch.bfloat16,
-                     seed=11)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    fast = TritonPagedAttention(case.cache, 32, 128)
-    cfg = replace(fast.config, target_programs=8 * sms, min_split_tokens=64)
-    fused = TritonPagedAttention(case.cache, 32, 128, config=cfg)
-    unfused = TritonPagedAttention(case.cache, 32, 128, config=replace(cfg, fused_merge=False))
-    fused.plan(case.layout)
-    unfused.plan(case.layout)
-    assert fused.schedule.num_splits > 8
-    expected = unfused.run(0, case.q).float()
-    for _ in range(20):
-        out = fused.run(0, case.q, out=poisoned_like(case.q))
-        assert (out.float() - expected).abs().max().item() < 2e-2
-        assert not fused._semaphores.any()
-    check(case, config=cfg)
