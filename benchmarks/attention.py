@@ -135,8 +135,6 @@ def tflops(ms: float | None, flops: float) -> float | None:
 
 def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
     out = {"default": base, "nosplit": replace(base, target_programs=0),
-           "unfused": replace(base, fused_merge=False),        # the merge as a second launch
-           "unfused_split8x": replace(base, fused_merge=False, target_programs=8 * sms),
            "split2x": replace(base, target_programs=2 * sms), "split8x": replace(base, target_programs=8 * sms),
            "minsplit128": replace(base, min_split_tokens=128), "minsplit512": replace(base, min_split_tokens=512)}
     for bn, st, nw in [(64, 2, 4), (128, 2, 4), (128, 4, 4), (64, 3, 4)]:
@@ -196,7 +194,6 @@ def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batc
                 print(f"  {model:11s} b{batch:<4d} c{ctx:<6d} toolkit {row['toolkit_ms'] * 1e3:8.1f} us "
                       f"{row['toolkit_pct']:5.1f}% (splits {row['splits']}, err {row['err']:.1e})  "
                       + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:5.1f}%'}" for k2, v2 in row["peers_pct"].items())
-                      + (f"  unfused merge {pct_of_copy(times['unfused']['ms'], moved, copy_bw):.1f}%" if "unfused" in times else "")
                       + (f"  best variant {best[0]} {pct_of_copy(best[1]['ms'], moved, copy_bw):.1f}%" if len(times) > 1 else ""), flush=True)
                 torch.cuda.empty_cache()
 

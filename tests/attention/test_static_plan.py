@@ -86,7 +86,7 @@ def test_a_prefill_tile_does_not_fit() -> None:
     assert len(fast.schedule.prefill) and fast.use_static(plans, 16) is None
 
 
-@pytest.mark.parametrize("kv_lens,mode", [([40, 3], "split"), ([56, 3], "split"), ([9, 3], "direct")])
+@pytest.mark.parametrize("kv_lens,mode", [([40, 3], "split"), ([9, 3], "direct")])
 def test_padding_rows_write_nothing(kv_lens, mode) -> None:
     """Rows of the output past the step's tokens keep what they held (the bucket is larger
     than the step): zero work items and zero merge rows are no-ops, in either launch shape;
@@ -106,5 +106,3 @@ def test_padding_rows_write_nothing(kv_lens, mode) -> None:
         fast.run_static(0, q, out, plans, 8, shape)
         assert torch.equal(out[2:], torch.full_like(out[2:], 5.0)), shape
         assert rel_err(out[:2], expected) < REL_TOL[torch.float32], shape
-        # padding rows (n_q = 0) point at partial row 0: they must not count on its semaphore
-        assert not plans.buckets[8].semaphores.any(), shape

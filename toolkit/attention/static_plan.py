@@ -10,8 +10,7 @@ chunks) the launches can be fixed instead:
 
 - two launch shapes per bucket, each with a fixed grid: "direct" (no sequence split: the
   decode kernel over `tokens` work rows writes the output itself) and "split" (the decode
-  kernel in split mode over `work_cap` rows, which merges the partials itself, or a merge
-  launch over `tokens` rows after it when the fused merge is off); a step
+  kernel in split mode over `work_cap` rows, then the merge over `tokens` rows); a step
   takes the first that holds its schedule (the engine captures a graph of each);
 - the step's schedule is copied into those tables (one host -> device copy) and the page
   list into a fixed buffer (one device copy); rows past the step's are zero, which the kernels
@@ -47,7 +46,6 @@ class BucketTables:
     merge: torch.Tensor         # int32 [tokens, 2]
     part_out: torch.Tensor      # float32 [tokens, H, S, D]
     part_lse: torch.Tensor      # float32 [tokens, H, S]
-    semaphores: torch.Tensor    # int32 [tokens, H_kv], zero between launches (a fused merge's counts)
 
     @property
     def work_cap(self) -> int:
@@ -74,8 +72,6 @@ class StaticDecodePlans:
         part = max(t * s for t, s in caps.items())
         self._part_out = torch.empty(part * num_heads * head_dim, dtype=torch.float32, device=device)
         self._part_lse = torch.empty(part * num_heads, dtype=torch.float32, device=device)
-        # the fused merge's arrival counts; its last program leaves each at zero again
-        self._semaphores = torch.zeros(max(sizes) * num_kv_heads, dtype=torch.int32, device=device)
         # the page lists of a step: every block of the cache (sequences may share some), plus
         # one page per padding row of the largest bucket
         self.kv_indices = torch.zeros(max_pages, dtype=torch.int32, device=device)
@@ -92,8 +88,7 @@ class StaticDecodePlans:
                 t, s, table, table[:work_cap * WORK_COLS].view(work_cap, WORK_COLS),
                 table[work_cap * WORK_COLS:].view(t, 2),
                 self._part_out[: t * num_heads * s * head_dim].view(t, num_heads, s, head_dim),
-                self._part_lse[: t * num_heads * s].view(t, num_heads, s),
-                self._semaphores[: t * num_kv_heads].view(t, num_kv_heads))
+                self._part_lse[: t * num_heads * s].view(t, num_heads, s))
 
     def fill(self, bucket: int, sched: Schedule, kv_indices: torch.Tensor) -> str | None:
         """Copy a step's schedule and page list into bucket `bucket`'s tables. Returns the

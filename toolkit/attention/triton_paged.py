@@ -2,9 +2,8 @@
 
 plan() reads the step's small index arrays once (one device->host copy per step, not per
 layer), builds the tile schedule (decode vs prefill, split-KV) and preallocates the split
-buffers; run() launches the decode tiles (which merge split partials in the same launch, or
-a second merge launch when KernelConfig.fused_merge is off) and the prefill tiles, and
-allocates nothing but its output. On a CPU without TRITON_INTERPRET=1 it runs the kernels'
+buffers; run() launches the decode tiles (+ the LSE merge when split) and the prefill tiles,
+and allocates nothing but its output. On a CPU without TRITON_INTERPRET=1 it runs the kernels'
 pure-torch twins (toolkit.kernels.reference_attention) on the same schedule.
 """
 
@@ -61,9 +60,6 @@ class TritonPagedAttention:
         self.layout: PagedKVLayout | None = None
         self.schedule: Schedule | None = None
         self._work: dict[str, torch.Tensor] | None = None
-        # the fused merge's arrival counts [rows, H_kv]: zero between launches (the kernel's
-        # last program per sequence resets its own), grown when a step has more partial rows
-        self._semaphores = torch.zeros(0, self.num_kv_heads, dtype=torch.int32, device=dev)
 
     @staticmethod
     def _kernels(use_triton: bool) -> tuple[Callable[..., None], Callable[..., None]]:
@@ -113,9 +109,6 @@ class TritonPagedAttention:
         }
         if len(merge):
             r, s = len(merge), sched.num_splits
-            if self._semaphores.shape[0] < r:
-                self._semaphores = torch.zeros(max(r, 2 * self._semaphores.shape[0]), self.num_kv_heads,
-                                               dtype=torch.int32, device=dev)
             self._part_out = torch.empty(r, self.num_heads, s, self.head_dim, dtype=torch.float32,
                                          device=dev)                       # [R, H, S, D]
             self._part_lse = torch.empty(r, self.num_heads, s, dtype=torch.float32, device=dev)
@@ -156,13 +149,10 @@ class TritonPagedAttention:
         work = self._tables()
         if len(self.schedule.decode):
             t = cfg.decode
-            fused = self._part_out is not None and cfg.fused_merge
             self._attn(q, cache, self.kv_indices, work["decode"], out, self._part_out,
                        self._part_lse, block_q=t.block_q, block_n=t.block_n,
-                       num_warps=t.num_warps, num_stages=t.num_stages,
-                       merge_rows=work["merge"] if fused else None,
-                       semaphores=self._semaphores if fused else None, **common)
-            if self._part_out is not None and not fused:
+                       num_warps=t.num_warps, num_stages=t.num_stages, **common)
+            if self._part_out is not None:
                 self._merge(self._part_out, self._part_lse, work["merge"], out)
         if len(self.schedule.prefill):
             t = self._prefill_tile
@@ -175,9 +165,8 @@ class TritonPagedAttention:
         """Compile what short warm-up steps cannot reach (declared; AttentionBackend: optional):
         the split merge for every split count a decode may get (a long context alone in a step
         splits up to max_decode_splits ways; each power of two is its own kernel variant).
-        Nothing under the fused merge (one variant, whatever the split count).
         dtype: the queries' (the model's activations)."""
-        if not self._use_triton or self.kv_cache.device.type != "cuda" or self.config.fused_merge:
+        if not self._use_triton or self.kv_cache.device.type != "cuda":
             return
         from toolkit.kernels.merge_attention_states import precompile
 
@@ -212,24 +201,21 @@ class TritonPagedAttention:
                    bucket: int, mode: str) -> None:
         """Decode attention over the bucket's tables into `out` [T, H, D]: fixed grids and
         buffers, so it can be captured. mode "direct": one work row per token's sequence,
-        written directly; "split": every work row in split mode, merged in the same launch
-        (or by a merge launch after it when the fused merge is off; a sequence with one split
-        is then merged from one partial)."""
+        written directly; "split": every work row in split mode, then the merge (a sequence
+        with one split is merged from one partial)."""
         if mode not in ("direct", "split"):
             raise ValueError(f"mode must be 'direct' or 'split', got {mode!r}")
         b = plans.buckets[bucket]
         t = self.config.decode
         k_scale, v_scale = self.kv_cache.scales(layer)
         split = mode == "split"
-        fused = split and self.config.fused_merge
         work = b.work if split else b.work[: b.tokens]
         self._attn(q, self.kv_cache[layer], plans.kv_indices, work, out,
                    b.part_out if split else None, b.part_lse if split else None,
                    scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
                    num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
-                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages,
-                   merge_rows=b.merge if fused else None, semaphores=b.semaphores if fused else None)
-        if split and not fused:
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+        if split:
             self._merge(b.part_out, b.part_lse, b.merge, out)
 
     def __repr__(self) -> str:

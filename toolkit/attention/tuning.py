@@ -21,7 +21,6 @@ class KernelConfig:
     min_split_tokens: int     # fewest keys per split
     prefill_long: TileConfig | None = None   # prefill tiles when some prefill row sees many keys
     long_prefill_keys: int = 2048             # ... at least this many
-    fused_merge: bool = True                  # merge split partials in the decode launch itself
 
     def prefill_tile(self, max_prefill_kv_len: int) -> TileConfig:
         """Long key loops amortize a deeper, wider pipeline (measured: H200, NOTES_attention.md)."""

@@ -10,14 +10,8 @@ per item: first query row, number of query tokens, position of the first query t
 entry of the sequence's page list, and the key range split into three parts
 [start, full_lo) masked, [full_lo, full_hi) unmasked (every row sees every key), [full_hi, hi)
 masked; plus the partial-result row and split index when SPLIT (flash-decoding): then the
-program writes its normalized partial output and log-sum-exp, merged either by a second
-launch (toolkit.kernels.merge_attention_states) or, with FUSED_MERGE, in the same launch:
-each program of a split sequence counts itself in on a per-(sequence, KV head) semaphore
-after its partial is stored, and the program that arrives last merges the sequence's
-partials and resets the semaphore to zero (the "last block reduces" pattern of split-K
-GEMMs). That removes a launch and its drain from the dependent chain of a small decode
-batch, where attention is latency-bound (#21). A sequence with one split skips the
-partials and writes its output directly.
+program writes its normalized partial output and log-sum-exp, merged later by
+toolkit.kernels.merge_attention_states.
 """
 
 from __future__ import annotations
@@ -94,54 +88,18 @@ def _attend(
     return acc, l_i, m_i
 
 
-@triton.jit
-def _merge_partials(part_out_ptr, part_lse_ptr, out_ptr, prow, head, q_rows, row_ok, n_splits,
-                    stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_ot, stride_oh,
-                    BLOCK_M: tl.constexpr, SC: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr):
-    """The last program of a split sequence: out[rows] = sum_s exp(lse_s - m) o_s / sum_s
-    exp(lse_s - m) over the n_splits partials of its [M] (token, head) rows, SC splits at a
-    time with a running max. Loads bypass L1 (.cg): other SMs wrote the partials."""
-    offs_s = tl.arange(0, SC)
-    offs_d = tl.arange(0, D_PAD)
-    lse_base = part_lse_ptr + prow * stride_lr + head * stride_lh                     # [M]
-    o_base = part_out_ptr + prow * stride_pr + head * stride_ph                       # [M]
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    for s0 in range(0, n_splits, SC):
-        s_ok = row_ok[:, None] & ((s0 + offs_s) < n_splits)[None, :]               # [M, SC]
-        lse = tl.load(lse_base[:, None] + s0 + offs_s[None, :], mask=s_ok, other=float("-inf"),
-                      cache_modifier=".cg")                                          # [M, SC]
-        o = tl.load(o_base[:, None, None] + (s0 + offs_s)[None, :, None] * stride_ps
-                    + offs_d[None, None, :],
-                    mask=s_ok[:, :, None] & (offs_d < D)[None, None, :], other=0.0,
-                    cache_modifier=".cg")                                            # [M, SC, D_PAD]
-        m_new = tl.maximum(m, tl.max(lse, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)    # masked rows, or no key yet
-        alpha = tl.exp(m - m_safe)
-        w = tl.exp(lse - m_safe[:, None])                                            # [M, SC]
-        den = den * alpha + tl.sum(w, 1)
-        acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
-        m = m_new
-    res = acc / tl.where(den > 0.0, den, 1.0)[:, None]
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-             res.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_d < D)[None, :])
-
-
 # the partial-LSE strides follow the step's split count (S, H * S): not specialized on, so no
 # S compiles a new variant mid-run (they address one scalar store per row and head)
 @triton.jit(do_not_specialize=["stride_lr", "stride_lh"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, kv_indices_ptr, work_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    merge_ptr, sem_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
-    stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_sem,
+    stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
     scale, soft_cap, window, v_scale,
     NUM_Q_PER_KV: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     WORK_COLS: tl.constexpr, KV_FP8: tl.constexpr, F16_MATH: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, SC: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     w = tl.program_id(0)
@@ -155,11 +113,6 @@ def _paged_attention_kernel(
     full_lo = tl.load(item + 5)
     full_hi = tl.load(item + 6)
     hi = tl.load(item + 7)
-    if SPLIT:
-        part_row = tl.load(item + 8)
-        split = tl.load(item + 9)
-        if FUSED_MERGE:    # the sequence's split count, from its first merge row (token, n)
-            n_splits = tl.load(merge_ptr + 2 * part_row + 1)
 
     offs_m = tl.arange(0, BLOCK_M)
     tok = offs_m // G_PAD                                                  # [M] token in tile
@@ -196,34 +149,17 @@ def _paged_attention_kernel(
     if KV_FP8:
         o = o * v_scale            # V's scale, taken out of the sum over keys (split partials too)
     st_mask = row_ok[:, None] & d_ok[None, :]
-    out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     if SPLIT:
+        part_row = tl.load(item + 8)
+        split = tl.load(item + 9)
         lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) / LOG2E, float("-inf"))
         prow = (part_row + tok).to(tl.int64)
-        if FUSED_MERGE:
-            if n_splits == 1:      # nothing to merge: the output directly
-                tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=st_mask)
-            else:
-                tl.store(part_out_ptr + prow[:, None] * stride_pr + head[:, None] * stride_ph
-                         + split * stride_ps + offs_d[None, :], o, mask=st_mask)
-                tl.store(part_lse_ptr + prow * stride_lr + head * stride_lh + split, lse, mask=row_ok)
-                if n_q > 0:        # a fixed table's padding row (n_q = 0) owns no semaphore
-                    # every thread's partial stores before the count (the release covers them)
-                    tl.debug_barrier()
-                    sem = sem_ptr + part_row * stride_sem + kvh
-                    arrived = tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
-                    if arrived == n_splits - 1:          # the last of the sequence's splits
-                        tl.atomic_xchg(sem, 0, sem="relaxed", scope="gpu")   # ready for the next launch
-                        _merge_partials(part_out_ptr, part_lse_ptr, out_ptr, prow, head, q_rows,
-                                        row_ok, n_splits, stride_pr, stride_ph, stride_ps,
-                                        stride_lr, stride_lh, stride_ot, stride_oh,
-                                        BLOCK_M, SC, D, D_PAD)
-        else:
-            tl.store(part_out_ptr + prow[:, None] * stride_pr + head[:, None] * stride_ph
-                     + split * stride_ps + offs_d[None, :], o, mask=st_mask)
-            tl.store(part_lse_ptr + prow * stride_lr + head * stride_lh + split, lse, mask=row_ok)
+        tl.store(part_out_ptr + prow[:, None] * stride_pr + head[:, None] * stride_ph
+                 + split * stride_ps + offs_d[None, :], o, mask=st_mask)
+        tl.store(part_lse_ptr + prow * stride_lr + head * stride_lh + split, lse, mask=row_ok)
     else:
-        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=st_mask)
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=st_mask)
 
 
 def paged_attention(
@@ -232,16 +168,12 @@ def paged_attention(
     scale: float, soft_cap: float | None, sliding_window: int | None, num_q_per_kv: int,
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
-    merge_rows: torch.Tensor | None = None, semaphores: torch.Tensor | None = None,
 ) -> None:
     """Attention of the work items' query tiles over the paged cache.
 
     q [T, H, D]; kv_cache [2, NB, BS, H_kv, D]; kv_indices int32 [nnz]; work int32 [W, WORK_COLS];
     out [T, H, D] (written unless part_out is given); part_out float32 [R, H, S, D] and
     part_lse float32 [R, H, S] (natural-log LSE) receive split partials when given.
-    With merge_rows (int32 [R, 2]: output token, splits; merge_attention_states' rows) and
-    semaphores (int32 [R, H_kv], all zero; left zero) as well, the partials are merged in
-    this launch and `out` is written: the separate merge pass is not needed.
     An fp8 (e4m3fn) cache holds K / k_scale and V / v_scale: tiles are converted to q's dtype
     (exact), k_scale is folded into the softmax scale and v_scale into the output. Under a
     bf16 q the tiles and q are converted to fp16 instead: e4m3 -> fp16 is exact and has a
@@ -256,30 +188,22 @@ def paged_attention(
         return
     _, _, page, h_kv, d = kv_cache.shape
     split = part_out is not None
-    fused = split and merge_rows is not None
-    if fused and (semaphores is None or semaphores.dtype != torch.int32
-                  or semaphores.shape[0] < part_out.shape[0] or semaphores.shape[1] != h_kv):
-        raise ValueError(f"a fused merge needs int32 semaphores [>= {part_out.shape[0]}, {h_kv}], "
-                         f"got {None if semaphores is None else (tuple(semaphores.shape), semaphores.dtype)}")
     g_pad = triton.next_power_of_2(num_q_per_kv)
     k_cache, v_cache = kv_cache[0], kv_cache[1]                            # [NB, BS, H_kv, D]
     po = part_out if split else out                                        # placeholders when unused
     pl = part_lse if split else out
-    mr = merge_rows if fused else work
-    sems = semaphores if fused else work
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_attention_kernel[(n_work, h_kv)](
-        q, k_cache, v_cache, kv_indices, work, out, po, pl, mr, sems,
+        q, k_cache, v_cache, kv_indices, work, out, po, pl,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         po.stride(0), po.stride(1), po.stride(2) if split else 0,
-        pl.stride(0), pl.stride(1), sems.stride(0) if fused else 0,
+        pl.stride(0), pl.stride(1),
         float(scale) * float(k_scale), float(soft_cap or 1.0), int(sliding_window or 0), float(v_scale),
         NUM_Q_PER_KV=num_q_per_kv, G_PAD=g_pad, BLOCK_Q=block_q, BLOCK_N=block_n, PAGE=page,
         D=d, D_PAD=triton.next_power_of_2(d), HAS_WINDOW=sliding_window is not None,
         HAS_SOFTCAP=soft_cap is not None, SPLIT=split, PRECISION=precision,
         WORK_COLS=WORK_COLS, KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         F16_MATH=kv_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
-        FUSED_MERGE=fused, SC=4,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -20,13 +20,10 @@ def paged_attention(
     scale: float, soft_cap: float | None, sliding_window: int | None, num_q_per_kv: int,
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
-    merge_rows: torch.Tensor | None = None, semaphores: torch.Tensor | None = None,
 ) -> None:
     """Twin of the Triton launcher (block_q, block_n, num_warps, num_stages are ignored):
     each work item's keys [start, hi) masked causally, by the window and by `< hi`; an fp8
-    cache's K and V are dequantised (value x scale) in float32. With merge_rows (and
-    semaphores, which a sequential loop does not need) the partials are merged into `out`
-    at the end, as the kernel's fused merge does."""
+    cache's K and V are dequantised (value x scale) in float32."""
     del block_q, block_n, num_warps, num_stages
     check_scales(kv_cache, k_scale, v_scale)
     _, _, page, h_kv, d = kv_cache.shape
@@ -56,10 +53,6 @@ def paged_attention(
             assert part_lse is not None
             part_out[part_row:part_row + n_q, :, split] = o
             part_lse[part_row:part_row + n_q, :, split] = lse.permute(2, 0, 1).reshape(n_q, -1)
-    if part_out is not None and merge_rows is not None:
-        if semaphores is None:
-            raise ValueError("a fused merge needs semaphores (int32 [R, H_kv], zero)")
-        merge_attention_states(part_out, part_lse, merge_rows, out)
 
 
 def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows: torch.Tensor,
