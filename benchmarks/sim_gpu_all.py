@@ -487,7 +487,10 @@ def replay(path: str, quick: bool, ship: str | None = None) -> None:
     simulated again with variants of the run's cost models (final; final without the
     admission terms; the sweep alone; the sweep refit with eager steps counted, for runs
     recorded before that feature; with ship, also the model shipped in toolkit/simulator/data,
-    or in the file ship names), against the engine's recorded numbers."""
+    or in the file ship names), against the engine's recorded numbers (the per-metric median
+    of its runs where there were several, as the live comparison)."""
+    import numpy as np
+
     from toolkit.schedulers.policies import resolve_policy
     from toolkit.simulator import (
         CostModel,
@@ -522,9 +525,12 @@ def replay(path: str, quick: bool, ship: str | None = None) -> None:
             base = multi_client_trace(got, {c: s * run["rate"] for c, s in CLIENT_SHARES.items()},
                                       vocab_size=settings["vocab_size"], seed=tr["arrivals_seed"])
             trace = fresh_prompts(base, tr["prompts_seed"], settings["vocab_size"])
+            # the live run's reference: the per-metric median of its engine runs (--engine-runs K)
+            runs = run.get("engine_runs")
+            real = ({k: float(np.median([m[k] for m in runs])) for k in runs[0]} if runs else run["real"])
             for name, cost in models.items():
                 sim = Simulator(resolve_policy(run["policy"]), cost, **settings).run(trace).summary()
-                row = compare(sim, run["real"])
+                row = compare(sim, real)
                 print(f"{shape:9s} {run['load']:4.2f}  {run['policy']:8s} {name:14s} "
                       + "  ".join(f"{row[c]['rel']:+16.1%}" for c in cols), flush=True)
         burst = res.get("saturation", {}).get("burst")
