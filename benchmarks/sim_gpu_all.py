@@ -10,9 +10,11 @@ compare policies below and above it. For each model shape (random weights):
    Then a short ladder of Poisson runs from 0.8 mu, x --ladder (1.5625: then 1.25 mu)
    until bracketed: a run is overloaded when its queue grows over the run (the median
    TTFT of the last quarter of arrivals over twice the first quarter's, and grown by more
-   than 5% of the arrival window). Saturation = mu if the bracket holds it, else the
-   bracket's geometric mean; with --ladder-refine R, R more runs halve the bracket and its
-   geometric mean is saturation. The simulator's mu (its own burst) is printed beside it.
+   than 5% of the arrival window). Then --ladder-refine runs (default 2) halve the bracket,
+   and its geometric mean is saturation (on the H200, Poisson arrivals at 1.2x a burst's
+   full-batch rate were sustained); with --ladder-refine 0, saturation = mu if the coarse
+   bracket holds it, else the bracket's geometric mean. The simulator's mu (its own burst)
+   is printed beside it.
 3. The cost model refit on the sweep plus the ladder runs' own steps (sums over windows
    of 32 steps, see TraceRecorder.window_samples; the two sources weighted alike), with the
    admission terms: saved as "<device>/<shape>" in toolkit/simulator/data/cost_models.json.
@@ -554,10 +556,11 @@ def main() -> None:
     ap.add_argument("--compare-n", type=int, default=0, help="requests per comparison run (0: the plan's)")
     ap.add_argument("--ladder", type=float, default=1.5625, help="factor between the ladder's rates (from 0.8 mu)")
     ap.add_argument("--budget", type=float, default=530.0, help="seconds: comparisons that would not fit are skipped")
-    ap.add_argument("--ladder-refine", type=int, default=0,
+    ap.add_argument("--ladder-refine", type=int, default=2,
                     help="after bracketing, this many Poisson runs halving the bracket; saturation is then "
-                         "the refined bracket's geometric mean, not the burst's rate (a burst's full-batch "
-                         "rate measured 17%% under the rate Poisson arrivals sustain: RESULTS, 2026-12-02 (c))")
+                         "the refined bracket's geometric mean, not the burst's rate (Poisson arrivals at 1.2x "
+                         "a burst's full-batch rate were sustained: RESULTS, simulator update 2026-12-02 (c)); "
+                         "0: the burst's rate when the coarse bracket holds it, as before")
     ap.add_argument("--run-limit", type=float, default=90.0, help="seconds one engine run may take")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-runs", type=int, default=1,
