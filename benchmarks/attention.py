@@ -135,6 +135,7 @@ def tflops(ms: float | None, flops: float) -> float | None:
 
 def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
     out = {"default": base, "nosplit": replace(base, target_programs=0),
+           "old_split_rule": replace(base, max_splits=0, busy_min_split_tokens=0),   # before 2026-12-02 (c)
            "split2x": replace(base, target_programs=2 * sms), "split8x": replace(base, target_programs=8 * sms),
            "minsplit128": replace(base, min_split_tokens=128), "minsplit512": replace(base, min_split_tokens=512)}
     for bn, st, nw in [(64, 2, 4), (128, 2, 4), (128, 4, 4), (64, 3, 4)]:

@@ -14,7 +14,7 @@ def threshold(mu: float):
 
     def is_over(rate: float):
         calls.append(rate)
-        return rate > mu, dict(overloaded=rate > mu)
+        return rate > mu, {"overloaded": rate > mu}
     return is_over, calls
 
 

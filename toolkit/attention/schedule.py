@@ -65,13 +65,39 @@ def key_ranges(first_pos: int, last_pos: int, window: int | None, block_n: int,
     return start, full_lo, full_hi, hi
 
 
+def split_size(programs: int, longest: int, *, target_programs: int, min_split_tokens: int,
+               max_splits: int, busy_min_split_tokens: int, block_n: int) -> int:
+    """Keys per split of a step whose decode sequences make `programs` programs unsplit and
+    see at most `longest` keys (1 << 62: no split).
+
+    Measured on the H200 (benchmarks/RESULTS.md, Attention): splitting pays while programs
+    are few (batch 1, 4096 keys: 16 splits 19.0 us, no split 89 us), but at batch 64 (512
+    programs, half the target of 4 x 132 SMs) two splits of 256 keys cost more than none
+    (60.0 vs 56.5 us), while two of 2048 save 10% (276 vs 309 us): once the unsplit programs
+    reach half the target, a split must hold busy_min_split_tokens keys. And at batch 1,
+    16384 keys, 32 splits beat 64 (36.1 vs 39.7 us): max_splits caps the parts."""
+    if programs >= target_programs:
+        return 1 << 62
+    want = -(-target_programs // programs)
+    if max_splits > 0:
+        want = min(want, max_splits)
+    least = min_split_tokens
+    if busy_min_split_tokens > 0 and 2 * programs >= target_programs:
+        least = max(least, busy_min_split_tokens)
+    tokens = max(least, -(-longest // want))
+    return -(-tokens // block_n) * block_n
+
+
 def build_schedule_reference(
     qo_indptr: list[int], kv_lens: list[int], kv_indptr: list[int], *, num_kv_heads: int,
     decode: TileConfig, prefill: TileConfig, window: int | None, target_programs: int,
-    min_split_tokens: int,
+    min_split_tokens: int, max_splits: int = 0, busy_min_split_tokens: int = 0,
 ) -> Schedule:
     """Work tables of one step. Split size is uniform (a multiple of decode.block_n) and chosen
-    so that decode programs reach `target_programs`, never below `min_split_tokens` keys."""
+    so that decode programs reach `target_programs`, never below `min_split_tokens` keys
+    (`busy_min_split_tokens` when the unsplit programs already reach half the target), and
+    the longest sequence in at most `max_splits` parts (0: no cap; +1 where a window
+    misaligns them); split_size() is the fast builder's version of the same rule."""
     sched = Schedule()
     seqs = range(len(kv_lens))
     q_lens = [qo_indptr[b + 1] - qo_indptr[b] for b in seqs]
@@ -87,8 +113,12 @@ def build_schedule_reference(
         programs = len(short) * num_kv_heads
         if programs < target_programs:
             want = -(-target_programs // programs)
+            if max_splits:
+                want = min(want, max_splits)
+            busy = busy_min_split_tokens and 2 * programs >= target_programs
+            least = max(min_split_tokens, busy_min_split_tokens) if busy else min_split_tokens
             longest = max(span(b) for b in short)
-            tokens = max(min_split_tokens, -(-longest // want))
+            tokens = max(least, -(-longest // want))
             split_tokens = -(-tokens // decode.block_n) * decode.block_n
     part_row = 0
     for b in short:
@@ -118,20 +148,23 @@ def build_schedule_reference(
 
 
 def max_decode_splits(*, target_programs: int, num_kv_heads: int, min_split_tokens: int,
-                      max_tokens_per_seq: int, num_seqs: int = 1) -> int:
+                      max_tokens_per_seq: int, num_seqs: int = 1, max_splits: int = 0) -> int:
     """The most splits a decode sequence gets in a step of at least num_seqs decode sequences:
-    a split holds >= ceil(longest / want) keys with want = ceil(target / (seqs * H_kv)), and
-    >= min_split_tokens; a sequence's keys may straddle one more split boundary (+1)."""
+    a split holds >= ceil(longest / want) keys with want = ceil(target / (seqs * H_kv))
+    (at most max_splits when > 0), and >= min_split_tokens; a sequence's keys may straddle
+    one more split boundary (+1)."""
     if target_programs <= 0:
         return 1
-    return max(1, min(-(-target_programs // (num_seqs * num_kv_heads)) + 1,
-                      -(-max_tokens_per_seq // min_split_tokens) + 1))
+    want = -(-target_programs // (num_seqs * num_kv_heads))
+    if max_splits > 0:
+        want = min(want, max_splits)
+    return max(1, min(want + 1, -(-max_tokens_per_seq // min_split_tokens) + 1))
 
 
 def build_schedule(
     qo_indptr, kv_lens, kv_indptr, *, num_kv_heads: int,
     decode: TileConfig, prefill: TileConfig, window: int | None, target_programs: int,
-    min_split_tokens: int,
+    min_split_tokens: int, max_splits: int = 0, busy_min_split_tokens: int = 0,
 ) -> Schedule:
     """build_schedule_reference's rows, in the same order, as int32 arrays: the decode class
     vectorised over sequences and splits; prefill tiles (few: long query runs) in a loop."""
@@ -146,12 +179,10 @@ def build_schedule(
         qs, ks = q[short], kv[short]
         first, last = ks - qs, ks - 1
         lo = np.zeros_like(first) if window is None else np.maximum(0, first - window + 1)
-        split = 1 << 62
-        programs = short.size * num_kv_heads
-        if programs < target_programs:
-            want = -(-target_programs // programs)
-            tokens = max(min_split_tokens, -(-int((ks - lo).max()) // want))
-            split = -(-tokens // decode.block_n) * decode.block_n
+        split = split_size(short.size * num_kv_heads, int((ks - lo).max()),
+                           target_programs=target_programs, min_split_tokens=min_split_tokens,
+                           max_splits=max_splits, busy_min_split_tokens=busy_min_split_tokens,
+                           block_n=decode.block_n)
         s0, s1 = lo // split, last // split
         n = s1 - s0 + 1                                                    # [S] splits per sequence
         seq = np.repeat(np.arange(short.size), n)                          # [W] owner of each item

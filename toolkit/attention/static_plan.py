@@ -60,13 +60,13 @@ class StaticDecodePlans:
     def __init__(self, sizes: list[int], *, num_heads: int, num_kv_heads: int, head_dim: int,
                  decode_block_q: int, target_programs: int, min_split_tokens: int,
                  max_pages: int, max_tokens_per_seq: int, windowed: bool,
-                 device: torch.device) -> None:
+                 device: torch.device, max_splits: int = 0) -> None:
         self.device = device
         caps, prev = {}, 0
         for t in sorted(sizes):
             min_seqs = max(1, -(-(prev + 1) // decode_block_q))
             caps[t] = max_decode_splits(target_programs=target_programs, num_kv_heads=num_kv_heads,
-                                        min_split_tokens=min_split_tokens,
+                                        min_split_tokens=min_split_tokens, max_splits=max_splits,
                                         max_tokens_per_seq=max_tokens_per_seq, num_seqs=min_seqs)
             prev = t
         part = max(t * s for t, s in caps.items())

@@ -79,7 +79,8 @@ class TritonPagedAttention:
         self.schedule = build_schedule(qo, kv, kvp, num_kv_heads=self.num_kv_heads, decode=cfg.decode,
                                        prefill=self._prefill_tile, window=self.sliding_window,
                                        target_programs=cfg.target_programs,
-                                       min_split_tokens=cfg.min_split_tokens)
+                                       min_split_tokens=cfg.min_split_tokens, max_splits=cfg.max_splits,
+                                       busy_min_split_tokens=cfg.busy_min_split_tokens)
         self._work = None                  # device tables: uploaded by the first run() (a step
         self.kv_indices = layout.kv_indices   # replayed as a whole CUDA graph needs none)
         self.layout = layout
@@ -172,7 +173,7 @@ class TritonPagedAttention:
 
         cfg, cache = self.config, self.kv_cache
         bound = max_decode_splits(target_programs=cfg.target_programs, num_kv_heads=self.num_kv_heads,
-                                  min_split_tokens=cfg.min_split_tokens,
+                                  min_split_tokens=cfg.min_split_tokens, max_splits=cfg.max_splits,
                                   max_tokens_per_seq=cache.num_blocks * cache.block_size)
         precompile(self.num_heads, self.head_dim, bound, dtype, cache.device)
 
@@ -185,7 +186,8 @@ class TritonPagedAttention:
         return StaticDecodePlans(
             sizes, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             decode_block_q=cfg.decode.block_q, target_programs=cfg.target_programs,
-            min_split_tokens=cfg.min_split_tokens, max_pages=cache.num_blocks + max(sizes),
+            min_split_tokens=cfg.min_split_tokens, max_splits=cfg.max_splits,
+            max_pages=cache.num_blocks + max(sizes),
             max_tokens_per_seq=cache.num_blocks * cache.block_size,
             windowed=self.sliding_window is not None, device=cache.device)
 

@@ -21,6 +21,9 @@ class KernelConfig:
     min_split_tokens: int     # fewest keys per split
     prefill_long: TileConfig | None = None   # prefill tiles when some prefill row sees many keys
     long_prefill_keys: int = 2048             # ... at least this many
+    max_splits: int = 0                       # most parts of one decode sequence (0: no cap)
+    busy_min_split_tokens: int = 0            # fewest keys per split once the unsplit programs
+                                              # reach half of target_programs (0: min_split_tokens)
 
     def prefill_tile(self, max_prefill_kv_len: int) -> TileConfig:
         """Long key loops amortize a deeper, wider pipeline (measured: H200, NOTES_attention.md)."""
@@ -38,6 +41,9 @@ class KernelConfig:
                                  f">= 16, got {t}")
         if self.min_split_tokens < 1:
             raise ValueError(f"min_split_tokens must be >= 1, got {self.min_split_tokens}")
+        if self.max_splits < 0 or self.busy_min_split_tokens < 0:
+            raise ValueError(f"max_splits and busy_min_split_tokens must be >= 0 (0: off), got "
+                             f"{self.max_splits} and {self.busy_min_split_tokens}")
 
 
 def _pow2(n: int) -> int:
@@ -47,15 +53,20 @@ def _pow2(n: int) -> int:
 def default_config(dtype: torch.dtype, head_dim: int, group: int, device: torch.device) -> KernelConfig:
     """Rows per program: decode max(16, G_pad) (one token of every head of the group);
     prefill about 128 rows (64 for fp32 or head_dim 256, for registers and shared memory)."""
-    g_pad, d_pad = _pow2(group), _pow2(head_dim)
+    g_pad = _pow2(group)
     if device.type != "cuda":   # interpreter: small tiles, several steps and splits even at tiny shapes
         dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=16, num_warps=4, num_stages=1)
         pre = TileConfig(block_q=max(1, 32 // g_pad), block_n=16, num_warps=4, num_stages=1)
         long = TileConfig(block_q=max(1, 16 // g_pad), block_n=32, num_warps=4, num_stages=1)
         return KernelConfig(dec, pre, target_programs=8, min_split_tokens=16, prefill_long=long,
                             long_prefill_keys=96)
+    return gpu_config(dtype, head_dim, group, torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def gpu_config(dtype: torch.dtype, head_dim: int, group: int, sms: int) -> KernelConfig:
+    """default_config on a GPU of `sms` streaming multiprocessors."""
+    g_pad, d_pad = _pow2(group), _pow2(head_dim)
     wide = dtype == torch.float32 or d_pad > 128
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     if wide:    # 4-byte elements or head_dim 256: smaller tiles for shared memory and registers
         dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=32, num_warps=4, num_stages=2)
         pre = TileConfig(block_q=max(1, 64 // g_pad), block_n=32, num_warps=8 if d_pad > 128 else 4,
@@ -63,8 +74,11 @@ def default_config(dtype: torch.dtype, head_dim: int, group: int, device: torch.
         return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256)
     # H200, bf16, d128 (benchmarks/NOTES_attention.md v1): decode 128-key steps, 3 stages, 4 warps
     # (90.7% of copy at b64 c4096 vs 81.1% with 64); prefill 128 rows x 64 keys, 4 warps, and
-    # 128 keys with 8 warps when rows see >= 2048 keys (294 vs 266 TFLOP/s at 1x4096).
+    # 128 keys with 8 warps when rows see >= 2048 keys (294 vs 266 TFLOP/s at 1x4096). Splits:
+    # at most 32 per sequence, and >= 512 keys once the batch alone makes half the target's
+    # programs (schedule.split_size: b1 c16384 36.1 vs 39.7 us, b64 c512 56.5 vs 60.0 us).
     dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=128, num_warps=4, num_stages=3)
     pre = TileConfig(block_q=max(1, 128 // g_pad), block_n=64, num_warps=4, num_stages=3)
     long = TileConfig(block_q=max(1, 128 // g_pad), block_n=128, num_warps=8, num_stages=3)
-    return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256, prefill_long=long)
+    return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256, prefill_long=long,
+                        max_splits=32, busy_min_split_tokens=512)
