@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from attention_cases import DEVICE, make_case
 
 from toolkit.attention.torch_ref import TorchAttention
 from toolkit.attention.triton_paged import TritonPagedAttention
+from toolkit.attention.tuning import gpu_config
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
 
@@ -61,6 +64,10 @@ def test_bad_options() -> None:
         TritonPagedAttention(cache, 4, 32, soft_cap=-1.0)
     with pytest.raises(ValueError, match="impl"):
         TritonPagedAttention(cache, 4, 32, impl="cuda")
+    base = gpu_config(torch.bfloat16, 128, 4, sms=132)
+    for field in ("max_splits", "busy_min_split_tokens"):
+        with pytest.raises(ValueError, match="max_splits and busy_min_split_tokens must be >= 0"):
+            replace(base, **{field: -1})
 
 
 def test_run_before_plan() -> None:
