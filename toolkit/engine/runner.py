@@ -24,6 +24,7 @@ from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
 from toolkit.transfer import to_device, upload
 from toolkit.engine.inflight import Launched, apply_ended
+from toolkit.engine.penalty_history import PenaltyHistory
 from toolkit.engine.sampling_rows import SamplingRows
 from toolkit.types import PLACEHOLDER, Request, SchedulerOutput, StepResult
 
@@ -62,6 +63,8 @@ class Runner:
         self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
         self._masks = None            # MaskTable: grammar mask rows on the device, made on first use
         self._rows = SamplingRows()   # the last step's sampling metadata, reused while valid
+        # penalised requests' token lists on the device between steps (None: built per step)
+        self.penalty_history: PenaltyHistory | None = PenaltyHistory(model.vocab_size, device)
         # a sampler that declares can_consume_logits may process the step's own logits in place
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
         self.host_kv = None           # HostKVCache of the host tier (blocks/host_kv.py), set by build_engine
@@ -296,10 +299,17 @@ class Runner:
                 # drafts before a row count as output (no copy for a plain row)
                 outputs.append(req.output_token_ids + d[:j] if j else req.output_token_ids)
                 eos.append(req.eos_token_id)
+        lists = None
+        if self.penalty_history is not None and not any(batch.drafts):   # a row per request
+            history, reqs = self.penalty_history, batch.sampling
+
+            def lists(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                return history.lists([reqs[i] for i in rows],
+                                     [reqs[i].sampling_params.repetition_penalty != 1.0 for i in rows])
         return SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
                                       eos_token_ids=eos, check_ids=False,  # checked at add_request
                                       bitmask=self._masks.table if slots else None,
-                                      bitmask_rows=slots)
+                                      bitmask_rows=slots, penalty_lists=lists)
 
     def _sample_plain(self, batch: Batch, logits: torch.Tensor, grammars):
         """The Sampler on rows without drafts; its output stays on the device."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -177,14 +177,21 @@ class SamplingMetadata:
               output_token_ids: list[list[int]], vocab_size: int, device: Any,
               eos_token_ids: list[int | None] | None = None,
               bitmask: Tensor | None = None, check_ids: bool = True,
-              bitmask_rows: Sequence[int] | None = None) -> "SamplingMetadata":
+              bitmask_rows: Sequence[int] | None = None,
+              penalty_lists: Callable[[list[int]], tuple[Tensor, Tensor]] | None = None,
+              ) -> "SamplingMetadata":
         """One row per logits row. Token ids outside [0, vocab_size) raise ValueError
         (check_ids=False: the params' ids were checked already, as the engine does at
         add_request; this is per-step host time at large batches).
 
         bitmask: a grammar's int32 [N, ceil(V/32)] (row i for logits row i), or with
         bitmask_rows (one index a row) a table [M, ceil(V/32)] whose row bitmask_rows[i] is
-        logits row i's (`MaskTable`: rows in the same grammar state share one)."""
+        logits row i's (`MaskTable`: rows in the same grammar state share one).
+
+        penalty_lists: given the penalising rows (indices, in row order), their prompt ids
+        (blank where repetition is off) and output ids as device tensors, exactly as built
+        here from prompt_token_ids / output_token_ids (the engine keeps them on the device
+        between steps, engine/penalty_history.py); None: built here from the lists."""
         n = len(params)
         device = torch.device(device)
         if len(prompt_token_ids) != n or len(output_token_ids) != n:
@@ -262,9 +269,10 @@ class SamplingMetadata:
             rows = np.flatnonzero(penalised).tolist()
             if len(rows) < n:
                 cpu["penalty_rows"] = torch.tensor(rows, dtype=torch.int64)
-            cpu["prompt_tokens"] = _pad([prompt_token_ids[i] if rep[i] != 1.0 else [] for i in rows],
-                                        vocab_size)
-            cpu["output_tokens"] = _pad([output_token_ids[i] for i in rows], vocab_size)
+            if penalty_lists is None:
+                cpu["prompt_tokens"] = _pad([prompt_token_ids[i] if rep[i] != 1.0 else [] for i in rows],
+                                            vocab_size)
+                cpu["output_tokens"] = _pad([output_token_ids[i] for i in rows], vocab_size)
 
         bias_pairs = [(i, t, b) for i, p in enumerate(params)
                       for t, b in (p.logit_bias or {}).items()]
@@ -308,6 +316,8 @@ class SamplingMetadata:
         if bitmask_rows is not None:
             cpu["bitmask_rows"] = torch.tensor(bitmask_rows, dtype=torch.int32)
         dev = upload(cpu, device)
+        if penalty_lists is not None and penalised.any():
+            dev["prompt_tokens"], dev["output_tokens"] = penalty_lists(np.flatnonzero(penalised).tolist())
         pair = lambda a, b: (dev[a], dev[b]) if a in dev else None  # noqa: E731
         return cls(
             num_rows=n, vocab_size=vocab_size, device=device,
