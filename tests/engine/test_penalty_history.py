@@ -86,11 +86,35 @@ def test_rows_are_freed_and_reused() -> None:
     assert history.num_uploaded_tokens == 200 * 3 + 200 * 4 + 1     # prompts, outputs, the last
 
 
+def test_a_token_sampled_on_the_device_needs_no_host_value() -> None:
+    """note_sampled appends the step's token on the device: the next step's lists hold it while
+    the host still has a placeholder (async scheduling), and nothing more is uploaded."""
+    history = PenaltyHistory(V, torch.device("cpu"), rows=2, width=1)
+    a, b = _request("a", [1, 2]), _request("b", [4], rep=1.0)
+    a.output_token_ids.append(3)
+    history.lists([a, b], [True, False])
+    sent = history.num_uploaded_tokens
+    history.note_sampled([b, a], torch.tensor([7, 9]))
+    for r in (a, b):
+        r.output_token_ids.append(PLACEHOLDER)
+    prompt, out = history.lists([a, b], [True, False])
+    assert history.num_uploaded_tokens == sent
+    a.output_token_ids[-1], b.output_token_ids[-1] = 9, 7       # the step lands
+    want = _expected([a, b], [True, False])
+    assert torch.equal(prompt, want[0]) and torch.equal(out, want[1])
+    # a row the host never caught up with (its request finished on that token) is released
+    history.note_sampled([a], torch.tensor([11]))
+    a.status = RequestStatus.FINISHED_STOPPED
+    history.lists([b], [False])
+    assert len(history) == 1
+
+
 def test_an_output_token_not_on_the_host_is_refused() -> None:
+    """A row written from the host's lists (new, or stale) needs every token's value there."""
     history = PenaltyHistory(V, torch.device("cpu"))
     r = _request("a", [1, 2])
     r.output_token_ids.extend([3, PLACEHOLDER])
-    with pytest.raises(RuntimeError, match="synchronous steps"):
+    with pytest.raises(RuntimeError, match="not on the host yet"):
         history.lists([r], [True])
 
 

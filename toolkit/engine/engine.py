@@ -64,8 +64,9 @@ class Engine:
         self.observers: list[StepObserver] = []
         # async scheduling: step N + 1 is scheduled and launched before step N's tokens reach
         # the host; off with a proposer (drafts need the tokens) or a scheduler that does not
-        # declare supports_async. Sequences in _host_tokens (grammars, penalties, bad words:
-        # their next step reads the last token's value on the host) run synchronous steps.
+        # declare supports_async. Sequences in _host_tokens (grammars, bad words, penalties
+        # without the runner's device rows: their next step reads the last token's value on
+        # the host) run synchronous steps.
         self.async_scheduling = (bool(async_scheduling) and proposer is None
                                  and bool(getattr(scheduler, "supports_async", False)))
         self._inflight: _InFlight | None = None
@@ -139,7 +140,7 @@ class Engine:
                 raise
             for seq in sequences[1:]:
                 self.siblings.hold(seq, sequences[0])
-        if _needs_host_tokens(params):
+        if _needs_host_tokens(params, self.runner.penalty_history is not None):
             self._host_tokens.update(s.request_id for s in sequences)
         return rid
 
@@ -399,8 +400,10 @@ class _InFlight:
     provisional: list[RequestOutput] | None    # update()'s outputs with placeholders (async)
 
 
-def _needs_host_tokens(sp: SamplingParams) -> bool:
+def _needs_host_tokens(sp: SamplingParams, device_penalties: bool) -> bool:
     """Whether a request's next step reads its last token's value on the host (a grammar's
-    mask; the penalties' and bad words' token lists): it then runs synchronous steps."""
-    return (sp.structured is not None or bool(sp.bad_words) or sp.repetition_penalty != 1.0
-            or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0)
+    mask; bad words' token lists; the penalties' lists unless the runner keeps them on the
+    device, engine/penalty_history.py): it then runs synchronous steps."""
+    penalised = sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
+    return (sp.structured is not None or bool(sp.bad_words)
+            or (penalised and not device_penalties))

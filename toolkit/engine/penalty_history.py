@@ -10,10 +10,11 @@ the penalty kernels' "no token"): its prompt is uploaded once, and each step upl
 the output tokens its row has not seen yet (one a step in a steady decode), then gathers
 the step's rows. This is the part of vLLM's persistent batch that the penalties need.
 
-The rows are checked against the host, not trusted: a request whose output shrank (or a
-new request object under a known id) has its row written again from its lists. The host
-must know every output token when `lists` runs (penalised requests run synchronous steps,
-engine/engine.py: `_needs_host_tokens`).
+After sampling, `note_sampled` appends each row's new token on the device itself, so with
+async scheduling a penalised request's next step does not wait for its last token to reach
+the host. The rows are checked against the host, not trusted: a request whose output
+shrank (or a new request object under a known id) has its row written again from its lists,
+which then must hold every token (never the case for a row the device keeps current).
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ class PenaltyHistory:
             if row.out_len < n_out:
                 tail = req.output_token_ids[row.out_len:]
                 if PLACEHOLDER in tail:
-                    raise RuntimeError(f"request {req.request_id}: an output token is not on the "
-                                       "host yet; penalised requests must run synchronous steps")
+                    raise RuntimeError(f"request {req.request_id}: its penalty row lacks an output token "
+                                       "that is not on the host yet (sampled without note_sampled?)")
                 tails.append((row.slot, row.out_len, tail))
                 row.out_len = n_out
         self._write(new_prompts, tails)
@@ -87,6 +88,25 @@ class PenaltyHistory:
         # [R, W]: gathered rows, cut to the widest live row (at least one column, as _pad)
         return (self._prompt[dev["prompt_slots"], : max(width_p, 1)],
                 self._out[dev["out_slots"], : max(width_o, 1)])
+
+    def note_sampled(self, requests: list[Request], tokens: torch.Tensor) -> None:
+        """After a step's sampling: tokens int64 [N] on the device, row i = requests[i]'s.
+        Each penalised row whose device row is current gets its token appended there, in
+        stream order, so the next step neither uploads it nor needs its value on the host
+        (penalised requests can then take asynchronous steps). A token the host later drops
+        (a finished request's last step) is caught by lists(): the row is longer than the
+        host's output and is written again, or released."""
+        at = []
+        for i, req in enumerate(requests):
+            row = self._rows.get(req.request_id)
+            if row is not None and row.request is req and row.out_len == len(req.output_token_ids):
+                at.append((i, row.slot, row.out_len))
+                row.out_len += 1
+        if not at:
+            return
+        self._grow(out_width=max(pos for _, _, pos in at) + 1)
+        i, slot, pos = upload({"at": torch.tensor(at, dtype=torch.int64).T.contiguous()}, self.device)["at"]
+        self._out[slot, pos] = tokens[i]
 
     def _add(self, req: Request) -> _Row:
         if not self._free:

@@ -110,6 +110,8 @@ class Runner:
             apply_ended(result, ended)
             return Launched.done(result)
         s = self._sample_plain(batch, logits, grammars)
+        if self.penalty_history is not None:   # penalised rows take their token on the device
+            self.penalty_history.note_sampled(batch.sampling, s.token_ids)
         return Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended, prompt_lps)
 
     @torch.inference_mode()
