@@ -61,7 +61,8 @@ def run_toolkit(cfg, reqs, args) -> dict:
         steps0 = eng.num_steps
         t0 = time.perf_counter()
         prompts = [p for p, _ in sub]
-        params = [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True) for _, n in sub]
+        params = [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True,
+                                 repetition_penalty=args.repetition_penalty) for _, n in sub]
         if args.diagnose:      # every step timed: where the time went (a little slower)
             report = diagnose(llm, prompts, params, sync_debug=False, runtime_calls=False)
             print_report(report, f"[{label}] ")
@@ -86,6 +87,15 @@ def run_toolkit(cfg, reqs, args) -> dict:
     if args.repeats > 1:
         print(f"toolkit[all]: median of {args.repeats} warm runs {results['all']['tok_s']:.0f} tok/s "
               f"(range {warm[0]['tok_s']:.0f}-{warm[-1]['tok_s']:.0f})", flush=True)
+    if args.penalty_ab:      # the same runs with the penalised rows' lists rebuilt per step (and sync steps)
+        history = eng.runner.penalty_history
+        eng.runner.penalty_history = None
+        lists = sorted((timed("lists", reqs) for _ in range(args.repeats)), key=lambda r: r["tok_s"])
+        eng.runner.penalty_history = history
+        results["penalty_lists"] = lists[(len(lists) - 1) // 2]
+        print(f"penalised rows on the device {results['all']['tok_s']:.0f} tok/s, rebuilt per step "
+              f"{results['penalty_lists']['tok_s']:.0f} ({results['all']['tok_s'] / results['penalty_lists']['tok_s']:.2f}x)",
+              flush=True)
     if args.hf_num not in (0, len(reqs)):
         results["hf_subset"] = timed("hf_subset", reqs[: args.hf_num])
     results["kv_blocks"] = eng.num_blocks
@@ -96,7 +106,7 @@ def run_toolkit(cfg, reqs, args) -> dict:
     return results
 
 
-def run_hf(cfg, reqs, temperature: float) -> dict:
+def run_hf(cfg, reqs, temperature: float, repetition_penalty: float = 1.0) -> dict:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     with torch.device("cuda"):   # random init on the GPU: an 8B model on the CPU takes minutes
@@ -104,7 +114,7 @@ def run_hf(cfg, reqs, temperature: float) -> dict:
     sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
                 else dict(do_sample=False))
     gen = GenerationConfig(max_new_tokens=max(n for _, n in reqs), eos_token_id=-1, pad_token_id=0,
-                           **sampling)
+                           repetition_penalty=repetition_penalty, **sampling)
     want = sum(n for _, n in reqs)
     t0 = time.perf_counter()
     got = 0
@@ -141,6 +151,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="warm runs; the median one is reported")
     ap.add_argument("--diagnose", action="store_true",
                     help="time every step of the toolkit's runs (benchmarks/step_diagnose.py)")
+    ap.add_argument("--repetition-penalty", type=float, default=1.0,
+                    help="every request's (both sides; HF: its repetition_penalty)")
+    ap.add_argument("--penalty-ab", action="store_true",
+                    help="also time the warm runs with the penalised rows' token lists rebuilt each step "
+                         "(no PenaltyHistory: the engine before 2026-12-02), same process")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     seqs, tokens = (256, 8192) if args.workload == "random" else (1024, 16384)
@@ -153,10 +168,11 @@ def main() -> None:
           f"{sum(n for _, n in reqs)} output tokens; GPU {torch.cuda.get_device_name()}", flush=True)
     res = {"workload": args.workload, "gpu": torch.cuda.get_device_name(),
            "date": time.strftime("%Y-%m-%d"), "temperature": args.temperature,
+           "repetition_penalty": args.repetition_penalty,
            "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
            "toolkit": run_toolkit(cfg, reqs, args)}
     if args.hf_num:
-        res["hf"] = run_hf(cfg, reqs[: args.hf_num], args.temperature)
+        res["hf"] = run_hf(cfg, reqs[: args.hf_num], args.temperature, args.repetition_penalty)
         tk = res["toolkit"].get("hf_subset", res["toolkit"]["all"])
         res["ratio"] = tk["tok_s"] / res["hf"]["tok_s"]
         print(f"\n| workload | requests | toolkit tok/s | HF CB tok/s | ratio |\n|---|---|---|---|---|\n"
