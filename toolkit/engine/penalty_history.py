@@ -96,6 +96,8 @@ class PenaltyHistory:
         (penalised requests can then take asynchronous steps). A token the host later drops
         (a finished request's last step) is caught by lists(): the row is longer than the
         host's output and is written again, or released."""
+        if not self._rows:                      # no penalised request: the usual step
+            return
         at = []
         for i, req in enumerate(requests):
             row = self._rows.get(req.request_id)
