@@ -1,5 +1,5 @@
 """The warm-up's dummy steps (run inside LLM(...) on CUDA) leave no trace: the same greedy
-outputs after it, every block free. On the CPU it is called directly (no graphs: two sizes)."""
+outputs after it, every block free, no penalty row. On the CPU it is called directly (no graphs: two sizes)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def test_warm_up_leaves_outputs_and_blocks_alone(tiny_llama_dir):
                        show_progress=False)
         # the CPU has no Triton compiles or graphs: all of it ran the dummy steps
         assert took["warmup_s"] > 0 and took["compile_s"] == took["capture_s"] == 0, took
+        assert len(llm.engine.runner.penalty_history) == 0     # its penalised dummies left no row
         after = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert llm.engine.allocator.num_free_blocks() == 32
     assert after == before

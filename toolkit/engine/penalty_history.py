@@ -55,6 +55,11 @@ class PenaltyHistory:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def clear(self) -> None:
+        """Forget every row (the buffers stay allocated)."""
+        self._free.extend(r.slot for r in self._rows.values())
+        self._rows.clear()
+
     def lists(self, requests: list[Request], repetition: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
         """prompt ids int64 [R, max(Lp, 1)] and output ids [R, max(Lo, 1)] of these requests
         (R = len(requests), in order; padded with vocab_size), as SamplingMetadata.build

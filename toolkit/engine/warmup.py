@@ -4,7 +4,8 @@ it happens inside the user's first `generate` (20-25 s on a fresh machine otherw
 Dummy steps for each CUDA-graph bucket (a decode batch of that many tokens: the first, eager
 run compiles, then the bucket is captured), with sampling rows of each kind (greedy;
 temperature alone; temperature with top-k / top-p: the fused tail; all three mixed), then one prefill and one chunked prefill
-over a cached prefix (the prefill attention kernels). The dummy steps write garbage KV into
+over a cached prefix (the prefill attention kernels), then penalised rows (the penalty
+kernels, with every row penalised and with some). The dummy steps write garbage KV into
 block 0 and the first blocks; every block is free again afterwards and a real request
 overwrites a slot before attention reads it.
 """
@@ -23,6 +24,7 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=2)
 _SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=2, seed=0)
 _TEMPERATURE = SamplingParams(temperature=0.6, max_tokens=2, seed=1)   # seeded: the engine's generator untouched     # temperature alone: its own kernels
 _KINDS = (_GREEDY, _SAMPLED, _TEMPERATURE)
+_PENALISED = SamplingParams(temperature=0.0, max_tokens=2, repetition_penalty=1.1, presence_penalty=0.1)
 
 
 def _step(runner, scheduled: list[ScheduledRequest]) -> None:
@@ -67,6 +69,11 @@ def _warm_up(runner, max_num_batched_tokens: int, block_size: int, num_blocks: i
             _step(runner, [_decode(0, _GREEDY),
                            ScheduledRequest(req, block_size, prefill - block_size, blocks)])
         bar.update(1)
+        # the penalty kernels: every row penalised, and some (their row-list variant)
+        _step(runner, [_decode(0, _PENALISED)])
+        _step(runner, [_decode(0, _PENALISED), _decode(1, _GREEDY)])
+    if runner.penalty_history is not None:     # the dummy requests' rows: never finished, dropped
+        runner.penalty_history.clear()
     # what the steps above cannot reach (a backend declares it; AttentionBackend: optional)
     attention_warm_up = getattr(runner.attention, "warm_up", None)
     if attention_warm_up is not None:
