@@ -158,6 +158,45 @@ def split_ttft(run) -> dict:
                 after_s=float(np.mean([r.ttft - r.admission_wait for r in reqs])))
 
 
+def step_mix(run, graph_tokens: int | None) -> dict:
+    """What a run's steps held on average: whether the simulator scheduled the engine's mix
+    (then a gap is the cost model's) or another one (timing). eager_steps: steps of more
+    tokens than the CUDA graphs hold (None without graphs)."""
+    import numpy as np
+
+    if not run.steps:
+        return {}
+    pre = np.array([s.prefill_tokens for s in run.steps], dtype=np.float64)
+    dec = np.array([s.decode_seqs for s in run.steps], dtype=np.float64)
+    return dict(steps=len(run.steps), prefill_tokens=float(pre.mean()), decode_seqs=float(dec.mean()),
+                prefill_steps=float((pre > 0).mean()),
+                eager_steps=None if graph_tokens is None else int((pre + dec > graph_tokens).sum()))
+
+
+def _mix_line(entry: dict) -> str:
+    m, w = entry["step_mix"], entry["window_residual"]
+    if not m["sim"] or not m["real"]:
+        return ""
+    return ("           steps (sim/real): " + ", ".join(
+        f"{k} {m['sim'][k]:.3g}/{m['real'][k]:.3g}" for k in ("steps", "prefill_tokens", "decode_seqs",
+                                                             "prefill_steps", "eager_steps")
+        if m["sim"][k] is not None)
+        + (f"; the model on the engine's 32-step windows: {w['mean']:+.1%} mean, {w['median']:+.1%} median"
+           if w else ""))
+
+
+def window_residual(cost, recording, window: int = 32) -> dict:
+    """The cost model against an engine run's own steps: predicted / measured - 1 over
+    sliding windows of `window` steps (TraceRecorder.window_samples)."""
+    import numpy as np
+
+    w = recording.window_samples(window) if recording is not None else []
+    if not w:
+        return {}
+    r = np.array([float(cost.predict_features(f)) / t - 1 for f, t in w])
+    return dict(mean=float(r.mean()), median=float(np.median(r)), windows=len(w))
+
+
 def metric_values(summary: dict) -> dict:
     """The compared metrics of a RunResult summary: TTFT and TPOT mean / p90 (s), output tok/s."""
     return {"ttft_mean": summary["ttft"]["mean"], "ttft_p90": summary["ttft"]["p90"],
@@ -382,6 +421,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
             entry = dict(load=load, policy=name, rate=rate, trace=trace_seeds, sim=s, sim_sweep=s0, real=r, compare=row,
                          compare_sweep_model=row0, criteria=keys, within_10pct=ok, sim_wall_s=sim_s,
                          ttft_split=dict(sim=split_ttft(sim), real=split_ttft(real)),
+                         step_mix=dict(sim=step_mix(sim, graph_tokens), real=step_mix(real, graph_tokens)),
+                         window_residual=window_residual(cost, real.recording),
                          queue=dict(sim=queue_growth(sim), real=queue_growth(real)),
                          jain=dict(sim=s["jain_fairness"], real=r["jain_fairness"]), engine_host=host)
             if len(metrics) > 1:
@@ -413,7 +454,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                   f"jain {s['jain_fairness']:.3f}/{r['jain_fairness']:.3f}; engine in step() "
                   f"{host['step_s']:.1f} s, add_request {host['add_s'] * 1e3:.0f} ms of {real.makespan:.1f} s, "
                   f"{host.get('gc_full_passes', 0)} full GC passes ({host.get('gc_s', 0) * 1e3:.0f} ms in all GC) "
-                  f"[at {time.perf_counter() - t_start:.0f} s]", flush=True)
+                  f"[at {time.perf_counter() - t_start:.0f} s]\n"
+                  + _mix_line(entry), flush=True)
     llm.close()                 # frees the KV cache and weights before the next shape's engine
     gc.collect()
     if torch.cuda.is_available():
