@@ -145,3 +145,28 @@ def test_engine_outputs_do_not_change_with_the_history(tiny_llama_dir, num_block
     assert outs["history"] != outs["off"]
     if num_blocks == 12:
         assert preempted["history"] > 0
+
+
+def test_abort_while_in_flight_with_penalties(tiny_llama_dir) -> None:
+    """Async steps of penalised requests, two aborted while a step is in flight: the others
+    finish with the tokens a synchronous run gives them, and every row and block is freed."""
+    params = SamplingParams(max_tokens=20, temperature=0, repetition_penalty=1.4, ignore_eos=True)
+    prompts = [[5, 6, 7, 8] * 3, [9, 10] * 4, [11, 12, 13], [14] * 6]
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=64,
+             async_scheduling=False) as llm:
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts[2:], params, use_tqdm=False)]
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=64,
+             async_scheduling=True) as llm:
+        e = llm.engine
+        ids = [e.add_request(p, params) for p in prompts]
+        for _ in range(4):
+            e.step()
+        assert e._inflight is not None and e.num_overlapped_steps > 0
+        e.abort(ids[:2])
+        done = {}
+        while e.has_unfinished():
+            done.update({o.request_id: o.outputs[0].token_ids for o in e.step() if o.finished})
+        assert [done[i] for i in ids[2:]] == want
+        e.runner.penalty_history.lists([], [])          # a later step: finished rows go
+        assert len(e.runner.penalty_history) == 0
+        assert e.allocator.num_free_blocks() == 64
