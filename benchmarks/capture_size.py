@@ -16,7 +16,6 @@ decode batch (the default before 2026-12-02: the run in benchmarks/RESULTS.md, m
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.sim_common import GPU_ENGINE, TINY_ENGINE, model_config, tiny_config  # noqa: E402
+from benchmarks.sim_common import GPU_ENGINE, TINY_ENGINE, model_config, release_llm, tiny_config  # noqa: E402
 
 PREFILL = [128, 192, 256, 384, 512, 1024]
 MIXED = [(32, 512, 128), (32, 512, 256), (96, 512, 256), (64, 512, 448)]   # (decodes, context, prompt)
@@ -33,7 +32,6 @@ TINY_MIXED = [(8, 64, 32), (8, 64, 96)]
 
 
 def measure(shape: str, size: int | None, steps: int) -> dict:
-    import torch
 
     from toolkit import LLM
     from toolkit.simulator.calibrate import profile_engine
@@ -50,11 +48,7 @@ def measure(shape: str, size: int | None, steps: int) -> dict:
     row = dict(size=size, graph_tokens=runner.graph_tokens, build_s=build_s,
                startup=dict(llm.engine.startup),
                steps={n: y for n, (_, y) in zip(names, samples)})
-    llm.close()
-    del llm
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_llm(llm)
     return row
 
 

@@ -22,7 +22,6 @@ benchmarks/sim_gpu_all.py does this too, then refits on live runs and validates.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -30,11 +29,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.sim_common import GPU_SWEEP, SHAPE_NAMES, TINY_SWEEP, build_llm  # noqa: E402
+from benchmarks.sim_common import GPU_SWEEP, SHAPE_NAMES, TINY_SWEEP, build_llm, release_llm  # noqa: E402
 
 
 def calibrate(shape: str, args) -> dict:
-    import torch
 
     from toolkit.simulator import FEATURES, CostModel
     from toolkit.simulator.calibrate import device_key, profile_admission, profile_engine
@@ -58,11 +56,7 @@ def calibrate(shape: str, args) -> dict:
           f"max {cost.fit_error['max_rel']:.1%} ({time.perf_counter() - t:.0f} s)", flush=True)
     rows = [dict(zip(FEATURES, x.tolist()), measured_s=y, fitted_s=float(cost.predict_features(x)))
             for x, y in samples]
-    llm.close()
-    del llm
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_llm(llm)
     return dict(key=key, cost=cost.to_dict(), samples=rows, build_s=built)
 
 

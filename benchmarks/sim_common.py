@@ -45,6 +45,19 @@ def build_llm(shape: str) -> Any:
     return LLM(model_config(shape), **GPU_ENGINE)
 
 
+def release_llm(llm: Any) -> None:
+    """Close an LLM and hand its memory back (weights, KV cache, the CUDA caching allocator's
+    blocks) before the next engine of the process is built."""
+    import gc
+
+    import torch
+
+    llm.close()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def engine_settings(llm: Any) -> dict:
     """The Simulator keyword arguments that mirror this engine's scheduler."""
     s = llm.engine.scheduler

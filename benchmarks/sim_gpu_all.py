@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -57,6 +56,7 @@ from benchmarks.sim_common import (  # noqa: E402
     TINY_SWEEP,
     build_llm,
     engine_settings,
+    release_llm,
 )
 
 # per shape: requests of the burst, of each ladder run, of the comparisons below and above
@@ -242,7 +242,6 @@ class Out:
 
 def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) -> None:
     import numpy as np
-    import torch
 
     from toolkit.schedulers.policies import resolve_policy
     from toolkit.simulator import (
@@ -456,10 +455,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                   f"{host.get('gc_full_passes', 0)} full GC passes ({host.get('gc_s', 0) * 1e3:.0f} ms in all GC) "
                   f"[at {time.perf_counter() - t_start:.0f} s]\n"
                   + _mix_line(entry), flush=True)
-    llm.close()                 # frees the KV cache and weights before the next shape's engine
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_llm(llm)            # the KV cache and weights, before the next shape's engine
     print_table({shape: res})
 
 
