@@ -83,14 +83,13 @@ class PenaltyHistory:
                                        "that is not on the host yet (sampled without note_sampled?)")
                 tails.append((row.slot, row.out_len, tail))
                 row.out_len = n_out
-        self._write(new_prompts, tails)
         rows = [self._rows[r.request_id] for r in requests]
         width_p = max([r.prompt_len for r, rep in zip(rows, repetition) if rep], default=0)
         width_o = max([r.out_len for r in rows], default=0)
-        host = {"prompt_slots": torch.tensor([r.slot if rep else 0 for r, rep in zip(rows, repetition)],
-                                             dtype=torch.int64),
-                "out_slots": torch.tensor([r.slot for r in rows], dtype=torch.int64)}
-        dev = upload(host, self.device)
+        dev = self._write(new_prompts, tails, {
+            "prompt_slots": torch.tensor([r.slot if rep else 0 for r, rep in zip(rows, repetition)],
+                                         dtype=torch.int64),
+            "out_slots": torch.tensor([r.slot for r in rows], dtype=torch.int64)})
         # [R, W]: gathered rows, cut to the widest live row (at least one column, as _pad)
         return (self._prompt[dev["prompt_slots"], : max(width_p, 1)],
                 self._out[dev["out_slots"], : max(width_o, 1)])
@@ -145,15 +144,14 @@ class PenaltyHistory:
         self._prompt, self._out = p, o
         self._free.extend(range(new_s - 1, s - 1, -1))
 
-    def _write(self, new_prompts: list[tuple[int, np.ndarray]], tails: list[tuple[int, int, list[int]]]) -> None:
-        """One packed upload: the new rows' prompts (rows cleared first: a reused slot holds
-        an earlier request's ids) and the output tokens the device rows lack."""
-        if not new_prompts and not tails:
-            return
+    def _write(self, new_prompts: list[tuple[int, np.ndarray]], tails: list[tuple[int, int, list[int]]],
+               host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One packed upload of `host` (the step's gather indices) with the new rows' prompts
+        (rows cleared first: a reused slot holds an earlier request's ids) and the output
+        tokens the device rows lack, which are written; returns the uploaded tensors."""
         need_p = max((len(p) for _, p in new_prompts), default=0)
         need_o = max((pos + len(t) for _, pos, t in tails), default=0)
         self._grow(prompt_width=need_p, out_width=need_o)
-        host: dict[str, torch.Tensor] = {}
         if new_prompts:
             width = max(need_p, 1)
             block = np.full((len(new_prompts), width), self.vocab_size, dtype=np.int64)
@@ -175,3 +173,4 @@ class PenaltyHistory:
         if tails:
             s, pos, tok = dev["tails"]
             self._out[s, pos] = tok
+        return dev
