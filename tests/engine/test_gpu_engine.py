@@ -111,3 +111,25 @@ def test_warm_up_leaves_nothing_to_compile(tiny_llama_dir):
             llm.generate(prompts, params, use_tqdm=False)
             llm.generate(prompts[:1], params[:1], use_tqdm=False)      # one long context alone
     assert not seen, f"kernels compiled inside generate (the warm-up missed them): {seen}"
+
+
+def test_cuda_penalty_history_equals_lists_rebuilt_per_step(tiny_llama_dir):
+    """Penalised requests on CUDA (async steps, CUDA graphs, the history's device append after
+    sampling) give the greedy tokens of the synchronous path whose lists are rebuilt per step."""
+    prompts = [[5, 6, 7, 8, 9, 10] * 3, [11, 12, 13] * 5, [20, 21, 22, 23], [30, 31] * 4]
+    params = [SamplingParams(max_tokens=20, temperature=0, repetition_penalty=1.5, ignore_eos=True),
+              SamplingParams(max_tokens=20, temperature=0, presence_penalty=1.0, frequency_penalty=0.5,
+                             ignore_eos=True),
+              SamplingParams(max_tokens=20, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=20, temperature=0, repetition_penalty=1.3, n=2, ignore_eos=True)]
+    outs = {}
+    for mode in ("history", "lists"):
+        with LLM(tiny_llama_dir, dtype="float32", device="cuda", block_size=4, num_blocks=64) as llm:
+            if mode == "lists":
+                llm.engine.runner.penalty_history = None
+            res = llm.generate(prompts, params, use_tqdm=False)
+            outs[mode] = [[o.token_ids for o in r.outputs] for r in res]
+            if mode == "history":
+                assert llm.engine.runner.penalty_history.num_uploaded_tokens > 0
+            assert llm.engine.scheduler.allocator.num_free_blocks() == 64
+    assert outs["history"] == outs["lists"]
