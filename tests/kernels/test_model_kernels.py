@@ -1,4 +1,5 @@
-"""Model kernels (RMSNorm + residual, rotary, SiLU-and-mul) against their torch twins.
+"""Model kernels (RMSNorm + residual, rotary, per-head RMSNorm + rotary, SiLU-and-mul) against
+their torch twins.
 
 On the CPU they run under TRITON_INTERPRET=1 (set by tests/conftest.py) at small odd
 shapes in fp32/fp16; outputs are poisoned with NaN first so an element the kernel forgets
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from toolkit.kernels import reference_model as ref
 from toolkit.kernels.rms_norm import rms_norm
-from toolkit.kernels.rotary import rotary
+from toolkit.kernels.rotary import qk_norm_rotary, rotary
 from toolkit.kernels.silu_and_mul import silu_and_mul
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -133,6 +134,75 @@ def test_rotary_rejects_bad_shapes():
             fn(pos, torch.randn(2, 2, 6, device=DEVICE), torch.randn(2, 1, 4, device=DEVICE), cache)
 
 
+# ---------------------------------------------------------------- per-head RMSNorm + rotary (Qwen3)
+def _check_qk_norm_rotary(t: int, h: int, h_kv: int, d: int, dtype: torch.dtype, inplace: bool,
+                          seed: int, strided: bool = False) -> None:
+    g = gen(seed)
+    cache = cos_sin_cache(64, d)
+    positions = torch.randint(0, 64, (t,), generator=g).to(DEVICE)
+    if strided:     # views of one merged qkv projection, as the model passes them
+        qkv = (torch.randn(t, (h + 2 * h_kv) * d, generator=g) * 3).to(DEVICE, dtype)
+        q, k, _ = qkv.split([h * d, h_kv * d, h_kv * d], dim=-1)
+        q, k = q.view(t, h, d), k.view(t, h_kv, d)
+    else:
+        q = (torch.randn(t, h, d, generator=g) * 3).to(DEVICE, dtype)
+        k = (torch.randn(t, h_kv, d, generator=g) * 3).to(DEVICE, dtype)
+    q_w = (torch.rand(d, generator=g) + 0.5).to(DEVICE, dtype)
+    k_w = (torch.rand(d, generator=g) + 0.5).to(DEVICE, dtype)
+    want_q, want_k = ref.qk_norm_rotary(positions, q.clone(), k.clone(), cache, q_w, k_w, 1e-6)
+    # the unfused Triton pair (rms_norm, then rotary) gives the fused kernel's values
+    pair_q, pair_k = rotary(positions, rms_norm(q, q_w, 1e-6)[0], rms_norm(k, k_w, 1e-6)[0], cache)
+    if inplace:
+        q_in, k_in = q.clone(), k.clone()
+        got_q, got_k = qk_norm_rotary(positions, q_in, k_in, cache, q_w, k_w, 1e-6)
+        assert got_q is q_in and got_k is k_in
+    else:
+        out = (poison(q.shape, dtype), poison(k.shape, dtype))
+        q_before, k_before = q.clone(), k.clone()
+        got_q, got_k = qk_norm_rotary(positions, q, k, cache, q_w, k_w, 1e-6, out=out)
+        assert got_q is out[0] and got_k is out[1]
+        assert torch.equal(q, q_before) and torch.equal(k, k_before), "out-of-place changed its input"
+    close(got_q, want_q, dtype)
+    close(got_k, want_k, dtype)
+    close(got_q, pair_q, dtype)
+    close(got_k, pair_k, dtype)
+
+
+@given(t=st.integers(1, 7), h=st.integers(1, 5), h_kv=st.integers(1, 3), d=st.sampled_from([2, 6, 10, 16]),
+       dtype=DTYPES, inplace=st.booleans(), seed=st.integers(0, 2**16), strided=st.booleans())
+def test_qk_norm_rotary_matches_twin(t, h, h_kv, d, dtype, inplace, seed, strided):
+    _check_qk_norm_rotary(t, h, h_kv, d, dtype, inplace, seed, strided)
+
+
+def test_qk_norm_rotary_normalises_each_head():
+    """Position 0 rotates nothing: the output is each head over its RMS (weights 1), q's heads
+    and k's heads with their own weights; a head of zeros stays zeros (eps, no NaN)."""
+    d, cache = 8, cos_sin_cache(4, 8)
+    q = torch.randn(2, 3, d, device=DEVICE) * 5
+    q[1, 2] = 0.0
+    k = torch.randn(2, 1, d, device=DEVICE)
+    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    ones, twos = torch.ones(d, device=DEVICE), torch.full((d,), 2.0, device=DEVICE)
+    for fn in (qk_norm_rotary, ref.qk_norm_rotary):
+        got_q, got_k = fn(pos, q.clone(), k.clone(), cache, ones, twos, 1e-6)
+        rms = lambda x: x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+        close(got_q, q / rms(q), torch.float32)
+        close(got_k, 2 * k / rms(k), torch.float32)
+        assert not got_q.isnan().any()
+
+
+def test_qk_norm_rotary_rejects_bad_weights():
+    cache = cos_sin_cache(8, 6)
+    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    q, k = torch.randn(2, 2, 6, device=DEVICE), torch.randn(2, 1, 6, device=DEVICE)
+    for fn in (qk_norm_rotary, ref.qk_norm_rotary):
+        with pytest.raises(ValueError, match="k_weight must have shape"):
+            fn(pos, q, k, cache, torch.ones(6, device=DEVICE), torch.ones(5, device=DEVICE), 1e-6)
+        with pytest.raises(ValueError, match="k must be"):
+            fn(pos, q, torch.randn(2, 1, 4, device=DEVICE), cache, torch.ones(6, device=DEVICE),
+               torch.ones(6, device=DEVICE), 1e-6)
+
+
 # ---------------------------------------------------------------- SiLU and multiply
 def _check_silu_and_mul(rows: int, i: int, dtype: torch.dtype, seed: int) -> None:
     x = (torch.randn(rows, 2 * i, generator=gen(seed)) * 4).to(DEVICE, dtype)
@@ -168,6 +238,12 @@ def test_rms_norm_gpu_bf16(with_residual):
 @pytest.mark.parametrize("inplace", [False, True])
 def test_rotary_gpu_bf16(inplace):
     _check_rotary(1000, 32, 8, 128, torch.bfloat16, inplace, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inplace", [False, True])
+def test_qk_norm_rotary_gpu_bf16(inplace):
+    _check_qk_norm_rotary(1000, 16, 8, 128, torch.bfloat16, inplace, 0, strided=not inplace)
 
 
 @pytest.mark.gpu

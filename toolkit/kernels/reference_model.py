@@ -1,4 +1,4 @@
-"""Pure-torch twins of the model kernels (rms_norm.py, rotary.py, silu_and_mul.py).
+"""Pure-torch twins of the model kernels (rms_norm.py, rotary.py with qk_norm_rotary, silu_and_mul.py).
 
 Same signatures as the Triton launchers; the test oracle and the CPU path. They follow
 Hugging Face Llama's order of operations and roundings, so in fp32 they equal it.
@@ -64,6 +64,14 @@ def check_rotary(
     return q_out, k_out
 
 
+def check_qk_norm(q: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor) -> None:
+    """The argument checks qk_norm_rotary and its Triton launcher share (after check_rotary)."""
+    d = q.shape[-1]
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w.shape != (d,):
+            raise ValueError(f"{name} must have shape ({d},) to match the head dim of q, got {tuple(w.shape)}")
+
+
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -105,6 +113,26 @@ def rotary(
 
     q_rot, k_rot = rot(q), rot(k)
     return q_out.copy_(q_rot), k_out.copy_(k_rot)
+
+
+def qk_norm_rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over each head of q [T, H, D] and k [T, H_kv, D] (weights [D]), then `rotary`
+    (Qwen3's order). In place unless `out` = (q_out, k_out) is given."""
+    q_out, k_out = check_rotary(positions, q, k, cos_sin_cache, out)
+    check_qk_norm(q, q_weight, k_weight)
+    q_normed, _ = rms_norm(q, q_weight, eps)
+    k_normed, _ = rms_norm(k, k_weight, eps)
+    return rotary(positions, q_normed, k_normed, cos_sin_cache, out=(q_out, k_out))
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,9 +1,15 @@
-"""Rotary position embedding (neox style, as Llama uses) on q and k (Triton).
+"""Rotary position embedding (neox style, as Llama uses) on q and k in one launch (Triton),
+optionally after Qwen3's RMSNorm over each head (`qk_norm_rotary`).
 
 The cache holds cos | sin of each position: cos_sin_cache [P, D] fp32, where row p is
 cos(p * inv_freq) [D/2] followed by sin(p * inv_freq) [D/2]. Neox style rotates the two
 halves of a head: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
-One program per (token, head); q and k are two launches of the same kernel.
+
+One program per (token, block of heads), the heads counted over q's then k's, so q and k
+(and their norms) are one launch, not two (rotary) or four (norms + rotary): in a decode
+step these kernels are a few microseconds each, mostly launch latency. The norm rounds to
+the activation dtype where the unfused rms_norm kernel stores its output, so the fused
+kernel gives the unfused pair's values. Twins: `reference_model.rotary`, `.qk_norm_rotary`.
 """
 
 from __future__ import annotations
@@ -12,37 +18,53 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.kernels.reference_model import check_rotary
+from toolkit.kernels.reference_model import check_qk_norm, check_rotary
 
 
 @triton.jit
 def _rotary_kernel(
-    x_ptr,
-    out_ptr,
-    pos_ptr,
-    cache_ptr,
-    stride_xt,
-    stride_xh,
-    stride_ot,
-    stride_oh,
-    stride_cache,
-    HALF: tl.constexpr,
-    BLOCK: tl.constexpr,
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, cache_ptr, q_w_ptr, k_w_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh,
+    stride_qot, stride_qoh, stride_kot, stride_koh, stride_cache,
+    num_q_heads, num_heads, eps,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < HALF
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)           # [BH]: q heads, then k heads
+    offs = tl.arange(0, BLOCK)                                        # [B] within a half
+    is_q = h < num_q_heads
+    is_k = (h >= num_q_heads) & (h < num_heads)
+    hq = tl.where(is_q, h, 0).to(tl.int64)[:, None]                   # [BH, 1]
+    hk = tl.where(is_k, h - num_q_heads, 0).to(tl.int64)[:, None]
+    in_half = (offs < HALF)[None, :]                                  # [1, B]
+    mq, mk = is_q[:, None] & in_half, is_k[:, None] & in_half         # [BH, B]
     pos = tl.load(pos_ptr + t).to(tl.int64)
-    cos = tl.load(cache_ptr + pos * stride_cache + offs, mask=mask, other=0.0)
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs, mask=mask, other=0.0)
-    x = x_ptr + t * stride_xt + h * stride_xh
-    x1 = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x + HALF + offs, mask=mask, other=0.0).to(tl.float32)
-    o = out_ptr + t * stride_ot + h * stride_oh
-    ty = out_ptr.dtype.element_ty
-    tl.store(o + offs, (x1 * cos - x2 * sin).to(ty), mask=mask)
-    tl.store(o + HALF + offs, (x2 * cos + x1 * sin).to(ty), mask=mask)
+    cos = tl.load(cache_ptr + pos * stride_cache + offs, mask=offs < HALF, other=0.0)[None, :]
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs, mask=offs < HALF, other=0.0)[None, :]
+    q = q_ptr + t * stride_qt + hq * stride_qh + offs[None, :]
+    k = k_ptr + t * stride_kt + hk * stride_kh + offs[None, :]
+    x1 = tl.where(mq, tl.load(q, mask=mq, other=0.0), tl.load(k, mask=mk, other=0.0)).to(tl.float32)
+    x2 = tl.where(mq, tl.load(q + HALF, mask=mq, other=0.0),
+                  tl.load(k + HALF, mask=mk, other=0.0)).to(tl.float32)
+    ty = q_out_ptr.dtype.element_ty
+    if NORM:    # RMSNorm over the head [D], rounded as the rms_norm kernel rounds
+        var = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)   # [BH]
+        rstd = (1.0 / tl.sqrt(var + eps))[:, None]
+        m = offs < HALF
+        w1 = tl.where(is_q[:, None], tl.load(q_w_ptr + offs, mask=m, other=0.0)[None, :],
+                      tl.load(k_w_ptr + offs, mask=m, other=0.0)[None, :]).to(tl.float32)
+        w2 = tl.where(is_q[:, None], tl.load(q_w_ptr + HALF + offs, mask=m, other=0.0)[None, :],
+                      tl.load(k_w_ptr + HALF + offs, mask=m, other=0.0)[None, :]).to(tl.float32)
+        x1 = (w1 * (x1 * rstd).to(ty).to(tl.float32)).to(ty).to(tl.float32)
+        x2 = (w2 * (x2 * rstd).to(ty).to(tl.float32)).to(ty).to(tl.float32)
+    o1 = (x1 * cos - x2 * sin).to(ty)
+    o2 = (x2 * cos + x1 * sin).to(ty)
+    qo = q_out_ptr + t * stride_qot + hq * stride_qoh + offs[None, :]
+    ko = k_out_ptr + t * stride_kot + hk * stride_koh + offs[None, :]
+    tl.store(qo, o1, mask=mq)
+    tl.store(qo + HALF, o2, mask=mq)
+    tl.store(ko, o1, mask=mk)
+    tl.store(ko + HALF, o2, mask=mk)
 
 
 def _check(name: str, x: torch.Tensor, t: int, d: int) -> None:
@@ -54,25 +76,29 @@ def _check(name: str, x: torch.Tensor, t: int, d: int) -> None:
         )
 
 
-def _launch(
-    x: torch.Tensor, out: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor
-) -> None:
-    t, h, d = x.shape
-    if t == 0 or h == 0:
-        return
-    _rotary_kernel[(t, h)](
-        x,
-        out,
-        positions,
-        cache,
-        x.stride(0),
-        x.stride(1),
-        out.stride(0),
-        out.stride(1),
-        cache.stride(0),
-        HALF=d // 2,
-        BLOCK=triton.next_power_of_2(d // 2),
+def _launch(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cache: torch.Tensor,
+            out: tuple[torch.Tensor, torch.Tensor], norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    q_out, k_out = out
+    t, d = positions.shape[0], cache.shape[1]
+    for name, x in (("q", q), ("k", k), ("q_out", q_out), ("k_out", k_out)):
+        _check(name, x, t, d)       # the kernel also needs a contiguous last dimension
+    if cache.stride(1) != 1:
+        cache = cache.contiguous()
+    heads = q.shape[1] + k.shape[1]
+    if t == 0 or heads == 0:
+        return q_out, k_out
+    block = triton.next_power_of_2(d // 2)
+    block_h = min(triton.next_power_of_2(heads), max(1, 2048 // block))   # <= 4096 elements a program
+    q_w, k_w, eps = norm if norm is not None else (cache, cache, 0.0)     # unread without NORM
+    _rotary_kernel[(t, triton.cdiv(heads, block_h))](
+        q, k, q_out, k_out, positions, cache, q_w, k_w,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cache.stride(0),
+        q.shape[1], heads, float(eps),
+        HALF=d // 2, BLOCK_H=block_h, BLOCK=block, NORM=norm is not None,
     )
+    return q_out, k_out
 
 
 def rotary(
@@ -87,14 +113,23 @@ def rotary(
 
     In place (the returned tensors are q and k) unless `out` = (q_out, k_out) is given.
     """
-    q_out, k_out = check_rotary(positions, q, k, cos_sin_cache, out)
-    t, d = positions.shape[0], cos_sin_cache.shape[1]
-    _check("q", q, t, d)       # the kernel also needs a contiguous last dimension
-    _check("k", k, t, d)
-    if cos_sin_cache.stride(1) != 1:
-        cos_sin_cache = cos_sin_cache.contiguous()
-    _check("q_out", q_out, t, d)
-    _check("k_out", k_out, t, d)
-    _launch(q, q_out, positions, cos_sin_cache)
-    _launch(k, k_out, positions, cos_sin_cache)
-    return q_out, k_out
+    out = check_rotary(positions, q, k, cos_sin_cache, out)
+    return _launch(positions, q, k, cos_sin_cache, out, None)
+
+
+def qk_norm_rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over each head of q [T, H, D] (weight q_weight [D]) and k [T, H_kv, D] (k_weight),
+    then rotary as `rotary`: Qwen3's attention input, in one launch. In place unless `out`."""
+    out = check_rotary(positions, q, k, cos_sin_cache, out)
+    check_qk_norm(q, q_weight, k_weight)
+    return _launch(positions, q, k, cos_sin_cache, out, (q_weight, k_weight, eps))

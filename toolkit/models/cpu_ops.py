@@ -63,6 +63,25 @@ def rotary(
     return q_out, k_out
 
 
+def qk_norm_rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over each head of q [T, H, D] and k [T, H_kv, D], then `rotary`; in place unless `out`."""
+    out = ref.check_rotary(positions, q, k, cos_sin_cache, out)
+    ref.check_qk_norm(q, q_weight, k_weight)
+    q_normed, _ = rms_norm(q, q_weight, eps)
+    k_normed, _ = rms_norm(k, k_weight, eps)
+    return rotary(positions, q_normed, k_normed, cos_sin_cache, out=out)
+
+
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., 2I] -> silu(x[..., :I]) * x[..., I:]  [..., I] (into `out` if given)."""
     if x.shape[-1] % 2:

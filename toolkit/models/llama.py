@@ -106,13 +106,13 @@ class Attention(nn.Module):
         # [T, H*D], [T, Hkv*D], [T, Hkv*D]: views of one merged matmul
         q, k, v = self.qkv_proj(x).split([h * d, h_kv * d, h_kv * d], dim=-1)
         q, k, v = q.view(t, h, d), k.view(t, h_kv, d), v.reshape(t, h_kv, d)
-        if g.qk_norm:  # Qwen3: RMSNorm over each head before rotary
-            q, _ = ops.rms_norm(q, self.q_norm.weight, g.eps)
-            k, _ = ops.rms_norm(k, self.k_norm.weight, g.eps)
-            q, k = ops.rotary(positions, q, k, cache)  # in place, fresh tensors
-        else:  # rotate out of place into contiguous q [T, H, D], k [T, Hkv, D]
-            fresh = torch.contiguous_format
-            out = (torch.empty_like(q, memory_format=fresh), torch.empty_like(k, memory_format=fresh))
+        # rotate out of place into contiguous q [T, H, D], k [T, Hkv, D]
+        fresh = torch.contiguous_format
+        out = (torch.empty_like(q, memory_format=fresh), torch.empty_like(k, memory_format=fresh))
+        if g.qk_norm:  # Qwen3: RMSNorm over each head before rotary (one kernel on CUDA)
+            q, k = ops.qk_norm_rotary(positions, q, k, cache, self.q_norm.weight, self.k_norm.weight,
+                                      g.eps, out=out)
+        else:
             q, k = ops.rotary(positions, q, k, cache, out=out)
         attention.write_kv(layer, k, v)
         out = attention.run(layer, q)  # [T, H, D]

@@ -16,6 +16,9 @@ class ModelOps:
     rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # (positions, q, k, cos_sin_cache, *, out) -> (q, k)
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # (positions, q, k, cos_sin_cache, q_weight, k_weight, eps, *, out) -> (q, k): per-head
+    # RMSNorm, then rotary (Qwen3); one launch on CUDA
+    qk_norm_rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # x [T, 2I] -> [T, I]
     silu_and_mul: Callable[..., torch.Tensor]
 
@@ -28,10 +31,11 @@ def model_ops(device: torch.device | str, kernels: str = "auto") -> ModelOps:
         raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
     if kernels == "triton" or (kernels == "auto" and torch.device(device).type == "cuda"):
         from toolkit.kernels.rms_norm import rms_norm
-        from toolkit.kernels.rotary import rotary
+        from toolkit.kernels.rotary import qk_norm_rotary, rotary
         from toolkit.kernels.silu_and_mul import silu_and_mul
     elif kernels == "torch":
-        from toolkit.kernels.reference_model import rms_norm, rotary, silu_and_mul
+        from toolkit.kernels.reference_model import qk_norm_rotary, rms_norm, rotary, silu_and_mul
     else:
-        from toolkit.models.cpu_ops import rms_norm, rotary, silu_and_mul
-    return ModelOps(rms_norm=rms_norm, rotary=rotary, silu_and_mul=silu_and_mul)
+        from toolkit.models.cpu_ops import qk_norm_rotary, rms_norm, rotary, silu_and_mul
+    return ModelOps(rms_norm=rms_norm, rotary=rotary, qk_norm_rotary=qk_norm_rotary,
+                    silu_and_mul=silu_and_mul)
