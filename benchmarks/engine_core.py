@@ -189,6 +189,19 @@ def run(setting: str, args, reqs) -> dict:
               f"{sum(n for n, _ in kernels.values()):.0f} launches; the top {args.kernels}:", flush=True)
         for k, (n, ms) in top[:args.kernels]:
             print(f"[{setting}]   {ms:7.3f} ms  x{n:4.0f}  {k}", flush=True)
+    if args.roofline:            # the step's kernels against their floors (benchmarks/roofline.py)
+        from benchmarks import roofline
+
+        copy_bw, mm = roofline.measure_peaks()
+        lens = [r.num_computed_tokens + 1 for r in eng.scheduler.requests.values()]
+        rows = roofline.roofline_table(kernels, roofline.decode_step_work(eng.runner.model.geometry, lens),
+                                       copy_bw, mm)
+        out["roofline"] = dict(copy_bw=copy_bw, matmul_flops=mm, batch=len(lens),
+                               mean_context=sum(lens) / len(lens), rows=rows)
+        print(f"[{setting}] roofline of a decode step at batch {len(lens)} (mean context "
+              f"{sum(lens) / len(lens):.0f}; copy {copy_bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} "
+              f"TFLOP/s):", flush=True)
+        print("\n".join(f"[{setting}] {line}" for line in roofline.format_table(rows).splitlines()), flush=True)
     out["host_syncs"] = host_syncs(eng, 5)
     print(f"[{setting}] synchronizing CUDA calls in 5 steady steps (torch sync debug mode): "
           f"{len(out['host_syncs'])} {out['host_syncs'][:3]}", flush=True)
@@ -233,6 +246,8 @@ def main() -> None:
                     help="generate again, instrumented (benchmarks/step_diagnose.py)")
     ap.add_argument("--prompt", type=int, default=512, help="prompt length of the steady decode")
     ap.add_argument("--kernels", type=int, default=0, help="print the N costliest kernels of a decode step")
+    ap.add_argument("--roofline", action="store_true",
+                    help="the decode step's kernels by kind against their floors (benchmarks/roofline.py)")
     ap.add_argument("--cprofile", type=int, default=0, help="profile N steady decode steps (host)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

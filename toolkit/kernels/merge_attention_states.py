@@ -17,7 +17,7 @@ import triton.language as tl
 # S_PAD is the one shape a step's split count changes: `precompile` compiles each power of two
 # up to a bound; the LSE strides (S, H * S) are not specialized on, so S itself compiles nothing
 @triton.jit(do_not_specialize=["stride_lr", "stride_lh"])
-def _merge_kernel(
+def _merge_attention_states_kernel(
     part_out_ptr, part_lse_ptr, rows_ptr, out_ptr,
     stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_ot, stride_oh,
     S_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
@@ -49,7 +49,7 @@ def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows:
     n_rows, h, s, d = part_out.shape
     if n_rows == 0:
         return
-    _merge_kernel[(n_rows, h)](
+    _merge_attention_states_kernel[(n_rows, h)](
         part_out, part_lse, rows, out,
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
