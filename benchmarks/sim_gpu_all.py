@@ -403,13 +403,14 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
             # --engine-runs K: K - 1 more engine runs on the same arrivals (other prompt tokens);
             # the criteria then hold the simulator to the runs' per-metric median, and the
             # engine's own spread around it is recorded (the 10% bar means nothing below it)
-            metrics = [metric_values(r)]
+            metrics, hosts = [metric_values(r)], [dict(real.host_time)]
             for extra in range(1, args.engine_runs):
                 if left() < expect:
                     break
                 again = run_on_engine(llm, fresh_prompts(base, trace_seeds["prompts_seed"] + 50_000 * extra, vocab),
                                       label=f"engine {name} {load:g}x run {extra + 1}", time_limit=args.run_limit)
                 metrics.append(metric_values(again.summary()))
+                hosts.append(dict(again.host_time))
             med = {k: float(np.median([m[k] for m in metrics])) for k in metrics[0]}
             r_cmp = med if len(metrics) > 1 else r
             s0 = sim0.summary() if sim0 is not None else None
@@ -424,6 +425,13 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                          window_residual=window_residual(cost, real.recording),
                          queue=dict(sim=queue_growth(sim), real=queue_growth(real)),
                          jain=dict(sim=s["jain_fairness"], real=r["jain_fairness"]), engine_host=host)
+            # each run's Triton compiles and longest step: a run whose queue a compile stalled
+            entry["engine_run_hosts"] = [dict(compiles=h.get("compiles", {}), longest_step_s=h.get("longest_step_s"),
+                                              gc_longest_s=h.get("gc_longest_s")) for h in hosts]
+            print(f"  {name:8s} {load:4.2f}x engine runs: " + "; ".join(
+                f"compiles {sum(c[0] for c in h['compiles'].values())} ({sum(c[1] for c in h['compiles'].values()):.2f} s"
+                f"{': ' + ', '.join(sorted(h['compiles'])) if h['compiles'] else ''}), longest step "
+                f"{(h['longest_step_s'] or 0) * 1e3:.0f} ms" for h in entry["engine_run_hosts"]), flush=True)
             if len(metrics) > 1:
                 entry["engine_runs"] = metrics
                 entry["engine_spread"] = {k: [min(m[k] for m in metrics) / med[k] - 1,

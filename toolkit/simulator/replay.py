@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.engine.gc_freeze import GcPauses, frozen_heap
+from toolkit.kernels.compiles import triton_compiles
 from toolkit.simulator.cost import CostModel, _is_decode, as_features, step_features
 from toolkit.simulator.result import RequestTiming, RunResult, StepLog
 from toolkit.simulator.trace import Trace, TraceRequest
@@ -175,13 +176,15 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
     run = RunResult(timing, [], label)
     t0 = time.monotonic()
     pre0 = engine.num_preemptions
-    host = run.host_time = dict(step_s=0.0, add_s=0.0, steps=0)     # where the wall time went
+    host = run.host_time = dict(step_s=0.0, add_s=0.0, steps=0, longest_step_s=0.0)   # where the wall time went
     last = None                           # (the last call's record, when it returned, add_s then)
     k = 0
     # the heap frozen as LLM.generate runs (engine/gc_freeze.py): a full collector pass over the
     # process's objects is a pause of hundreds of ms inside some step, which no cost model predicts
     try:
-        with frozen_heap(), GcPauses() as pauses:
+        # Triton compiles inside the run (a specialization the warm-up missed) are steps of
+        # seconds that no cost model predicts: counted, so a run that had one says so
+        with frozen_heap(), GcPauses() as pauses, triton_compiles(strict=False) as compiles:
             while k < len(pending) or engine.has_unfinished():
                 now = time.monotonic() - t0
                 if time_limit is not None and now > time_limit:
@@ -206,6 +209,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                 took = time.perf_counter() - call
                 host["step_s"] += took
                 host["steps"] += 1
+                host["longest_step_s"] = max(host["longest_step_s"], took)
                 last = None
                 if len(rec.steps) > n_rec:
                     rec.steps[-1].period = took
@@ -225,6 +229,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
     finally:
         rec.detach()
     host.update(pauses.as_dict())
+    host["compiles"] = {name: list(v) for name, v in compiles.items()}      # {kernel: [count, s]}
     # step times on the trace's clock: perf_counter and monotonic share a rate; align at t0
     offset = (time.perf_counter() - time.monotonic()) + t0
     for s in rec.steps:
