@@ -182,7 +182,9 @@ def _mix_line(entry: dict) -> str:
                                                              "prefill_steps", "eager_steps")
         if m["sim"][k] is not None)
         + (f"; the model on the engine's 32-step windows: {w['mean']:+.1%} mean, {w['median']:+.1%} median"
-           if w else ""))
+           if w else "")
+        + (f"; engine wall {h['wall_s']:.2f} s against GPU {h['gpu_s']:.2f} s, {h['host_bound_share']:.0%} of "
+           f"steps host-bound" if (h := entry.get("host_vs_gpu")) else ""))
 
 
 def window_residual(cost, recording, window: int = 32) -> dict:
@@ -195,6 +197,19 @@ def window_residual(cost, recording, window: int = 32) -> dict:
         return {}
     r = np.array([float(cost.predict_features(f)) / t - 1 for f, t in w])
     return dict(mean=float(r.mean()), median=float(np.median(r)), windows=len(w))
+
+
+def host_vs_gpu(recording) -> dict:
+    """An engine run's step-to-step wall time against its GPU time (StepRecord.gpu_time):
+    sums over the run, and the share of steps whose wall exceeds their GPU time by 10% (the
+    host, not the GPU, set their pace). Empty without GPU times (the CPU)."""
+    steps = [s for s in (recording.steps if recording is not None else [])[2:]
+             if s.gpu is not None and s.period is not None]
+    if not steps:
+        return {}
+    wall = [s.period + (s.gap or 0.0) for s in steps]
+    return dict(steps=len(steps), wall_s=float(sum(wall)), gpu_s=float(sum(s.gpu for s in steps)),
+                host_bound_share=sum(w > 1.1 * s.gpu for w, s in zip(wall, steps)) / len(steps))
 
 
 def metric_values(summary: dict) -> dict:
@@ -423,6 +438,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                          ttft_split=dict(sim=split_ttft(sim), real=split_ttft(real)),
                          step_mix=dict(sim=step_mix(sim, graph_tokens), real=step_mix(real, graph_tokens)),
                          window_residual=window_residual(cost, real.recording),
+                         host_vs_gpu=host_vs_gpu(real.recording),
                          queue=dict(sim=queue_growth(sim), real=queue_growth(real)),
                          jain=dict(sim=s["jain_fairness"], real=r["jain_fairness"]), engine_host=host)
             # each run's Triton compiles and longest step: a run whose queue a compile stalled

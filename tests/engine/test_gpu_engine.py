@@ -133,3 +133,17 @@ def test_cuda_penalty_history_equals_lists_rebuilt_per_step(tiny_llama_dir):
                 assert llm.engine.runner.penalty_history.num_uploaded_tokens > 0
             assert llm.engine.scheduler.allocator.num_free_blocks() == 64
     assert outs["history"] == outs["lists"]
+
+
+def test_observed_cuda_steps_carry_their_gpu_time(tiny_llama_dir):
+    """With an observer that asks for it, each plain CUDA step's record holds its stream time
+    (events around the step's work, read when its tokens land); otherwise nothing is timed."""
+    recs = []
+    with LLM(tiny_llama_dir, dtype="float32", device="cuda") as llm:
+        llm.generate(_prompts(), SamplingParams(max_tokens=4, ignore_eos=True))    # the bar observes
+        assert llm.engine.runner.time_gpu is False
+        llm.engine.add_observer(recs.append, gpu_time=True)
+        llm.generate(_prompts(), SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    timed = [r.gpu_time for r in recs if r.gpu_time is not None]
+    assert len(timed) >= len(recs) - 1 and len(recs) >= 8, [r.gpu_time for r in recs]
+    assert all(0 < g < 1.0 for g in timed), timed

@@ -236,9 +236,17 @@ def test_step_observer_records_what_the_step_did(tiny_llama_dir):
             sum(r.grants.values()) for r in recs)
         assert sum(r.num_finished for r in recs) == 2 and recs[-1].num_running == 0
         assert all(0 < r.kv_blocks_used <= 64 for r in recs[:-1]) and all(r.duration > 0 for r in recs)
+        assert all(r.gpu_time is None for r in recs), "no GPU time unless asked for (and on the CPU)"
+        assert llm.engine.runner.time_gpu is False, "steps are timed only for an observer that asks"
         n = len(recs)
         llm.generate([[5]], SamplingParams(max_tokens=2), use_tqdm=False)
         assert len(recs) == n, "a removed observer is not called"
+        llm.engine.add_observer(recs.append, gpu_time=True)
+        llm.engine.add_observer(print)
+        assert llm.engine.runner.time_gpu is True
+        llm.engine.remove_observer(recs.append)
+        assert llm.engine.runner.time_gpu is False, "the observer left attached did not ask"
+        llm.engine.remove_observer(print)
 
 
 def test_stop_string_frees_blocks_in_the_step_it_is_found(tiny_llama_dir):

@@ -62,6 +62,7 @@ class Engine:
         self.siblings = SiblingQueue(scheduler)
         self.proposer, self.num_spec_tokens = proposer, num_spec_tokens
         self.observers: list[StepObserver] = []
+        self._gpu_timed: list[StepObserver] = []   # observers that asked for StepRecord.gpu_time
         # async scheduling: step N + 1 is scheduled and launched before step N's tokens reach
         # the host; off with a proposer (drafts need the tokens) or a scheduler that does not
         # declare supports_async. Sequences in _host_tokens (grammars, bad words, penalties
@@ -267,7 +268,7 @@ class Engine:
         if self.proposer is not None:
             self._propose(f.out, result)
         if self.observers:
-            self._notify(start, f.out, result, outputs)
+            self._notify(start, f.out, result, outputs, f.launched.gpu_seconds())
         return outputs
 
     def _admit_waiting(self) -> None:
@@ -325,18 +326,26 @@ class Engine:
             r.spec_token_probs = None if d.probs is None else d.probs[: len(r.spec_token_ids)]
 
     # -- observers --
-    def add_observer(self, observer: StepObserver) -> None:
-        """Call observer(StepRecord) after every step (see toolkit.engine.observe)."""
+    def add_observer(self, observer: StepObserver, *, gpu_time: bool = False) -> None:
+        """Call observer(StepRecord) after every step (see toolkit.engine.observe).
+        gpu_time=True: while it is attached, CUDA steps are timed on the stream (two events a
+        step) and the records carry StepRecord.gpu_time."""
         if not callable(observer):
             raise TypeError(f"an observer must be callable with a StepRecord, got {type(observer).__name__}")
         self.observers.append(observer)
+        if gpu_time:
+            self._gpu_timed.append(observer)
+        self.runner.time_gpu = bool(self._gpu_timed)
 
     def remove_observer(self, observer: StepObserver) -> None:
         self.observers.remove(observer)
+        if observer in self._gpu_timed:
+            self._gpu_timed.remove(observer)
+        self.runner.time_gpu = bool(self._gpu_timed)
 
-    def _notify(self, start: float, out, result, outputs: list[RequestOutput]) -> None:
+    def _notify(self, start: float, out, result, outputs: list[RequestOutput], gpu_time: float | None) -> None:
         rec = step_record(self._num_landed, start, time.perf_counter(), out, result, self.scheduler,
-                          self.allocator, sum(o.finished for o in outputs))
+                          self.allocator, sum(o.finished for o in outputs), gpu_time)
         self._num_landed += 1
         for obs in list(self.observers):
             try:

@@ -38,6 +38,8 @@ class Launched:
     prompt_logprobs: dict = field(default_factory=dict)
     _host: tuple = ()                              # pinned copies: tokens, logprobs, their ids
     _event: torch.cuda.Event | None = None
+    # Runner.time_gpu: a timing event recorded on the stream before the step's first work
+    gpu_start: torch.cuda.Event | None = None
 
     @classmethod
     def done(cls, result: StepResult) -> "Launched":
@@ -45,15 +47,25 @@ class Launched:
 
     @classmethod
     def sampled(cls, requests: list[Request], tokens: torch.Tensor, logprobs: torch.Tensor | None,
-                logprob_ids: torch.Tensor | None, ended: dict[str, str], prompt_logprobs: dict) -> "Launched":
-        """Start the device -> host copies of a plain step's outputs (nothing waits here)."""
+                logprob_ids: torch.Tensor | None, ended: dict[str, str], prompt_logprobs: dict,
+                gpu_start: torch.cuda.Event | None = None) -> "Launched":
+        """Start the device -> host copies of a plain step's outputs (nothing waits here);
+        `gpu_start` (a timing event recorded before the step's work) makes gpu_seconds() work."""
         host = (_to_host(tokens), _to_host(logprobs), _to_host(logprob_ids))
         event = None
         if tokens.device.type == "cuda":
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=gpu_start is not None)
             event.record()
         return cls(None, requests, tokens, {r.request_id: i for i, r in enumerate(requests)}, ended,
-                   prompt_logprobs, host, event)
+                   prompt_logprobs, host, event, gpu_start if event is not None else None)
+
+    def gpu_seconds(self) -> float | None:
+        """Stream time from the step's start marker to its outputs' copy, in seconds, once
+        result() has waited for them: the step's GPU work plus any gap in which the GPU
+        waited for the host to enqueue more of it. None unless the runner timed the step."""
+        if self.gpu_start is None or self._event is None or self.result_now is None:
+            return None
+        return self.gpu_start.elapsed_time(self._event) / 1e3
 
     def placeholders(self) -> StepResult:
         """One PLACEHOLDER token per sampling request: what update() is given before the

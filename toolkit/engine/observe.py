@@ -1,6 +1,7 @@
 """Step observers: what each step did, for whoever attached (metrics, recorders, live views).
 
     engine.add_observer(records.append)    # a StepRecord after every step
+    engine.add_observer(f, gpu_time=True)   # ... and each CUDA step's GPU time in it
     engine.remove_observer(records.append)
 
 Nothing is measured or built when no observer is attached.
@@ -33,6 +34,10 @@ class StepRecord:
     kv_blocks_used: int = 0                  # blocks held or cached-and-unevictable (after the step)
     kv_blocks_cached: int = 0                # blocks holding a published prefix
     kv_blocks_total: int = 0
+    # CUDA, plain steps, while an observer that asked for it (add_observer(gpu_time=True)) is
+    # attached: stream seconds from the step's first work to its tokens' copy (its GPU time, plus
+    # any wait for the host to enqueue the rest); else None (the CPU; drafts, taken at once)
+    gpu_time: float | None = None
     # the step's plan itself (its ScheduledRequests name each request, its start and grant):
     # what a trace recorder keeps to replay the run on the simulator
     scheduler_output: SchedulerOutput | None = field(default=None, repr=False, compare=False)
@@ -47,9 +52,10 @@ class StepRecord:
 
 
 def step_record(step: int, start: float, end: float, out: SchedulerOutput, result: StepResult,
-                scheduler, allocator, num_finished: int) -> StepRecord:
+                scheduler, allocator, num_finished: int, gpu_time: float | None = None) -> StepRecord:
     """The record of one step: the plan, its result and the state after it."""
     rec = StepRecord(step, start, end - start, num_preempted=len(out.preempted_ids), scheduler_output=out,
+                     gpu_time=gpu_time,
                      num_finished=num_finished, num_running=scheduler.num_running,
                      num_waiting=scheduler.num_waiting, kv_blocks_total=allocator.num_blocks,
                      kv_blocks_used=allocator.num_blocks - allocator.num_free_blocks(),

@@ -68,6 +68,9 @@ class Runner:
         # a sampler that declares can_consume_logits may process the step's own logits in place
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
         self.host_kv = None           # HostKVCache of the host tier (blocks/host_kv.py), set by build_engine
+        # CUDA: a timing event before each step's work, so a step's GPU time can be read when
+        # its tokens land (Launched.gpu_seconds); the engine sets it while observers are attached
+        self.time_gpu = False
 
     @property
     def graph_tokens(self) -> int | None:
@@ -95,6 +98,10 @@ class Runner:
         while the GPU runs it, sample. Plain steps leave their tokens on the device (copied
         to the host in the background); `prev` is the launched step whose tokens this one's
         placeholder inputs come from. `structured`: the engine's StructuredOutputManager."""
+        gpu_start = None
+        if self.time_gpu and self.device.type == "cuda" and out.scheduled:
+            gpu_start = torch.cuda.Event(enable_timing=True)
+            gpu_start.record()
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             self.swap(out)                # first: before this step reads or writes any block
         if not out.scheduled:
@@ -112,7 +119,8 @@ class Runner:
         s = self._sample_plain(batch, logits, grammars)
         if self.penalty_history is not None:   # penalised rows take their token on the device
             self.penalty_history.note_sampled(batch.sampling, s.token_ids)
-        return Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended, prompt_lps)
+        return Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended, prompt_lps,
+                                gpu_start)
 
     @torch.inference_mode()
     def swap(self, out: SchedulerOutput) -> None:

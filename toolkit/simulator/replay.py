@@ -43,6 +43,7 @@ class RecordedStep:
                                   # (run_on_engine sets it: the step-to-step time a cost model predicts)
     gap: float | None = None      # run_on_engine: the driver's seconds from that call's return to the
                                   # next call (its outputs handled; add_request and idle waits not counted)
+    gpu: float | None = None      # StepRecord.gpu_time: the step's stream time on CUDA (None elsewhere)
 
 
 def _engine_of(target: Any) -> Any:
@@ -65,7 +66,7 @@ class TraceRecorder:
         self.steps: list[RecordedStep] = []
         self._trace: Trace | None = None        # a loaded recording's trace
         if attach and self.engine is not None:
-            self.engine.add_observer(self)
+            self.engine.add_observer(self, gpu_time=True)     # RecordedStep.gpu: host- or GPU-bound
 
     def __call__(self, rec) -> None:
         out = rec.scheduler_output
@@ -84,7 +85,7 @@ class TraceRecorder:
         log = StepLog(rec.start_time, rec.duration, prefill, decode, rec.num_running, rec.num_waiting,
                       rec.num_preempted, rec.kv_blocks_used, rec.kv_blocks_total, by_client)
         self.steps.append(RecordedStep(rec.start_time, rec.duration, step_features(out, self.graph_tokens),
-                                       dict(rec.grants), log))
+                                       dict(rec.grants), log, gpu=rec.gpu_time))
 
     def detach(self) -> None:
         if self.engine is not None and self in self.engine.observers:
@@ -93,8 +94,9 @@ class TraceRecorder:
     def save(self, path: str) -> None:
         """The trace and every step (start, wall times, features, grants, log) as JSON: record
         on a GPU, replay and refit anywhere (`TraceRecorder.load`)."""
-        steps = [dict(time=s.time, duration=s.duration, period=s.period, gap=s.gap, features=s.features.tolist(),
-                      grants=s.grants, log=dataclasses.asdict(s.log)) for s in self.steps]
+        steps = [dict(time=s.time, duration=s.duration, period=s.period, gap=s.gap, gpu=s.gpu,
+                      features=s.features.tolist(), grants=s.grants, log=dataclasses.asdict(s.log))
+                 for s in self.steps]
         trace = self.trace()
         Path(path).write_text(json.dumps({"trace": {"label": trace.label, "meta": trace.meta,
                                                     "requests": [dataclasses.asdict(r) for r in trace.requests]},
@@ -107,7 +109,7 @@ class TraceRecorder:
         t = d["trace"]
         rec._trace = Trace([TraceRequest(**r) for r in t["requests"]], t["label"], t["meta"])
         rec.steps = [RecordedStep(s["time"], s["duration"], as_features(s["features"]), s["grants"],
-                                  StepLog(**s["log"]), s["period"], s.get("gap")) for s in d["steps"]]
+                                  StepLog(**s["log"]), s["period"], s.get("gap"), s.get("gpu")) for s in d["steps"]]
         rec.graph_tokens = d.get("graph_tokens")
         return rec
 
