@@ -69,7 +69,8 @@ class Runner:
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
         self.host_kv = None           # HostKVCache of the host tier (blocks/host_kv.py), set by build_engine
         # CUDA: a timing event before each step's work, so a step's GPU time can be read when
-        # its tokens land (Launched.gpu_seconds); the engine sets it while observers are attached
+        # its tokens land (Launched.gpu_seconds); the engine sets it while an observer that asked
+        # for GPU time (add_observer(gpu_time=True)) is attached
         self.time_gpu = False
 
     @property
