@@ -5,7 +5,7 @@ rms_norm(q) + rms_norm(k) + rotary(q) + rotary(k), four launches of the previous
 (the rotary kernel before it took q and k together: one program per (token, head), kept
 below as `_previous_rotary`). Llama (rotary only): one launch against two. Each variant runs
 once per layer of the model, the whole stack replayed from one CUDA graph (as a decode step
-runs it); median of triton.testing.do_bench, so the figure is GPU time per step.
+runs it); median of triton.testing.do_bench (L2 flushed), so the figure is GPU time per step.
 
     python benchmarks/fused_ops.py [--out results.json]
 """
@@ -57,16 +57,10 @@ def _previous_rotary(positions, x, out, cache) -> None:
 
 
 def graph_us(fn: Callable[[], Any]) -> float:
-    fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return 1e3 * triton.testing.do_bench(graph.replay, warmup=20, rep=100, return_mode="median")
+    """Median GPU time of fn replayed from one CUDA graph, in us (benchmarks/attention.py's timer)."""
+    from benchmarks.attention import graph_ms
+
+    return 1e3 * graph_ms(fn)
 
 
 def one(name: str, tokens: int) -> dict:
