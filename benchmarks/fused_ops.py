@@ -7,6 +7,9 @@ below as `_previous_rotary`). Llama (rotary only): one launch against two. Each 
 once per layer of the model, the whole stack replayed from one CUDA graph (as a decode step
 runs it); median of triton.testing.do_bench (L2 flushed), so the figure is GPU time per step.
 
+Then the LM head's logits: bf16 GEMM + `.float()` (what `compute_logits` does) against one GEMM
+with fp32 output.
+
     python benchmarks/fused_ops.py [--out results.json]
 """
 
@@ -110,6 +113,38 @@ def one(name: str, tokens: int) -> dict:
     return row
 
 
+LM_HEADS = {"qwen3-0.6b": (1024, 151936), "llama3-8b": (4096, 128256)}   # hidden, vocab
+
+
+def lm_head(name: str, tokens: int) -> dict:
+    """The logits as compute_logits makes them, F.linear in bf16 then .float() (a GEMM and a
+    conversion kernel: the bf16 logits written, read, written again in fp32), against one
+    GEMM with fp32 output, torch.mm(h, W.t(), torch.float32) (CUDA, torch >= 2.8). A lead
+    from the roofline's "other" kind, timed before any engine change."""
+    import torch.nn.functional as F
+
+    hidden, vocab = LM_HEADS[name]
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * hidden ** -0.5
+    row = {"lm_head": name, "tokens": tokens}
+    want = h.float() @ w.float().t()
+    try:
+        got = torch.mm(h, w.t(), torch.float32)
+    except (TypeError, RuntimeError) as e:      # a torch without the out_dtype overload
+        row["fp32_out"] = f"unsupported: {e}"[:200]
+        got = None
+    row["bf16_then_float_us"] = graph_us(lambda: F.linear(h, w).float())
+    two_step_err = float((F.linear(h, w).float() - want).abs().max())
+    if got is not None:
+        row["fp32_out_us"] = graph_us(lambda: torch.mm(h, w.t(), torch.float32))
+        row["fp32_out_err"], row["bf16_then_float_err"] = float((got - want).abs().max()), two_step_err
+    print(f"LM head {name:11s} T={tokens:5d}  bf16 + .float() {row['bf16_then_float_us']:7.1f} us  "
+          + (f"fp32 out {row['fp32_out_us']:7.1f} us ({row['bf16_then_float_us'] / row['fp32_out_us']:.2f}x), "
+             f"max err vs fp32 {row['fp32_out_err']:.1e} (two-step {two_step_err:.1e})" if got is not None
+             else row["fp32_out"]), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "fused_ops.json"))
@@ -117,8 +152,9 @@ def main() -> None:
     args = ap.parse_args()
     start = time.time()
     rows = [one(name, t) for name in SHAPES for t in map(int, args.tokens.split(","))]
+    heads = [lm_head(name, t) for name in LM_HEADS for t in (8, 256)]
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "rows": rows, "wall_s": time.time() - start}
+           "rows": rows, "lm_head": heads, "wall_s": time.time() - start}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -24,7 +24,7 @@ for step in "$@"; do
     # steps past the decode batch: eager vs captured (EngineConfig.max_cudagraph_capture_size, #16)
     capture_size) timeout ${CS_TIMEOUT:-300} python3 benchmarks/capture_size.py ${CS_ARGS:-} --out $OUT/capture_size.json 2>&1 | grep -v Warning | tail -20 ;;
     # the attention input's fused small ops (qk_norm_rotary, rotary of q and k in one launch) vs the previous kernels
-    fused_ops)  timeout ${FO_TIMEOUT:-120} python3 benchmarks/fused_ops.py ${FO_ARGS:-} --out $OUT/fused_ops.json 2>&1 | tail -14 ;;
+    fused_ops)  timeout ${FO_TIMEOUT:-120} python3 benchmarks/fused_ops.py ${FO_ARGS:-} --out $OUT/fused_ops.json 2>&1 | tail -18 ;;
     attention)  timeout ${ATT_TIMEOUT:-300} python3 benchmarks/attention.py ${ATT_ARGS:-} --out $OUT/attention${ATT_TAG:-}.json 2>&1 | tail -40 ;;
     # tensor parallelism (needs nvidia-h200-x2; carry benchmarks/data for ShareGPT): TP=1 then TP=2
     tensor_parallel) timeout ${TP_TIMEOUT:-570} python3 benchmarks/tensor_parallel.py ${TP_ARGS:-} --out $OUT/tensor_parallel${TP_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/tensor_parallel${TP_TAG:-}.log | tail -30 ;;
