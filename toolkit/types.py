@@ -172,6 +172,11 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def has_penalties(self) -> bool:
+        """Whether a repetition, presence or frequency penalty is on (they read the token lists)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
     def has_text_bad_words(self) -> bool:
         """Whether some bad word is text (the engine tokenizes it when the request is added)."""
         return any(isinstance(w, str) for w in self.bad_words or ())

@@ -413,6 +413,4 @@ def _needs_host_tokens(sp: SamplingParams, device_penalties: bool) -> bool:
     """Whether a request's next step reads its last token's value on the host (a grammar's
     mask; bad words' token lists; the penalties' lists unless the runner keeps them on the
     device, engine/penalty_history.py): it then runs synchronous steps."""
-    penalised = sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
-    return (sp.structured is not None or bool(sp.bad_words)
-            or (penalised and not device_penalties))
+    return sp.structured is not None or bool(sp.bad_words) or (sp.has_penalties and not device_penalties)

@@ -19,8 +19,7 @@ from toolkit.types import Request
 def _static(req: Request) -> bool:
     """Whether this request's metadata row is the same at every step from now on."""
     p = req.sampling_params
-    return (p.seed is None and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-            and p.frequency_penalty == 0.0 and not p.bad_words
+    return (p.seed is None and not p.has_penalties and not p.bad_words
             and len(req.output_token_ids) >= p.min_tokens)
 
 
