@@ -249,3 +249,39 @@ def test_qk_norm_rotary_gpu_bf16(inplace):
 @pytest.mark.gpu
 def test_silu_and_mul_gpu_bf16():
     _check_silu_and_mul(1000, 14336, torch.bfloat16, 0)
+
+
+# --- the LM head: one GEMM with a float32 output on CUDA, the twin's rounding elsewhere
+
+
+def test_lm_head_logits_off_cuda_is_the_twin_and_checks_shapes():
+    from toolkit.kernels.lm_head import lm_head_logits
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        h, w = torch.randn(5, 24, generator=g).to(dtype), torch.randn(37, 24, generator=g).to(dtype)
+        got = lm_head_logits(h, w)
+        assert got.dtype == torch.float32 and got.shape == (5, 37)
+        assert torch.equal(got, ref.lm_head_logits(h, w))
+    with pytest.raises(ValueError, match=r"hidden must be \[N, H\]"):
+        lm_head_logits(torch.zeros(2, 3), torch.zeros(4, 5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_lm_head_logits_gpu_is_the_fp32_product(dtype):
+    """On CUDA the half inputs' product in float32 is kept (no half rounding): closer to the exact
+    product than the twin, within the twin's rounding of it, and a fresh NaN-free tensor."""
+    from toolkit.kernels.lm_head import has_fp32_out_mm, lm_head_logits
+
+    if not has_fp32_out_mm():
+        pytest.skip("torch without aten::mm.dtype (torch < 2.8)")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(256, 1024, device="cuda", generator=g).to(dtype)
+    w = (torch.randn(151936, 1024, device="cuda", generator=g) * 0.02).to(dtype)
+    got = lm_head_logits(h[::2], w)                          # a strided row view as the engine's gather
+    exact = h[::2].float() @ w.float().t()
+    twin = ref.lm_head_logits(h[::2], w)
+    assert got.dtype == torch.float32 and not got.isnan().any()
+    assert (got - exact).abs().max() < 1e-3 < (twin - exact).abs().max()
+    torch.testing.assert_close(got, twin, **TOL[dtype])

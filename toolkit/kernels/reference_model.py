@@ -141,3 +141,12 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         raise ValueError(f"the last dimension of x must be even (gate | up), got {tuple(x.shape)}")
     gate, up = x.chunk(2, dim=-1)
     return _into(out, F.silu(gate) * up, "out")
+
+
+def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """hidden [N, H], weight [V, H] -> float32 logits [N, V], rounded as Hugging Face does: the
+    product in the inputs' dtype, then float32."""
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}")
+    return F.linear(hidden, weight).float()

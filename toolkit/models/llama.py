@@ -287,7 +287,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, V]."""
         head = self.model.embed_tokens if self.geometry.tie_word_embeddings else self.lm_head
-        return F.linear(hidden, head.weight).float()
+        return self._ops.lm_head_logits(hidden, head.weight)
 
     # ------------------------------------------------------------------ loading
     def expected_weights(self) -> dict[str, int]:

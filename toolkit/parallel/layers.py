@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from toolkit.kernels.lm_head import lm_head_logits
 from toolkit.models.llama import Linear, _matrix
 from toolkit.parallel.group import Group
 
@@ -132,7 +133,7 @@ def parallel_logits(hidden: torch.Tensor, weight: torch.Tensor, group: Group, vo
     """hidden [N, hidden] (the same on every rank) -> float32 logits [N, V] on rank dst (None
     elsewhere): each rank multiplies by its vocabulary rows [V/N padded, hidden], rank dst
     gathers the parts and drops the padding columns."""
-    local = F.linear(hidden, weight).float()                        # [N, V/N padded]
+    local = lm_head_logits(hidden, weight)                          # [N, V/N padded] float32
     parts = group.gather(local, dst)
     if parts is None:
         return None
