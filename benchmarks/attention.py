@@ -138,7 +138,10 @@ def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
            "old_split_rule": replace(base, max_splits=0, busy_min_split_tokens=0),   # before 2026-12-02 (c)
            "split2x": replace(base, target_programs=2 * sms), "split8x": replace(base, target_programs=8 * sms),
            "minsplit128": replace(base, min_split_tokens=128), "minsplit512": replace(base, min_split_tokens=512)}
-    for bn, st, nw in [(64, 2, 4), (128, 2, 4), (128, 4, 4), (64, 3, 4)]:
+    # short contexts run few key steps a program: shallower tiles leave shared memory for a
+    # second program per SM (128 keys x 3 stages of K and V take ~192 KB of the SM's 228)
+    for bn, st, nw in [(64, 2, 4), (128, 2, 4), (128, 4, 4), (64, 3, 4), (64, 4, 4), (32, 4, 4),
+                       (32, 6, 4), (64, 3, 2)]:
         out[f"bn{bn}_s{st}_w{nw}"] = replace(base, decode=TileConfig(base.decode.block_q, bn, nw, st))
     # small batches (#21): shorter splits, more programs, shorter key steps
     for bn, min_split, target in [(64, 64, 4), (64, 128, 4), (64, 64, 8), (32, 32, 8), (64, 128, 8)]:
