@@ -112,6 +112,27 @@ def time_paged(cache, layout, q, h: int, d: int, config: KernelConfig | None) ->
     return graph_ms(lambda: attn.run(0, q, out=out)), (attn, out, eager)
 
 
+TMA_TILES = {f"tma_m{m}_n{n}_w{w}_s{st}": (m, n, w, st) for m, n, w, st in
+             [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+              (128, 64, 8, 4), (128, 32, 4, 4)]}
+
+
+def time_self_attention(q, k, v, ref, seq_lens, h, d, bm, bn, nw, st) -> tuple[float, float]:
+    """toolkit.kernels.self_attention (TMA loads of contiguous K/V) on the case's q and the same
+    K/V laid out [T, H_kv, D]; its time and error against SDPA flash."""
+    from toolkit.kernels.self_attention import self_attention, tile_table
+
+    kt, vt = k.flatten(0, 1), v.flatten(0, 1)                          # [B*S, H_kv, D]
+    tiles = tile_table(seq_lens, bm, DEVICE)
+    out = torch.full_like(q, float("nan"))
+    run = lambda: self_attention(q, kt, vt, tiles, out, scale=d ** -0.5, block_m=bm, block_n=bn,
+                                 num_warps=nw, num_stages=st)
+    run()
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    assert err < 2e-2, f"self_attention m{bm} n{bn} differs from SDPA flash: rel err {err:.2e}"
+    return graph_ms(run), err
+
+
 def time_sdpa(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict[str, float | None]:
     res: dict[str, float | None] = {}
     for name, backend in PEERS.items():
@@ -140,8 +161,11 @@ def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
            "minsplit128": replace(base, min_split_tokens=128), "minsplit512": replace(base, min_split_tokens=512)}
     # short contexts run few key steps a program: shallower tiles leave shared memory for a
     # second program per SM (128 keys x 3 stages of K and V take ~192 KB of the SM's 228)
+    # 2 warps: a 16-row decode tile is one mma.sync row block per warp, where 4 warps make a
+    # Hopper warpgroup whose wgmma needs 64 rows (b64 c512: 48.5 us vs 56.2, 2026-12-02)
     for bn, st, nw in [(64, 2, 4), (128, 2, 4), (128, 4, 4), (64, 3, 4), (64, 4, 4), (32, 4, 4),
-                       (32, 6, 4), (64, 3, 2)]:
+                       (32, 6, 4), (64, 3, 2), (64, 2, 2), (64, 4, 2), (128, 2, 2), (128, 3, 2),
+                       (32, 4, 2), (32, 6, 2), (64, 3, 1), (32, 4, 1)]:
         out[f"bn{bn}_s{st}_w{nw}"] = replace(base, decode=TileConfig(base.decode.block_q, bn, nw, st))
     # small batches (#21): shorter splits, more programs, shorter key steps
     for bn, min_split, target in [(64, 64, 4), (64, 128, 4), (64, 64, 8), (32, 32, 8), (64, 128, 8)]:
@@ -224,6 +248,12 @@ def run_prefill(results: dict, sweep: bool, deadline: float) -> None:
                 err = float((out.float() - ref.float()).norm() / ref.float().norm())
                 assert err < 2e-2, f"prefill {name} differs from SDPA flash: rel err {err:.2e}"
                 times[name] = {"ms": ms, "eager_ms": eager, "tflops": flops / (ms * 1e-3) / 1e12, "err": err}
+            # the chunk's own K/V contiguous (as the step's QKV projection holds them): TMA loads
+            for name, (bm, bn, nw, st) in TMA_TILES.items():
+                if time.time() > deadline and name != "tma_m128_n64_w8_s3":
+                    continue
+                ms, err = time_self_attention(q, k, v, ref, [seq] * batch, h, d, bm, bn, nw, st)
+                times[name] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "err": err}
             peers = time_sdpa(q4.contiguous(), k4, v4, causal=True)
             row = {"model": model, "batch": batch, "seq": seq, "flops": flops, "toolkit_ms": times["default"]["ms"],
                        "toolkit_tflops": times["default"]["tflops"], "err": times["default"]["err"],

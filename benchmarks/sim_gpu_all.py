@@ -460,6 +460,14 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
             if j == 0 and i == 0:
                 rec = real.recording
                 raw["steps_first_run"] = [s.features.tolist() + [s.period] for s in rec.steps]
+            # every comparison's engine steps: start, period, GPU time, features, then the
+            # scheduled requests in batch order (ids numbered by first appearance) with their
+            # tokens, to tell a policy's slower steps apart offline
+            ids: dict[str, int] = {}
+            raw[f"steps@{name}@{load:g}"] = [
+                [st.time - real.recording.steps[0].time, st.period, st.gpu, *st.features.tolist(),
+                 [[ids.setdefault(rid, len(ids)), n] for rid, n in st.grants.items()]]
+                for st in real.recording.steps]
             if j == 0 and load > 1 and args.plot_dir:
                 from toolkit.simulator.plots import plot_over_time
 

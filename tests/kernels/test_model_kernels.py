@@ -283,5 +283,6 @@ def test_lm_head_logits_gpu_is_the_fp32_product(dtype):
     exact = h[::2].float() @ w.float().t()
     twin = ref.lm_head_logits(h[::2], w)
     assert got.dtype == torch.float32 and not got.isnan().any()
-    assert (got - exact).abs().max() < 1e-3 < (twin - exact).abs().max()
+    # fp32 accumulation kept: an order of magnitude closer than one half-type rounding
+    assert 10 * (got - exact).abs().max() < (twin - exact).abs().max()
     torch.testing.assert_close(got, twin, **TOL[dtype])

@@ -66,3 +66,24 @@ def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows:
         lse = part_lse[r, :, :n_splits]                                    # [H, n]
         wgt = torch.softmax(lse, dim=-1)                                   # exp(lse - logsumexp(lse))
         out[token] = torch.einsum("hs,hsd->hd", wgt, part_out[r, :, :n_splits]).to(out.dtype)
+
+
+def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor | None = None, *, scale: float,
+                   block_m: int = 128, block_n: int = 64, num_warps: int = 8,
+                   num_stages: int = 3) -> None:
+    """Twin of `toolkit.kernels.self_attention.self_attention` (tile sizes ignored): causal
+    attention of each sequence over its own keys, in float32; the sequences are read from the
+    tile table (start row, tile start, length)."""
+    del block_m, block_n, num_warps, num_stages
+    h, h_kv = q.shape[1], k.shape[1]
+    for start, n in sorted({(s, n) for s, _, n in tiles.tolist()}):
+        qs = q[start:start + n].float()                                    # [S, H, D]
+        ks = k[start:start + n].float().repeat_interleave(h // h_kv, dim=1)
+        vs = v[start:start + n].float().repeat_interleave(h // h_kv, dim=1)
+        s = torch.einsum("qhd,khd->hqk", qs, ks) * scale                   # [H, S, S]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        lse_s = torch.logsumexp(s, dim=-1)                                 # [H, S]
+        out[start:start + n] = torch.einsum("hqk,khd->qhd", torch.exp(s - lse_s[..., None]), vs).to(out.dtype)
+        if lse is not None:
+            lse[start:start + n] = lse_s.T
