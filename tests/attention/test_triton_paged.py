@@ -66,6 +66,28 @@ def test_split_kv_merge_matches_reference(lengths, geom, window, seed) -> None:
     check(case, window, config=FORCE_SPLIT)
 
 
+@pytest.mark.parametrize("batch", [2, 9])                 # 4 / 18 programs at 2 KV heads
+@pytest.mark.parametrize("kv_len", [5, 70])              # one split / several (FORCE_SPLIT-free default)
+def test_decode_tile_by_launch_size(batch, kv_len) -> None:
+    """A decode launch of many programs takes `decode_many` (1 warp), a small one the default
+    tile; both give the reference's output, and the choice is the launched grid's."""
+    from toolkit.attention.tuning import default_config
+
+    case = make_case(4, 2, 16, 16, [kv_len] * batch, [1] * batch, torch.float16, batch + kv_len)
+    cfg = default_config(torch.float16, 16, 2, torch.device("cpu"))
+    fast = TritonPagedAttention(case.cache, 4, 16, config=cfg)
+    fast.plan(case.layout)
+    programs = len(fast.schedule.decode) * 2
+    assert cfg.decode_tile(programs) == (cfg.decode_many if programs >= cfg.many_programs else cfg.decode)
+    check(case, config=cfg)
+
+
+def test_decode_many_keeps_the_decode_block_q() -> None:
+    with pytest.raises(ValueError, match="decode_many must keep decode's block_q"):
+        KernelConfig(decode=TileConfig(4, 16, 4, 1), prefill=TileConfig(8, 16, 4, 1), target_programs=8,
+                     min_split_tokens=16, decode_many=TileConfig(8, 16, 1, 1), many_programs=4)
+
+
 @settings(max_examples=20)
 @given(lengths=ragged_lengths(max_kv=120), seed=st.integers(0, 2**16))
 def test_work_tables_start_at_16_byte_boundaries(lengths, seed) -> None:

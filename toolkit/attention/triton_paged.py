@@ -149,7 +149,7 @@ class TritonPagedAttention:
                                   "k_scale": k_scale, "v_scale": v_scale}
         work = self._tables()
         if len(self.schedule.decode):
-            t = cfg.decode
+            t = cfg.decode_tile(len(self.schedule.decode) * self.num_kv_heads)
             self._attn(q, cache, self.kv_indices, work["decode"], out, self._part_out,
                        self._part_lse, block_q=t.block_q, block_n=t.block_n,
                        num_warps=t.num_warps, num_stages=t.num_stages, **common)
@@ -208,9 +208,11 @@ class TritonPagedAttention:
         if mode not in ("direct", "split"):
             raise ValueError(f"mode must be 'direct' or 'split', got {mode!r}")
         b = plans.buckets[bucket]
-        t = self.config.decode
-        k_scale, v_scale = self.kv_cache.scales(layer)
         split = mode == "split"
+        # a fixed grid a capture bakes in: direct mode launches one row per token; split mode's
+        # rows are mostly padding (work_cap), so it keeps the default tile
+        t = self.config.decode if split else self.config.decode_tile(b.tokens * self.num_kv_heads)
+        k_scale, v_scale = self.kv_cache.scales(layer)
         work = b.work if split else b.work[: b.tokens]
         self._attn(q, self.kv_cache[layer], plans.kv_indices, work, out,
                    b.part_out if split else None, b.part_lse if split else None,

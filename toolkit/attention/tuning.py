@@ -24,6 +24,16 @@ class KernelConfig:
     max_splits: int = 0                       # most parts of one decode sequence (0: no cap)
     busy_min_split_tokens: int = 0            # fewest keys per split once the unsplit programs
                                               # reach half of target_programs (0: min_split_tokens)
+    decode_many: TileConfig | None = None     # decode tiles when a launch has many programs ...
+    many_programs: int = 0                    # ... at least this many (work rows x KV heads)
+
+    def decode_tile(self, programs: int) -> TileConfig:
+        """The decode launch's tiles for a grid of `programs` (work rows x KV heads): with many
+        programs, small 1-warp tiles keep several in flight per SM (H200: b64 c512 47.9 vs 56.4
+        us, b256 c512 138.8 vs 152.0); with few (batch 1, split), the wide default tile."""
+        if self.decode_many is not None and programs >= self.many_programs:
+            return self.decode_many
+        return self.decode
 
     def prefill_tile(self, max_prefill_kv_len: int) -> TileConfig:
         """Long key loops amortize a deeper, wider pipeline (measured: H200, NOTES_attention.md)."""
@@ -35,6 +45,11 @@ class KernelConfig:
         tiles = [("decode", self.decode), ("prefill", self.prefill)]
         if self.prefill_long is not None:
             tiles.append(("prefill_long", self.prefill_long))
+        if self.decode_many is not None:
+            tiles.append(("decode_many", self.decode_many))
+            if self.decode_many.block_q != self.decode.block_q:
+                raise ValueError(f"decode_many must keep decode's block_q ({self.decode.block_q}): the "
+                                 f"schedule's decode class is built with it; got {self.decode_many}")
         for name, t in tiles:
             if t.block_q < 1 or t.block_n < 16 or t.block_n & (t.block_n - 1):
                 raise ValueError(f"{name} tile needs block_q >= 1 and block_n a power of two "
@@ -58,8 +73,9 @@ def default_config(dtype: torch.dtype, head_dim: int, group: int, device: torch.
         dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=16, num_warps=4, num_stages=1)
         pre = TileConfig(block_q=max(1, 32 // g_pad), block_n=16, num_warps=4, num_stages=1)
         long = TileConfig(block_q=max(1, 16 // g_pad), block_n=32, num_warps=4, num_stages=1)
+        many = TileConfig(block_q=dec.block_q, block_n=16, num_warps=1, num_stages=1)
         return KernelConfig(dec, pre, target_programs=8, min_split_tokens=16, prefill_long=long,
-                            long_prefill_keys=96)
+                            long_prefill_keys=96, decode_many=many, many_programs=12)
     return gpu_config(dtype, head_dim, group, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
@@ -77,8 +93,13 @@ def gpu_config(dtype: torch.dtype, head_dim: int, group: int, sms: int) -> Kerne
     # 128 keys with 8 warps when rows see >= 2048 keys (294 vs 266 TFLOP/s at 1x4096). Splits:
     # at most 32 per sequence, and >= 512 keys once the batch alone makes half the target's
     # programs (schedule.split_size: b1 c16384 36.1 vs 39.7 us, b64 c512 56.5 vs 60.0 us).
+    # Decode launches of >= 3 programs per SM take 1-warp tiles of 32 keys x 4 stages (NOTES
+    # v2, 2026-12-02 (f): b16 c4096 1.12x, b64 c512 1.18x, b64 c4096 1.05x, b256 c512 1.10x
+    # faster; at b1 c4096 / c16384, 128-256 programs, 0.78-0.83x, so those keep the wide tile).
     dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=128, num_warps=4, num_stages=3)
+    many = TileConfig(block_q=dec.block_q, block_n=32, num_warps=1, num_stages=4)
     pre = TileConfig(block_q=max(1, 128 // g_pad), block_n=64, num_warps=4, num_stages=3)
     long = TileConfig(block_q=max(1, 128 // g_pad), block_n=128, num_warps=8, num_stages=3)
     return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256, prefill_long=long,
-                        max_splits=32, busy_min_split_tokens=512)
+                        max_splits=32, busy_min_split_tokens=512, decode_many=many,
+                        many_programs=3 * sms)
