@@ -28,6 +28,12 @@ from toolkit.kernels import reference_attention
 from toolkit.transfer import to_device
 
 
+def _heads_contiguous(*xs: torch.Tensor) -> bool:
+    """What the TMA descriptors need: each token's heads contiguous, 16-byte aligned rows."""
+    return all(x.stride(2) == 1 and x.stride(1) == x.shape[2]
+               and (x.stride(0) * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0 for x in xs)
+
+
 class TritonPagedAttention:
     def __init__(self, kv_cache: KVCache, num_heads: int, head_dim: int, scale: float | None = None,
                  sliding_window: int | None = None, soft_cap: float | None = None, *,
@@ -57,6 +63,15 @@ class TritonPagedAttention:
         use_triton = impl == "triton" or (impl == "auto" and can_triton)
         self._attn, self._merge = self._kernels(use_triton)
         self._use_triton = use_triton
+        # prefills with no cached prefix may attend over the step's own K/V (TMA loads): half
+        # types, no window / soft cap, a power-of-two head size, the Triton path
+        own = self.config.self_prefill
+        self._self_tile = own if (own is not None and use_triton and sliding_window is None
+                                  and soft_cap is None and head_dim & (head_dim - 1) == 0
+                                  and kv_cache.dtype in (torch.float16, torch.bfloat16)) else None
+        self._plan_id = 0
+        self._fresh_kv: tuple | None = None    # (layer, plan id, k, v) of this step's write_kv
+        self.num_self_prefill_launches = 0     # how often run() took that path (tests, notebooks)
         self.layout: PagedKVLayout | None = None
         self.schedule: Schedule | None = None
         self._work: dict[str, torch.Tensor] | None = None
@@ -84,6 +99,28 @@ class TritonPagedAttention:
         self._work = None                  # device tables: uploaded by the first run() (a step
         self.kv_indices = layout.kv_indices   # replayed as a whole CUDA graph needs none)
         self.layout = layout
+        self._plan_self_prefill(qo, kv)
+
+    def _plan_self_prefill(self, qo: np.ndarray, kv: np.ndarray) -> None:
+        """Split the prefill tiles: sequences whose keys are all this step's own tokens (no cached
+        prefix) get TMA tiles (`_self_rows`); `_rest_rows` are the paged rows of the others. Both
+        are used only when run() has this step's k / v from write_kv; otherwise (a CUDA-graph
+        replay, whose write_kv was captured) every prefill row takes the paged kernel."""
+        self._plan_id += 1
+        self._fresh_kv = None
+        self._self_rows = self._rest_rows = None
+        if self._self_tile is None or not len(self.schedule.prefill):
+            return
+        q_lens = qo[1:] - qo[:-1]
+        own = (q_lens > self.config.decode.block_q) & (kv == q_lens)
+        if not own.any():
+            return
+        from toolkit.kernels.self_attention import tile_rows
+
+        rows = np.asarray(self.schedule.prefill, dtype=np.int32).reshape(-1, reference_attention.WORK_COLS)
+        seq = np.searchsorted(qo, rows[:, 0], side="right") - 1            # each row's sequence
+        self._rest_rows = rows[~own[seq]]
+        self._self_rows = tile_rows(q_lens[own], self._self_tile.block_q, starts=qo[:-1][own])
 
     def _tables(self) -> dict[str, torch.Tensor]:
         """The step's work tables on the device, and the split buffers: one host->device copy
@@ -94,7 +131,10 @@ class TritonPagedAttention:
             return self._work
         sched, dev = self.schedule, self.kv_cache.device
         merge = np.asarray(sched.merge_rows if sched.split else [], dtype=np.int32)   # not split: written directly
-        parts = [np.asarray(x, dtype=np.int32).reshape(-1) for x in (sched.decode, sched.prefill, merge)]
+        own = self._self_rows is not None
+        extra = (self._rest_rows, self._self_rows) if own else ([], [])
+        parts = [np.asarray(x, dtype=np.int32).reshape(-1)
+                 for x in (sched.decode, sched.prefill, merge, *extra)]
         # each part at a 16-byte boundary: Triton specializes a kernel on its pointers'
         # alignment, so a part at a step-dependent offset would compile a variant mid-run
         at = np.cumsum([0] + [-(-p.size // 4) * 4 for p in parts])
@@ -107,6 +147,8 @@ class TritonPagedAttention:
             "decode": table[at[0]:at[0] + parts[0].size].view(-1, cols),
             "prefill": table[at[1]:at[1] + parts[1].size].view(-1, cols),
             "merge": table[at[2]:at[2] + parts[2].size].view(-1, 2),
+            "prefill_rest": table[at[3]:at[3] + parts[3].size].view(-1, cols),
+            "self": table[at[4]:at[4] + parts[4].size].view(-1, 3),
         }
         if len(merge):
             r, s = len(merge), sched.num_splits
@@ -125,6 +167,8 @@ class TritonPagedAttention:
         # Triton cache writer on CUDA tensors, its torch twin otherwise
         kernel_dispatch.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping,
                                  *self.kv_cache.scales(layer))
+        if self._self_rows is not None:   # this step's own K/V, for the no-prefix prefills' TMA tiles
+            self._fresh_kv = (layer, self._plan_id, k, v)
 
     supports_run_out = True            # declared capability: run(out=) (AttentionBackend: default False)
 
@@ -155,11 +199,22 @@ class TritonPagedAttention:
                        num_warps=t.num_warps, num_stages=t.num_stages, **common)
             if self._part_out is not None:
                 self._merge(self._part_out, self._part_lse, work["merge"], out)
-        if len(self.schedule.prefill):
+        fresh, self._fresh_kv = self._fresh_kv, None
+        own = fresh is not None and fresh[:2] == (layer, self._plan_id) and _heads_contiguous(q, *fresh[2:])
+        rows = work["prefill_rest"] if own else work["prefill"]
+        if len(rows):
             t = self._prefill_tile
-            self._attn(q, cache, self.kv_indices, work["prefill"], out, None, None,
+            self._attn(q, cache, self.kv_indices, rows, out, None, None,
                        block_q=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
                        num_stages=t.num_stages, **common)
+        if own:
+            from toolkit.kernels.self_attention import self_attention
+
+            t = self._self_tile
+            self_attention(q, fresh[2], fresh[3], work["self"], out, scale=self.scale,
+                           block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
+                           num_stages=t.num_stages)
+            self.num_self_prefill_launches += 1
         return out
 
     def warm_up(self, dtype: torch.dtype) -> None:
@@ -176,6 +231,23 @@ class TritonPagedAttention:
                                   min_split_tokens=cfg.min_split_tokens, max_splits=cfg.max_splits,
                                   max_tokens_per_seq=cache.num_blocks * cache.block_size)
         precompile(self.num_heads, self.head_dim, bound, dtype, cache.device)
+        if self._self_tile is not None:
+            self._precompile_self_prefill(dtype)
+
+    def _precompile_self_prefill(self, dtype: torch.dtype) -> None:
+        """The TMA prefill kernel on dummy tensors laid out as the model passes them (q and k
+        contiguous, v a view of the QKV projection), at token counts of both divisibilities."""
+        from toolkit.kernels.self_attention import self_attention, tile_table
+
+        t, h, h_kv, d = self._self_tile, self.num_heads, self.num_kv_heads, self.head_dim
+        dev = self.kv_cache.device
+        for n in (2 * t.block_q, 2 * t.block_q + 1):
+            qkv = torch.zeros(n, (h + 2 * h_kv) * d, dtype=dtype, device=dev)
+            q, k = torch.zeros(n, h, d, dtype=dtype, device=dev), torch.zeros(n, h_kv, d, dtype=dtype, device=dev)
+            v = qkv[:, (h + h_kv) * d:].view(n, h_kv, d)
+            self_attention(q, k, v, tile_table([n], t.block_q, dev), torch.empty_like(q), scale=self.scale,
+                           block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
+                           num_stages=t.num_stages)
 
     # -- decode attention inside a CUDA graph (attention/static_plan.py) --
     supports_static_decode = True      # declared capability (AttentionBackend: default False)
@@ -226,6 +298,8 @@ class TritonPagedAttention:
         s = self.schedule
         plan = (f"{len(s.decode)} decode items x {s.num_splits} splits max, {len(s.prefill)} "
                 f"prefill tiles" if s else "not planned")
+        if s and self._self_rows is not None:
+            plan += f" ({len(self._self_rows)} TMA tiles for prefills with no cached prefix)"
         return (f"TritonPagedAttention(heads={self.num_heads}/{self.num_kv_heads}, d={self.head_dim}, "
                 f"window={self.sliding_window}, soft_cap={self.soft_cap}, {plan})")
 
@@ -235,4 +309,6 @@ class TritonPagedAttention:
         s = self.schedule
         plan = (f"{len(s.decode)} decode items x {s.num_splits} splits max, {len(s.prefill)} "
                 f"prefill tiles" if s else "not planned")
+        if s and self._self_rows is not None:
+            plan += f" ({len(self._self_rows)} TMA tiles for prefills with no cached prefix)"
         return attention_html(self, {"tile schedule": plan})

@@ -26,6 +26,9 @@ class KernelConfig:
                                               # reach half of target_programs (0: min_split_tokens)
     decode_many: TileConfig | None = None     # decode tiles when a launch has many programs ...
     many_programs: int = 0                    # ... at least this many (work rows x KV heads)
+    # prefills with no cached prefix: causal attention over the step's own K/V with TMA loads
+    # (kernels/self_attention.py; block_q = query tokens per tile, one head a program); None: off
+    self_prefill: TileConfig | None = None
 
     def decode_tile(self, programs: int) -> TileConfig:
         """The decode launch's tiles for a grid of `programs` (work rows x KV heads): with many
@@ -45,6 +48,9 @@ class KernelConfig:
         tiles = [("decode", self.decode), ("prefill", self.prefill)]
         if self.prefill_long is not None:
             tiles.append(("prefill_long", self.prefill_long))
+        if self.self_prefill is not None and self.self_prefill.block_q % self.self_prefill.block_n:
+            raise ValueError(f"self_prefill's block_q must be a multiple of its block_n, got "
+                             f"{self.self_prefill}")
         if self.decode_many is not None:
             tiles.append(("decode_many", self.decode_many))
             if self.decode_many.block_q != self.decode.block_q:
@@ -74,8 +80,10 @@ def default_config(dtype: torch.dtype, head_dim: int, group: int, device: torch.
         pre = TileConfig(block_q=max(1, 32 // g_pad), block_n=16, num_warps=4, num_stages=1)
         long = TileConfig(block_q=max(1, 16 // g_pad), block_n=32, num_warps=4, num_stages=1)
         many = TileConfig(block_q=dec.block_q, block_n=16, num_warps=1, num_stages=1)
+        own = TileConfig(block_q=32, block_n=16, num_warps=4, num_stages=1)
         return KernelConfig(dec, pre, target_programs=8, min_split_tokens=16, prefill_long=long,
-                            long_prefill_keys=96, decode_many=many, many_programs=12)
+                            long_prefill_keys=96, decode_many=many, many_programs=12,
+                            self_prefill=own)
     return gpu_config(dtype, head_dim, group, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
@@ -100,6 +108,9 @@ def gpu_config(dtype: torch.dtype, head_dim: int, group: int, sms: int) -> Kerne
     many = TileConfig(block_q=dec.block_q, block_n=32, num_warps=1, num_stages=4)
     pre = TileConfig(block_q=max(1, 128 // g_pad), block_n=64, num_warps=4, num_stages=3)
     long = TileConfig(block_q=max(1, 128 // g_pad), block_n=128, num_warps=8, num_stages=3)
+    # A prefill with no cached prefix: TMA tiles of 64 query tokens x 64 keys, 4 warps, 3 stages
+    # (1x4096 causal, 8B heads: 458 TFLOP/s, 0.87x cuDNN, vs 291 for the paged gathers)
+    own = TileConfig(block_q=64, block_n=64, num_warps=4, num_stages=3)
     return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256, prefill_long=long,
                         max_splits=32, busy_min_split_tokens=512, decode_many=many,
-                        many_programs=3 * sms)
+                        many_programs=3 * sms, self_prefill=own)

@@ -18,6 +18,7 @@ Twin: `reference_attention.self_attention` (float32, per sequence).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -85,15 +86,21 @@ def _self_attention_kernel(
         tl.store(lse_ptr + rows * stride_lt + h, (m_i + tl.log2(l_i)) / LOG2E, mask=row_ok)
 
 
-def tile_table(seq_lens: list[int], block_m: int, device: torch.device | str) -> torch.Tensor:
-    """int32 [W, 3] (sequence start row, tile's first position, sequence length), tiles with
-    the most keys first."""
-    rows, start = [], 0
-    for n in seq_lens:
-        rows.extend((start, m0, n) for m0 in range(0, n, block_m))
-        start += n
-    rows.sort(key=lambda r: -r[1])
-    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 3)
+def tile_rows(seq_lens, block_m: int, starts=None) -> np.ndarray:
+    """int32 [W, 3] (sequence start row, tile's first position, sequence length) on the host,
+    tiles with the most keys first; starts: each sequence's first row (default: packed)."""
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]) if starts is None else np.asarray(starts)
+    per = -(-lens // block_m)                                             # tiles per sequence
+    seq = np.repeat(np.arange(len(lens)), per)
+    m0 = (np.arange(per.sum()) - np.repeat(np.cumsum(per) - per, per)) * block_m
+    rows = np.stack([starts[seq], m0, lens[seq]], axis=1).astype(np.int32).reshape(-1, 3)
+    return rows[np.argsort(-rows[:, 1], kind="stable")]
+
+
+def tile_table(seq_lens, block_m: int, device: torch.device | str, starts=None) -> torch.Tensor:
+    """`tile_rows` on the device."""
+    return torch.from_numpy(tile_rows(seq_lens, block_m, starts)).to(device)
 
 
 def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: torch.Tensor,
