@@ -67,7 +67,7 @@ def test_split_kv_merge_matches_reference(lengths, geom, window, seed) -> None:
 
 
 @pytest.mark.parametrize("batch", [2, 9])                 # 4 / 18 programs at 2 KV heads
-@pytest.mark.parametrize("kv_len", [5, 70])              # one split / several (FORCE_SPLIT-free default)
+@pytest.mark.parametrize("kv_len", [5, 70])              # unsplit / split (the wide tile)
 def test_decode_tile_by_launch_size(batch, kv_len) -> None:
     """A decode launch of many programs takes `decode_many` (1 warp), a small one the default
     tile; both give the reference's output, and the choice is the launched grid's."""
@@ -79,6 +79,12 @@ def test_decode_tile_by_launch_size(batch, kv_len) -> None:
     fast.plan(case.layout)
     programs = len(fast.schedule.decode) * 2
     assert cfg.decode_tile(programs) == (cfg.decode_many if programs >= cfg.many_programs else cfg.decode)
+    used = []
+    fast._attn = lambda *a, **kw: (used.append(kw["num_warps"]), attn(*a, **kw))[1]
+    attn = type(fast)._kernels(True)[0]
+    fast.run(0, case.q)
+    many = programs >= cfg.many_programs and not fast.schedule.split
+    assert used[0] == (cfg.decode_many if many else cfg.decode).num_warps
     check(case, config=cfg)
 
 

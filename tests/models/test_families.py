@@ -22,8 +22,8 @@ SCHEDULE = {
 }
 
 
-def _run_schedule(model: LlamaForCausalLM, tokens: dict[str, list[int]]) -> dict[str, torch.Tensor]:
-    runner = PagedRunner(model, block_size=4)
+def _run_schedule(model: LlamaForCausalLM, tokens: dict[str, list[int]], runner=None) -> dict[str, torch.Tensor]:
+    runner = runner or PagedRunner(model, block_size=4)
     tables = {s: runner.new_table() for s in SCHEDULE}
     done = {s: 0 for s in SCHEDULE}
     got: dict[str, list[torch.Tensor]] = {s: [] for s in SCHEDULE}
@@ -92,7 +92,7 @@ def test_tied_embeddings_share_storage(hf_checkpoint):
     torch.testing.assert_close(model.compute_logits(h), h @ model.model.embed_tokens.weight.T)
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "llama3", "qwen2"])     # power-of-two head sizes
 def test_triton_model_kernels_inside_the_model(family, hf_checkpoint):
     # The Triton kernels (interpreted on the CPU, fp32) on the model's real, strided inputs:
     # q/k are views of the merged qkv matmul; Qwen3 normalises them per head first.
@@ -108,3 +108,23 @@ def test_triton_model_kernels_inside_the_model(family, hf_checkpoint):
     with torch.no_grad():
         want = hf(torch.tensor([tokens])).logits[0]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "llama3", "qwen2"])     # power-of-two head sizes
+def test_triton_attention_with_tma_prefills_equals_the_reference(family, hf_checkpoint):
+    """fp16 through the model with TritonPagedAttention (under TRITON_INTERPRET=1 on the CPU):
+    whole prompts take the TMA self-attention tiles (write_kv then run, as the model calls
+    them), chunks after a prefix and decodes the paged kernel; logits equal the reference
+    backend's."""
+    from toolkit.attention.triton_paged import TritonPagedAttention
+
+    _, folder = hf_checkpoint(family)
+    model = load_model(folder, dtype=torch.float16, device="cpu")
+    g = torch.Generator().manual_seed(3)
+    tokens = {s: torch.randint(0, 517, (sum(c),), generator=g).tolist() for s, c in SCHEDULE.items()}
+    want = _run_schedule(model, tokens)
+    fast = PagedRunner(model, block_size=4, backend=TritonPagedAttention)
+    got = _run_schedule(model, tokens, fast)
+    assert fast.attention.num_self_prefill_launches > 0
+    for s in tokens:
+        torch.testing.assert_close(got[s], want[s], rtol=2e-2, atol=2e-2, msg=lambda m, s=s: f"{family}/{s}: {m}")

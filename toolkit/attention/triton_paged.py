@@ -193,7 +193,11 @@ class TritonPagedAttention:
                                   "k_scale": k_scale, "v_scale": v_scale}
         work = self._tables()
         if len(self.schedule.decode):
-            t = cfg.decode_tile(len(self.schedule.decode) * self.num_kv_heads)
+            # split launches keep the wide tile, as split-mode graph tables do: the warm-up
+            # compiles each tile once per launch kind it meets (a 1-warp split launch first seen
+            # inside generate compiled there: H200, 2026-12-02 (f), 1.6 s)
+            split = self._part_out is not None
+            t = cfg.decode if split else cfg.decode_tile(len(self.schedule.decode) * self.num_kv_heads)
             self._attn(q, cache, self.kv_indices, work["decode"], out, self._part_out,
                        self._part_lse, block_q=t.block_q, block_n=t.block_n,
                        num_warps=t.num_warps, num_stages=t.num_stages, **common)

@@ -31,9 +31,10 @@ class KernelConfig:
     self_prefill: TileConfig | None = None
 
     def decode_tile(self, programs: int) -> TileConfig:
-        """The decode launch's tiles for a grid of `programs` (work rows x KV heads): with many
-        programs, small 1-warp tiles keep several in flight per SM (H200: b64 c512 47.9 vs 56.4
-        us, b256 c512 138.8 vs 152.0); with few (batch 1, split), the wide default tile."""
+        """An unsplit decode launch's tiles for a grid of `programs` (work rows x KV heads): with
+        many programs, small 1-warp tiles keep several in flight per SM (H200: b64 c512 47.9 vs
+        56.4 us, b256 c512 138.8 vs 152.0); with few, the wide default tile. Split launches
+        (batch 1-16 at long contexts) always take the wide tile (TritonPagedAttention.run)."""
         if self.decode_many is not None and programs >= self.many_programs:
             return self.decode_many
         return self.decode
