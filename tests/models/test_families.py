@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILIES
+from model_configs import FAMILIES
 from paged import PagedRunner, greedy
 
 from toolkit.models import load_model

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from conftest import LLAMA3_ROPE
+from model_configs import LLAMA3_ROPE
 from paged import PagedRunner
 
 from toolkit import registry

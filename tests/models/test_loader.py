@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import build_hf, family_config
+from model_configs import build_hf, family_config
 from paged import PagedRunner
 from safetensors.torch import load_file, save_file
 
