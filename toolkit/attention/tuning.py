@@ -102,9 +102,10 @@ def gpu_config(dtype: torch.dtype, head_dim: int, group: int, sms: int) -> Kerne
     # 128 keys with 8 warps when rows see >= 2048 keys (294 vs 266 TFLOP/s at 1x4096). Splits:
     # at most 32 per sequence, and >= 512 keys once the batch alone makes half the target's
     # programs (schedule.split_size: b1 c16384 36.1 vs 39.7 us, b64 c512 56.5 vs 60.0 us).
-    # Decode launches of >= 3 programs per SM take 1-warp tiles of 32 keys x 4 stages (NOTES
-    # v2, 2026-12-02 (f): b16 c4096 1.12x, b64 c512 1.18x, b64 c4096 1.05x, b256 c512 1.10x
-    # faster; at b1 c4096 / c16384, 128-256 programs, 0.78-0.83x, so those keep the wide tile).
+    # Unsplit decode launches of >= 3 programs per SM take 1-warp tiles of 32 keys x 4 stages
+    # (NOTES v2, 2026-12-02 (f): b64 c512 1.18x, b256 c512 1.10x faster; split b16 c4096 1.12x
+    # and b64 c4096 1.05x too, but split launches keep the wide tile until a warm-up compiles
+    # the 1-warp split variant; at b1, 128-256 programs, 0.78-0.83x).
     dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=128, num_warps=4, num_stages=3)
     many = TileConfig(block_q=dec.block_q, block_n=32, num_warps=1, num_stages=4)
     pre = TileConfig(block_q=max(1, 128 // g_pad), block_n=64, num_warps=4, num_stages=3)
