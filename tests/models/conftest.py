@@ -6,14 +6,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))   # the test-only helpers in paged.py
 
-from model_configs import build_hf  # noqa: E402  (after the sys.path entry)
+from model_configs import build_hf
 
 
 @pytest.fixture(scope="module")

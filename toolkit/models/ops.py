@@ -35,10 +35,10 @@ def model_ops(device: torch.device | str, kernels: str = "auto") -> ModelOps:
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
     if kernels == "triton" or (kernels == "auto" and torch.device(device).type == "cuda"):
+        from toolkit.kernels.lm_head import lm_head_logits as logits
         from toolkit.kernels.rms_norm import rms_norm
         from toolkit.kernels.rotary import qk_norm_rotary, rotary
         from toolkit.kernels.silu_and_mul import silu_and_mul
-        from toolkit.kernels.lm_head import lm_head_logits as logits
     elif kernels == "torch":
         from toolkit.kernels.reference_model import qk_norm_rotary, rms_norm, rotary, silu_and_mul
         logits = ref.lm_head_logits
