@@ -37,6 +37,9 @@ from toolkit.blocks.layout import PagedKVLayout
 MODELS = {"llama3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}   # (H, H_kv, D)
 BATCHES, CONTEXTS, BLOCK = [1, 16, 64, 256], [512, 4096, 16384], 16
 PREFILL_SHAPES = [(1, 4096), (8, 1024)]             # (batch, tokens per sequence)
+# chunked prefill after a long cached prefix (#21): (batch, cached prefix, new chunk); the
+# chunk attends to the whole prefix and causally to itself (the mask SDPA calls lower-right)
+PREFIX_SHAPES = [(1, 4096, 512), (1, 8192, 1024), (4, 2048, 512)]
 DTYPE = torch.bfloat16
 DEVICE = "cuda"
 PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
@@ -133,12 +136,16 @@ def time_self_attention(q, k, v, ref, seq_lens, h, d, bm, bn, nw, st) -> tuple[f
     return graph_ms(run), err
 
 
-def time_sdpa(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> dict[str, float | None]:
+def time_sdpa(q4: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+              mask: Any = None) -> dict[str, float | None]:
     res: dict[str, float | None] = {}
     for name, backend in PEERS.items():
         try:
             with sdpa_kernel(backend):
-                fn = lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=causal, enable_gqa=True)
+                if mask is not None:    # a CausalBias (lower-right) instead of is_causal
+                    fn = lambda: F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, enable_gqa=True)
+                else:
+                    fn = lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=causal, enable_gqa=True)
                 res[name] = graph_ms(fn)
         except RuntimeError as e:               # backend refuses the shape (recorded, not hidden)
             res[name] = None
@@ -267,6 +274,43 @@ def run_prefill(results: dict, sweep: bool, deadline: float) -> None:
             torch.cuda.empty_cache()
 
 
+def run_prefix_prefill(results: dict) -> None:
+    """A chunk of new tokens after a long cached prefix: the engine's paged kernel (such chunks
+    never take the TMA tiles, whose keys must all be the step's own) against SDPA on the same
+    keys laid out contiguous, with the lower-right causal mask. FLOPs: 4 B H D chunk x
+    (prefix + (chunk + 1) / 2)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    for model, (h, h_kv, d) in MODELS.items():
+        for batch, prefix, chunk in PREFIX_SHAPES:
+            n = prefix + chunk
+            cache, layout, q, tables = paged_case(h, h_kv, d, [n] * batch, [chunk] * batch, n + chunk)
+            flops = 4 * batch * h * d * chunk * (prefix + (chunk + 1) / 2)
+            k = torch.stack([cache[0][0, t].flatten(0, 1)[:n] for t in tables])   # [B, N, H_kv, D]
+            v = torch.stack([cache[0][1, t].flatten(0, 1)[:n] for t in tables])
+            q4 = q.view(batch, chunk, h, d).transpose(1, 2).contiguous()       # [B, H, C, D]
+            k4, v4 = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            mask = causal_lower_right(chunk, n)
+            with sdpa_kernel(SDPBackend.MATH if DEVICE == "cpu" else SDPBackend.FLASH_ATTENTION):
+                ref = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
+            ref = ref.transpose(1, 2).reshape_as(q)
+            base = default_config(DTYPE, d, h // h_kv, torch.device(DEVICE))
+            ms, (_, out, eager) = time_paged(cache, layout, q, h, d, base)
+            err = float((out.float() - ref.float()).norm() / ref.float().norm())
+            assert err < 2e-2, f"prefix prefill differs from SDPA: rel err {err:.2e}"
+            peers = time_sdpa(q4, k4, v4, causal=False, mask=mask)
+            row = {"model": model, "batch": batch, "prefix": prefix, "chunk": chunk, "flops": flops,
+                   "toolkit_ms": ms, "toolkit_tflops": tflops(ms, flops), "eager_ms": eager, "err": err,
+                   "peers_ms": peers, "peers_tflops": {k2: tflops(v2, flops) for k2, v2 in peers.items()}}
+            results.setdefault("prefix_prefill", []).append(row)
+            print(f"  {model:11s} {batch}x({prefix} cached + {chunk}) toolkit {row['toolkit_tflops']:6.1f} TFLOP/s "
+                  f"(err {err:.1e})  " + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:6.1f}'}"
+                                                   for k2, v2 in row["peers_tflops"].items()), flush=True)
+            del cache, layout, k, v, k4, v4
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "attention.json"))
@@ -291,6 +335,8 @@ def main() -> None:
     if not args.decode_only:
         print("prefill (causal, bf16):")
         run_prefill(results, not args.no_sweep, deadline)
+        print("chunk after a cached prefix (bf16):")
+        run_prefix_prefill(results)
     out.write_text(json.dumps(results, indent=1))
     print("decode (bf16, block 16, % of copy bandwidth):")
     batches, contexts = ([1, 64], [512, 4096]) if args.quick else (BATCHES, CONTEXTS)
