@@ -6,8 +6,8 @@ the same. Stream time (`StepRecord.gpu_time`) runs from an event before a step's
 one after its token copy, so it counts any gap in which the GPU waits for the host to launch
 the next kernel. This script tells the two apart.
 
-One process, one engine (`sim_common.build_llm`). After one unreported run of the trace, for
-each policy, in the order given, the same arrivals run with fresh prompt ids: three clients, ShareGPT lengths, Poisson arrivals at
+One process, one engine (`sim_common.build_llm`). After one unreported profiled run of the
+trace (the profiler's start-up slows the first), for each policy, in the order given, the same arrivals run with fresh prompt ids: three clients, ShareGPT lengths, Poisson arrivals at
 --rate req/s, as sim_gpu_all's comparisons. After --skip steps, torch.profiler records
 --steps steps. For each policy it reports:
 - the window's steps by kind: decode only, prefill at most graph_tokens (piecewise graphs),
@@ -107,11 +107,10 @@ def main() -> None:
     lengths = scaled_lengths(lengths, 0.5, min_len=4) if args.quick else lengths
     base = multi_client_trace(lengths, {c: f * args.rate for c, f in CLIENT_SHARES.items()},
                               vocab_size=vocab, seed=args.seed + 1)
-    # the first trace of a process runs slower whatever the policy (CPU: TTFT 91-131 ms against
-    # 23-44 ms for the next ones): one unreported trace first
-    from toolkit.simulator.replay import run_on_engine
-
-    run_on_engine(llm, fresh_prompts(base, args.seed + 19_999, vocab), label="warm-up", time_limit=300)
+    # the first profiled trace of a process runs slower whatever the policy (the profiler's own
+    # start-up inside it; CPU: TTFT 84-131 ms against 23-44 ms for the next ones): one
+    # unreported profiled trace first
+    profile_policy(llm, fresh_prompts(base, args.seed + 19_999, vocab), "fcfs", args.skip, args.steps)
     rows = []
     for k, name in enumerate(args.policies.split(",")):
         t = time.perf_counter()
