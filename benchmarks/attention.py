@@ -255,19 +255,29 @@ def run_prefill(results: dict, sweep: bool, deadline: float) -> None:
                 err = float((out.float() - ref.float()).norm() / ref.float().norm())
                 assert err < 2e-2, f"prefill {name} differs from SDPA flash: rel err {err:.2e}"
                 times[name] = {"ms": ms, "eager_ms": eager, "tflops": flops / (ms * 1e-3) / 1e12, "err": err}
-            # the chunk's own K/V contiguous (as the step's QKV projection holds them): TMA loads
-            for name, (bm, bn, nw, st) in TMA_TILES.items():
-                if time.time() > deadline and name != "tma_m128_n64_w8_s3":
+            # the chunk's own K/V contiguous (as the step's QKV projection holds them): TMA loads;
+            # the engine's own tile (KernelConfig.self_prefill) is always timed
+            own = base.self_prefill
+            engine_tile = own and f"tma_m{own.block_q}_n{own.block_n}_w{own.num_warps}_s{own.num_stages}"
+            tiles = dict(TMA_TILES)
+            if own is not None:
+                tiles[engine_tile] = (own.block_q, own.block_n, own.num_warps, own.num_stages)
+            for name, (bm, bn, nw, st) in tiles.items():
+                if time.time() > deadline and name != engine_tile:
                     continue
                 ms, err = time_self_attention(q, k, v, ref, [seq] * batch, h, d, bm, bn, nw, st)
                 times[name] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "err": err}
             peers = time_sdpa(q4.contiguous(), k4, v4, causal=True)
             row = {"model": model, "batch": batch, "seq": seq, "flops": flops, "toolkit_ms": times["default"]["ms"],
                        "toolkit_tflops": times["default"]["tflops"], "err": times["default"]["err"],
+                       "engine_tile": engine_tile,
+                       "engine_tflops": times[engine_tile]["tflops"] if engine_tile in times else None,
                        "peers_ms": peers, "peers_tflops": {k2: tflops(v2, flops) for k2, v2 in peers.items()}, "variants": times}
             results["prefill"].append(row)
             best = max(times.items(), key=lambda kv: kv[1]["tflops"])
-            print(f"  {model:11s} {batch}x{seq:<5d} toolkit {row['toolkit_tflops']:6.1f} TFLOP/s (err {row['err']:.1e})  "
+            eng = row["engine_tflops"]
+            print(f"  {model:11s} {batch}x{seq:<5d} paged {row['toolkit_tflops']:6.1f} TFLOP/s (err {row['err']:.1e})  "
+                  + (f"engine's TMA tile {eng:6.1f}  " if eng is not None else "")
                   + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:6.1f}'}" for k2, v2 in row["peers_tflops"].items())
                   + (f"  best variant {best[0]} {best[1]['tflops']:.1f}" if len(times) > 1 else ""), flush=True)
             del cache, layout, k, v, k4, v4
