@@ -2,7 +2,7 @@
 flash) on contiguous K/V; causal prefill TFLOP/s against SDPA flash and cuDNN. One process,
 same inputs, random data, a correctness check of every configuration before it is timed.
 
-    python benchmarks/attention.py [--out results.json] [--quick] [--no-sweep]
+    python benchmarks/attention.py [--out results.json] [--quick] [--no-sweep] [--parts prefix,decode]
 
 Decode bytes = K/V of every visible token + q + out (what the kernel must move at least);
 bandwidth = bytes / median kernel time (triton.testing.do_bench, L2 flushed between runs);
@@ -39,7 +39,7 @@ BATCHES, CONTEXTS, BLOCK = [1, 16, 64, 256], [512, 4096, 16384], 16
 PREFILL_SHAPES = [(1, 4096), (8, 1024)]             # (batch, tokens per sequence)
 # chunked prefill after a long cached prefix (#21): (batch, cached prefix, new chunk); the
 # chunk attends to the whole prefix and causally to itself (the mask SDPA calls lower-right)
-PREFIX_SHAPES = [(1, 4096, 512), (1, 8192, 1024), (4, 2048, 512)]
+PREFIX_SHAPES = [(1, 4096, 512), (1, 8192, 1024), (4, 2048, 512), (8, 4096, 64)]
 DTYPE = torch.bfloat16
 DEVICE = "cuda"
 PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
@@ -284,12 +284,30 @@ def run_prefill(results: dict, sweep: bool, deadline: float) -> None:
             torch.cuda.empty_cache()
 
 
-def run_prefix_prefill(results: dict) -> None:
-    """A chunk of new tokens after a long cached prefix: the engine's paged kernel (such chunks
-    never take the TMA tiles, whose keys must all be the step's own) against SDPA on the same
-    keys laid out contiguous, with the lower-right causal mask. FLOPs: 4 B H D chunk x
-    (prefix + (chunk + 1) / 2)."""
+def time_prefix_tma(q, k, v, tiles, kv_cache, kv_indices, ref, d, bm, bn, nw, st) -> tuple[float, float]:
+    """The engine's prefill kernel on chunks after a cached prefix (own K/V by TMA, the prefix
+    from the pages): its time and error against SDPA."""
+    from toolkit.kernels.self_attention import self_attention
+
+    out = torch.full_like(q, float("nan"))
+    run = lambda: self_attention(q, k, v, tiles, out, scale=d ** -0.5, kv_cache=kv_cache,
+                                 kv_indices=kv_indices, block_m=bm, block_n=bn, num_warps=nw,
+                                 num_stages=st)
+    run()
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    assert err < 2e-2, f"prefix prefill m{bm} n{bn} differs from SDPA: rel err {err:.2e}"
+    return graph_ms(run), err
+
+
+def run_prefix_prefill(results: dict, sweep: bool, deadline: float) -> None:
+    """A chunk of new tokens after a long cached prefix: the engine's path (TMA tiles of the
+    chunk's own K/V, the prefix gathered from the pages; KernelConfig.self_prefill, plus other
+    tilings when sweeping) and the paged kernel alone (what such chunks took before), against
+    SDPA on the same keys laid out contiguous, with the lower-right causal mask. FLOPs:
+    4 B H D chunk x (prefix + (chunk + 1) / 2)."""
     from torch.nn.attention.bias import causal_lower_right
+
+    from toolkit.kernels.self_attention import tile_table
 
     for model, (h, h_kv, d) in MODELS.items():
         for batch, prefix, chunk in PREFIX_SHAPES:
@@ -305,20 +323,41 @@ def run_prefix_prefill(results: dict) -> None:
                 ref = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
             ref = ref.transpose(1, 2).reshape_as(q)
             base = default_config(DTYPE, d, h // h_kv, torch.device(DEVICE))
-            ms, (_, out, eager) = time_paged(cache, layout, q, h, d, base)
-            err = float((out.float() - ref.float()).norm() / ref.float().norm())
-            assert err < 2e-2, f"prefix prefill differs from SDPA: rel err {err:.2e}"
+            paged_ms, (_, out, _) = time_paged(cache, layout, q, h, d, base)
+            paged_err = float((out.float() - ref.float()).norm() / ref.float().norm())
+            assert paged_err < 2e-2, f"prefix prefill (paged) differs from SDPA: rel err {paged_err:.2e}"
+            # the chunk's own K/V as the step's projection holds them: contiguous [B*C, H_kv, D]
+            kc, vc = k[:, prefix:].flatten(0, 1), v[:, prefix:].flatten(0, 1)
+            starts = [b * chunk for b in range(batch)]
+            own = base.self_prefill
+            engine_tile = f"tma_m{own.block_q}_n{own.block_n}_w{own.num_warps}_s{own.num_stages}"
+            tilings = {engine_tile: (own.block_q, own.block_n, own.num_warps, own.num_stages)}
+            if sweep:
+                tilings.update(TMA_TILES)
+            times = {}
+            for name, (bm, bn, nw, st) in tilings.items():
+                if time.time() > deadline and name != engine_tile:
+                    continue
+                tiles = tile_table([chunk] * batch, bm, DEVICE, starts, [prefix] * batch,
+                                   layout.kv_indptr[:-1].cpu().numpy())
+                ms, err = time_prefix_tma(q, kc, vc, tiles, cache[0], layout.kv_indices, ref, d, bm, bn, nw, st)
+                times[name] = {"ms": ms, "tflops": tflops(ms, flops), "err": err}
             peers = time_sdpa(q4, k4, v4, causal=False, mask=mask)
             row = {"model": model, "batch": batch, "prefix": prefix, "chunk": chunk, "flops": flops,
-                   "toolkit_ms": ms, "toolkit_tflops": tflops(ms, flops), "eager_ms": eager, "err": err,
+                   "engine_tile": engine_tile, "toolkit_ms": times[engine_tile]["ms"],
+                   "toolkit_tflops": times[engine_tile]["tflops"], "err": times[engine_tile]["err"],
+                   "paged_ms": paged_ms, "paged_tflops": tflops(paged_ms, flops), "variants": times,
                    "peers_ms": peers, "peers_tflops": {k2: tflops(v2, flops) for k2, v2 in peers.items()}}
             results.setdefault("prefix_prefill", []).append(row)
-            print(f"  {model:11s} {batch}x({prefix} cached + {chunk}) toolkit {row['toolkit_tflops']:6.1f} TFLOP/s "
-                  f"(err {err:.1e})  " + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:6.1f}'}"
-                                                   for k2, v2 in row["peers_tflops"].items()), flush=True)
+            best = max(times.items(), key=lambda kv: kv[1]["tflops"])
+            cudnn = row["peers_tflops"].get("cudnn")
+            print(f"  {model:11s} {batch}x({prefix} cached + {chunk}) engine {row['toolkit_tflops']:6.1f} TFLOP/s "
+                  f"(err {row['err']:.1e}; {row['toolkit_tflops'] / cudnn if cudnn else float('nan'):.2f}x cudnn)  "
+                  f"paged {row['paged_tflops']:6.1f}  "
+                  + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:6.1f}'}" for k2, v2 in row["peers_tflops"].items())
+                  + (f"  best tiling {best[0]} {best[1]['tflops']:.1f}" if len(times) > 1 else ""), flush=True)
             del cache, layout, k, v, k4, v4
-            if DEVICE == "cuda":
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
 
 
 def main() -> None:
@@ -326,7 +365,9 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "attention.json"))
     ap.add_argument("--quick", action="store_true", help="batch 1/64, context 512/4096 only")
     ap.add_argument("--no-sweep", action="store_true", help="time only the default tile configs")
-    ap.add_argument("--decode-only", action="store_true", help="skip the prefill comparison")
+    ap.add_argument("--decode-only", action="store_true", help="skip the prefill comparisons")
+    ap.add_argument("--parts", default="prefill,prefix,decode",
+                    help="comma-separated: prefill (whole prompts), prefix (chunks after a cached prefix), decode")
     ap.add_argument("--budget-s", type=float, default=200.0, help="stop config sweeps after this long")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -342,15 +383,20 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results["default_config"] = asdict(default_config(DTYPE, 128, 4, torch.device(DEVICE)))
-    if not args.decode_only:
+    parts = set(args.parts.split(",")) - ({"prefill", "prefix"} if args.decode_only else set())
+    if unknown := parts - {"prefill", "prefix", "decode"}:
+        raise SystemExit(f"--parts takes prefill, prefix and decode; got {sorted(unknown)}")
+    if "prefill" in parts:
         print("prefill (causal, bf16):")
         run_prefill(results, not args.no_sweep, deadline)
+    if "prefix" in parts:
         print("chunk after a cached prefix (bf16):")
-        run_prefix_prefill(results)
+        run_prefix_prefill(results, not args.no_sweep, deadline)
     out.write_text(json.dumps(results, indent=1))
-    print("decode (bf16, block 16, % of copy bandwidth):")
-    batches, contexts = ([1, 64], [512, 4096]) if args.quick else (BATCHES, CONTEXTS)
-    run_decode(results, copy_bw, not args.no_sweep, deadline, batches, contexts)
+    if "decode" in parts:
+        print("decode (bf16, block 16, % of copy bandwidth):")
+        batches, contexts = ([1, 64], [512, 4096]) if args.quick else (BATCHES, CONTEXTS)
+        run_decode(results, copy_bw, not args.no_sweep, deadline, batches, contexts)
     results["wall_s"] = time.time() - t0
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out} ({results['wall_s']:.0f} s)")

@@ -1,8 +1,9 @@
-"""TritonPagedAttention's TMA path for prefills with no cached prefix (kernels/self_attention.py):
-taken only when run() follows this step's write_kv for the same layer, for the sequences whose
-keys are all the step's own tokens; every other row (decodes, chunks after a cached prefix) and
-every step without a fresh write_kv (a CUDA-graph replay) stays on the paged kernel. The output
-equals the reference either way. fp16 under TRITON_INTERPRET=1 on the CPU, bf16 on the GPU."""
+"""TritonPagedAttention's TMA prefill path (kernels/self_attention.py): taken only when run()
+follows this step's write_kv for the same layer, for whole prompts and for chunks of at least
+one TMA tile after a cached prefix (gathered from the pages); every other row (decodes, short
+chunks) and every step without a fresh write_kv (a CUDA-graph replay) stays on the paged
+kernel. The output equals the reference either way. fp16 under TRITON_INTERPRET=1 on the CPU,
+bf16 on the GPU."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def run_case(kv_lens, q_lens, dtype, write: bool, seed: int = 0, h=4, h_kv=2, d=
 @pytest.mark.parametrize("kv_lens,q_lens,takes", [
     ([40], [40], True),                          # a whole prompt
     ([70, 9, 33, 50], [70, 1, 33, 20], True),    # prompt, decode, prompt, chunk after a prefix
-    ([50, 9], [20, 1], False),                   # only a chunk after a cached prefix
+    ([50, 9], [20, 1], False),                   # only a short chunk after a cached prefix
+    ([90, 9], [40, 1], True),                    # a chunk of a TMA tile or more after a prefix
+    ([77, 64, 40], [45, 64, 33], True),          # chunks after prefixes ending mid-page, a prompt
     ([9, 12], [1, 1], False),                    # decodes only
 ])
 def test_self_prefill_path_matches_reference(kv_lens, q_lens, takes) -> None:
@@ -84,5 +87,7 @@ def test_float32_and_windows_stay_paged() -> None:
 
 @pytest.mark.gpu
 def test_self_prefill_path_gpu_bf16() -> None:
-    fast = run_case([1000, 9, 777, 600], [1000, 1, 777, 100], torch.bfloat16, write=True, h=32, h_kv=8, d=128)
-    assert fast.num_self_prefill_launches == 1
+    # a prompt, a decode, a prompt, a chunk after a prefix (TMA), a short chunk (paged)
+    fast = run_case([1000, 9, 777, 4600, 600], [1000, 1, 777, 512, 40], torch.bfloat16, write=True,
+                    h=32, h_kv=8, d=128)
+    assert fast.num_self_prefill_launches == 1 and "TMA prefill tiles" in repr(fast)

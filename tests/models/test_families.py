@@ -113,17 +113,25 @@ def test_triton_model_kernels_inside_the_model(family, hf_checkpoint):
 @pytest.mark.parametrize("family", ["llama", "llama3", "qwen2"])     # power-of-two head sizes
 def test_triton_attention_with_tma_prefills_equals_the_reference(family, hf_checkpoint):
     """fp16 through the model with TritonPagedAttention (under TRITON_INTERPRET=1 on the CPU):
-    whole prompts take the TMA self-attention tiles (write_kv then run, as the model calls
-    them), chunks after a prefix and decodes the paged kernel; logits equal the reference
-    backend's."""
+    whole prompts and chunks of 16+ tokens after a prefix ("c"'s 19) take the TMA prefill tiles
+    (write_kv then run, as the model calls them; 16-token tiles here), shorter chunks and
+    decodes the paged kernel; logits equal the reference backend's."""
+    from dataclasses import replace
+    from functools import partial
+
+    from toolkit.attention.schedule import TileConfig
     from toolkit.attention.triton_paged import TritonPagedAttention
+    from toolkit.attention.tuning import default_config
 
     _, folder = hf_checkpoint(family)
     model = load_model(folder, dtype=torch.float16, device="cpu")
     g = torch.Generator().manual_seed(3)
     tokens = {s: torch.randint(0, 517, (sum(c),), generator=g).tolist() for s, c in SCHEDULE.items()}
     want = _run_schedule(model, tokens)
-    fast = PagedRunner(model, block_size=4, backend=TritonPagedAttention)
+    g = model.geometry
+    cfg = replace(default_config(torch.float16, g.head_dim, g.num_heads // g.num_kv_heads, torch.device("cpu")),
+                  self_prefill=TileConfig(block_q=16, block_n=16, num_warps=4, num_stages=1))
+    fast = PagedRunner(model, block_size=4, backend=partial(TritonPagedAttention, config=cfg))
     got = _run_schedule(model, tokens, fast)
     assert fast.attention.num_self_prefill_launches > 0
     for s in tokens:

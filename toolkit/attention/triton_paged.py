@@ -63,8 +63,8 @@ class TritonPagedAttention:
         use_triton = impl == "triton" or (impl == "auto" and can_triton)
         self._attn, self._merge = self._kernels(use_triton)
         self._use_triton = use_triton
-        # prefills with no cached prefix may attend over the step's own K/V (TMA loads): half
-        # types, no window / soft cap, a power-of-two head size, the Triton path
+        # prefills may attend over the step's own K/V by TMA loads (and their cached prefix, if
+        # any, page by page): half types, no window / soft cap, a power-of-two head size, Triton
         own = self.config.self_prefill
         self._self_tile = own if (own is not None and use_triton and sliding_window is None
                                   and soft_cap is None and head_dim & (head_dim - 1) == 0
@@ -99,20 +99,24 @@ class TritonPagedAttention:
         self._work = None                  # device tables: uploaded by the first run() (a step
         self.kv_indices = layout.kv_indices   # replayed as a whole CUDA graph needs none)
         self.layout = layout
-        self._plan_self_prefill(qo, kv)
+        self._plan_self_prefill(qo, kv, kvp)
 
-    def _plan_self_prefill(self, qo: np.ndarray, kv: np.ndarray) -> None:
-        """Split the prefill tiles: sequences whose keys are all this step's own tokens (no cached
-        prefix) get TMA tiles (`_self_rows`); `_rest_rows` are the paged rows of the others. Both
-        are used only when run() has this step's k / v from write_kv; otherwise (a CUDA-graph
-        replay, whose write_kv was captured) every prefill row takes the paged kernel."""
+    def _plan_self_prefill(self, qo: np.ndarray, kv: np.ndarray, kvp: np.ndarray) -> None:
+        """Split the prefill tiles: prompts with no cached prefix, and chunks of at least one
+        TMA tile (self_prefill.block_q tokens) after a cached prefix, get TMA tiles
+        (`_self_rows`: own keys by TMA, the prefix gathered page by page); `_rest_rows` are the
+        paged rows of the others (decodes, short chunks such as speculative verification, whose
+        GQA-packed paged tiles read each prefix page once per KV head). Both are used only when
+        run() has this step's k / v from write_kv; otherwise (a CUDA-graph replay, whose
+        write_kv was captured) every prefill row takes the paged kernel."""
         self._plan_id += 1
         self._fresh_kv = None
         self._self_rows = self._rest_rows = None
         if self._self_tile is None or not len(self.schedule.prefill):
             return
         q_lens = qo[1:] - qo[:-1]
-        own = (q_lens > self.config.decode.block_q) & (kv == q_lens)
+        prefix = kv - q_lens
+        own = (q_lens > self.config.decode.block_q) & ((prefix == 0) | (q_lens >= self._self_tile.block_q))
         if not own.any():
             return
         from toolkit.kernels.self_attention import tile_rows
@@ -120,7 +124,8 @@ class TritonPagedAttention:
         rows = np.asarray(self.schedule.prefill, dtype=np.int32).reshape(-1, reference_attention.WORK_COLS)
         seq = np.searchsorted(qo, rows[:, 0], side="right") - 1            # each row's sequence
         self._rest_rows = rows[~own[seq]]
-        self._self_rows = tile_rows(q_lens[own], self._self_tile.block_q, starts=qo[:-1][own])
+        self._self_rows = tile_rows(q_lens[own], self._self_tile.block_q, starts=qo[:-1][own],
+                                    prefix_lens=prefix[own], page_base=kvp[:-1][own])
 
     def _tables(self) -> dict[str, torch.Tensor]:
         """The step's work tables on the device, and the split buffers: one host->device copy
@@ -148,7 +153,7 @@ class TritonPagedAttention:
             "prefill": table[at[1]:at[1] + parts[1].size].view(-1, cols),
             "merge": table[at[2]:at[2] + parts[2].size].view(-1, 2),
             "prefill_rest": table[at[3]:at[3] + parts[3].size].view(-1, cols),
-            "self": table[at[4]:at[4] + parts[4].size].view(-1, 3),
+            "self": table[at[4]:at[4] + parts[4].size].view(-1, reference_attention.SELF_TILE_COLS),
         }
         if len(merge):
             r, s = len(merge), sched.num_splits
@@ -216,8 +221,8 @@ class TritonPagedAttention:
 
             t = self._self_tile
             self_attention(q, fresh[2], fresh[3], work["self"], out, scale=self.scale,
-                           block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
-                           num_stages=t.num_stages)
+                           kv_cache=cache, kv_indices=self.kv_indices, block_m=t.block_q,
+                           block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
             self.num_self_prefill_launches += 1
         return out
 
@@ -240,7 +245,8 @@ class TritonPagedAttention:
 
     def _precompile_self_prefill(self, dtype: torch.dtype) -> None:
         """The TMA prefill kernel on dummy tensors laid out as the model passes them (q and k
-        contiguous, v a view of the QKV projection), at token counts of both divisibilities."""
+        contiguous, v a view of the QKV projection), at token counts of both divisibilities, with
+        the cache for the prefixes as run() passes it (one variant serves every step)."""
         from toolkit.kernels.self_attention import self_attention, tile_table
 
         t, h, h_kv, d = self._self_tile, self.num_heads, self.num_kv_heads, self.head_dim
@@ -250,6 +256,7 @@ class TritonPagedAttention:
             q, k = torch.zeros(n, h, d, dtype=dtype, device=dev), torch.zeros(n, h_kv, d, dtype=dtype, device=dev)
             v = qkv[:, (h + h_kv) * d:].view(n, h_kv, d)
             self_attention(q, k, v, tile_table([n], t.block_q, dev), torch.empty_like(q), scale=self.scale,
+                           kv_cache=self.kv_cache[0], kv_indices=torch.zeros(4, dtype=torch.int32, device=dev),
                            block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
                            num_stages=t.num_stages)
 
@@ -303,7 +310,7 @@ class TritonPagedAttention:
         plan = (f"{len(s.decode)} decode items x {s.num_splits} splits max, {len(s.prefill)} "
                 f"prefill tiles" if s else "not planned")
         if s and self._self_rows is not None:
-            plan += f" ({len(self._self_rows)} TMA tiles for prefills with no cached prefix)"
+            plan += f" ({len(self._self_rows)} TMA prefill tiles)"
         return (f"TritonPagedAttention(heads={self.num_heads}/{self.num_kv_heads}, d={self.head_dim}, "
                 f"window={self.sliding_window}, soft_cap={self.soft_cap}, {plan})")
 
@@ -314,5 +321,5 @@ class TritonPagedAttention:
         plan = (f"{len(s.decode)} decode items x {s.num_splits} splits max, {len(s.prefill)} "
                 f"prefill tiles" if s else "not planned")
         if s and self._self_rows is not None:
-            plan += f" ({len(self._self_rows)} TMA tiles for prefills with no cached prefix)"
+            plan += f" ({len(self._self_rows)} TMA prefill tiles)"
         return attention_html(self, {"tile schedule": plan})

@@ -12,6 +12,7 @@ import torch
 from toolkit.kernels.reference import check_scales, dequantize
 
 WORK_COLS = 10
+SELF_TILE_COLS = 5   # the tile table of self_attention (prefill chunks over their own K/V)
 
 
 def paged_attention(
@@ -70,19 +71,30 @@ def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows:
 
 def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor | None = None, *, scale: float,
+                   kv_cache: torch.Tensor | None = None, kv_indices: torch.Tensor | None = None,
                    block_m: int = 128, block_n: int = 64, num_warps: int = 8,
                    num_stages: int = 3) -> None:
-    """Twin of `toolkit.kernels.self_attention.self_attention` (tile sizes ignored): causal
-    attention of each sequence over its own keys, in float32; the sequences are read from the
-    tile table (start row, tile start, length)."""
+    """Twin of `toolkit.kernels.self_attention.self_attention` (tile sizes ignored): each chunk
+    attends causally over its own keys and over all of its cached prefix (read from kv_cache's
+    pages), in float32; the chunks are read from the tile table (start row, tile start,
+    length, prefix length, page-list start)."""
     del block_m, block_n, num_warps, num_stages
     h, h_kv = q.shape[1], k.shape[1]
-    for start, n in sorted({(s, n) for s, _, n in tiles.tolist()}):
+    for start, n, prefix, page_base in sorted({(s, n, p, b) for s, _, n, p, b in tiles.tolist()}):
+        if prefix and kv_cache is None:
+            raise ValueError(f"a tile has a cached prefix of {prefix} tokens but no kv_cache was given")
+        ks, vs = k[start:start + n].float(), v[start:start + n].float()   # [S, H_kv, D]
+        if prefix:
+            page = kv_cache.shape[2]
+            pos = torch.arange(prefix, device=q.device)
+            blocks = kv_indices.long()[page_base + pos // page]
+            ks = torch.cat([kv_cache[0, blocks, pos % page].float(), ks])  # [P + S, H_kv, D]
+            vs = torch.cat([kv_cache[1, blocks, pos % page].float(), vs])
         qs = q[start:start + n].float()                                    # [S, H, D]
-        ks = k[start:start + n].float().repeat_interleave(h // h_kv, dim=1)
-        vs = v[start:start + n].float().repeat_interleave(h // h_kv, dim=1)
-        s = torch.einsum("qhd,khd->hqk", qs, ks) * scale                   # [H, S, S]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        ks, vs = ks.repeat_interleave(h // h_kv, dim=1), vs.repeat_interleave(h // h_kv, dim=1)
+        s = torch.einsum("qhd,khd->hqk", qs, ks) * scale                   # [H, S, P + S]
+        hidden = torch.ones(n, prefix + n, dtype=torch.bool, device=q.device).triu(prefix + 1)
+        s = s.masked_fill(hidden, float("-inf"))
         lse_s = torch.logsumexp(s, dim=-1)                                 # [H, S]
         out[start:start + n] = torch.einsum("hqk,khd->qhd", torch.exp(s - lse_s[..., None]), vs).to(out.dtype)
         if lse is not None:
