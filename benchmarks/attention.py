@@ -161,7 +161,13 @@ def tflops(ms: float | None, flops: float) -> float | None:
     return None if ms is None else flops / (ms * 1e-3) / 1e12
 
 
-def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
+def decode_variants(base: KernelConfig, sms: int, names: set[str] | None = None) -> dict[str, KernelConfig]:
+    """The sweep's launch configs by name (all, or those in `names`; "default" always)."""
+    out = _decode_variants(base, sms)
+    return {k: v for k, v in out.items() if names is None or k == "default" or k in names}
+
+
+def _decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
     out = {"default": base, "nosplit": replace(base, target_programs=0),
            "old_split_rule": replace(base, max_splits=0, busy_min_split_tokens=0),   # before 2026-12-02 (c)
            "split2x": replace(base, target_programs=2 * sms), "split8x": replace(base, target_programs=8 * sms),
@@ -172,13 +178,19 @@ def decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
     # Hopper warpgroup whose wgmma needs 64 rows (b64 c512: 48.5 us vs 56.2, 2026-12-02)
     for bn, st, nw in [(64, 2, 4), (128, 2, 4), (128, 4, 4), (64, 3, 4), (64, 4, 4), (32, 4, 4),
                        (32, 6, 4), (64, 3, 2), (64, 2, 2), (64, 4, 2), (128, 2, 2), (128, 3, 2),
-                       (32, 4, 2), (32, 6, 2), (64, 3, 1), (32, 4, 1)]:
-        out[f"bn{bn}_s{st}_w{nw}"] = replace(base, decode=TileConfig(base.decode.block_q, bn, nw, st))
+                       (32, 4, 2), (32, 6, 2), (64, 3, 1), (32, 4, 1),
+                       # b64 c512 is 512 programs, and at 3 per SM (32 keys x 4 stages of K and V,
+                       # ~64 KB of shared memory) they take 1.3 waves: 3 stages or 16-key steps
+                       # fit 4+ per SM, so the grid runs in one wave (#21: 66% of copy there)
+                       (32, 3, 1), (32, 2, 1), (16, 4, 1), (16, 6, 1), (16, 8, 1), (32, 3, 2)]:
+        # decode_many off: the variant's tile is what every decode launch takes
+        out[f"bn{bn}_s{st}_w{nw}"] = replace(base, decode=TileConfig(base.decode.block_q, bn, nw, st),
+                                             decode_many=None)
     # small batches (#21): shorter splits, more programs, shorter key steps
     for bn, min_split, target in [(64, 64, 4), (64, 128, 4), (64, 64, 8), (32, 32, 8), (64, 128, 8)]:
         out[f"bn{bn}_min{min_split}_t{target}x"] = replace(
             base, target_programs=target * sms, min_split_tokens=min_split,
-            decode=TileConfig(base.decode.block_q, bn, 4, 2))
+            decode=TileConfig(base.decode.block_q, bn, 4, 2), decode_many=None)
     return out
 
 
@@ -191,7 +203,8 @@ def prefill_variants(base: KernelConfig, group: int) -> dict[str, KernelConfig]:
     return out
 
 
-def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batches, contexts) -> None:
+def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batches, contexts,
+               names: set[str] | None = None) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for model, (h, h_kv, d) in MODELS.items():
         for batch in batches:
@@ -205,7 +218,7 @@ def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batc
                 scale = d ** -0.5
                 moved = kv_bytes + 2 * q.numel() * q.element_size()
                 base = default_config(DTYPE, d, h // h_kv, torch.device(DEVICE))
-                variants = decode_variants(base, sms) if sweep and (
+                variants = decode_variants(base, sms, names) if sweep and (
                     batch, ctx) in {(64, 4096), (1, 16384), (256, 512), (1, 4096), (64, 512), (16, 4096)} and model == "llama3-8b" else {"default": base}
                 times = {}
                 for name, cfg in variants.items():
@@ -369,6 +382,9 @@ def main() -> None:
     ap.add_argument("--parts", default="prefill,prefix,decode",
                     help="comma-separated: prefill (whole prompts), prefix (chunks after a cached prefix), decode")
     ap.add_argument("--budget-s", type=float, default=200.0, help="stop config sweeps after this long")
+    ap.add_argument("--decode-batches", default=None, help="comma list of decode batch sizes (default: all)")
+    ap.add_argument("--decode-contexts", default=None, help="comma list of decode contexts (default: all)")
+    ap.add_argument("--variants", default=None, help="comma list of decode variant names to sweep (default: all)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA device")
@@ -396,7 +412,12 @@ def main() -> None:
     if "decode" in parts:
         print("decode (bf16, block 16, % of copy bandwidth):")
         batches, contexts = ([1, 64], [512, 4096]) if args.quick else (BATCHES, CONTEXTS)
-        run_decode(results, copy_bw, not args.no_sweep, deadline, batches, contexts)
+        if args.decode_batches:
+            batches = [int(x) for x in args.decode_batches.split(",")]
+        if args.decode_contexts:
+            contexts = [int(x) for x in args.decode_contexts.split(",")]
+        names = set(args.variants.split(",")) if args.variants else None
+        run_decode(results, copy_bw, not args.no_sweep, deadline, batches, contexts, names)
     results["wall_s"] = time.time() - t0
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out} ({results['wall_s']:.0f} s)")
