@@ -112,6 +112,7 @@ class TritonPagedAttention:
         self._plan_id += 1
         self._fresh_kv = None
         self._self_rows = self._rest_rows = None
+        self._self_prefix = False
         if self._self_tile is None or not len(self.schedule.prefill):
             return
         q_lens = qo[1:] - qo[:-1]
@@ -126,6 +127,8 @@ class TritonPagedAttention:
         self._rest_rows = rows[~own[seq]]
         self._self_rows = tile_rows(q_lens[own], self._self_tile.block_q, starts=qo[:-1][own],
                                     prefix_lens=prefix[own], page_base=kvp[:-1][own])
+        # the kernel's prefix loop is compiled in only for steps that have a cached prefix
+        self._self_prefix = bool(prefix[own].any())
 
     def _tables(self) -> dict[str, torch.Tensor]:
         """The step's work tables on the device, and the split buffers: one host->device copy
@@ -220,9 +223,10 @@ class TritonPagedAttention:
             from toolkit.kernels.self_attention import self_attention
 
             t = self._self_tile
-            self_attention(q, fresh[2], fresh[3], work["self"], out, scale=self.scale,
-                           kv_cache=cache, kv_indices=self.kv_indices, block_m=t.block_q,
-                           block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+            paged = dict(kv_cache=cache, kv_indices=self.kv_indices) if self._self_prefix else {}
+            self_attention(q, fresh[2], fresh[3], work["self"], out, scale=self.scale, **paged,
+                           block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
+                           num_stages=t.num_stages)
             self.num_self_prefill_launches += 1
         return out
 
@@ -245,20 +249,21 @@ class TritonPagedAttention:
 
     def _precompile_self_prefill(self, dtype: torch.dtype) -> None:
         """The TMA prefill kernel on dummy tensors laid out as the model passes them (q and k
-        contiguous, v a view of the QKV projection), at token counts of both divisibilities, with
-        the cache for the prefixes as run() passes it (one variant serves every step)."""
+        contiguous, v a view of the QKV projection), at token counts of both divisibilities,
+        without and with the cache (steps with no cached prefix, and steps with one)."""
         from toolkit.kernels.self_attention import self_attention, tile_table
 
         t, h, h_kv, d = self._self_tile, self.num_heads, self.num_kv_heads, self.head_dim
         dev = self.kv_cache.device
+        paged = dict(kv_cache=self.kv_cache[0], kv_indices=torch.zeros(4, dtype=torch.int32, device=dev))
         for n in (2 * t.block_q, 2 * t.block_q + 1):
             qkv = torch.zeros(n, (h + 2 * h_kv) * d, dtype=dtype, device=dev)
             q, k = torch.zeros(n, h, d, dtype=dtype, device=dev), torch.zeros(n, h_kv, d, dtype=dtype, device=dev)
             v = qkv[:, (h + h_kv) * d:].view(n, h_kv, d)
-            self_attention(q, k, v, tile_table([n], t.block_q, dev), torch.empty_like(q), scale=self.scale,
-                           kv_cache=self.kv_cache[0], kv_indices=torch.zeros(4, dtype=torch.int32, device=dev),
-                           block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
-                           num_stages=t.num_stages)
+            for cache in ({}, paged):
+                self_attention(q, k, v, tile_table([n], t.block_q, dev), torch.empty_like(q),
+                               scale=self.scale, **cache, block_m=t.block_q, block_n=t.block_n,
+                               num_warps=t.num_warps, num_stages=t.num_stages)
 
     # -- decode attention inside a CUDA graph (attention/static_plan.py) --
     supports_static_decode = True      # declared capability (AttentionBackend: default False)
