@@ -12,8 +12,10 @@ trace (the profiler's start-up slows the first), for each policy, in the order g
 --steps steps. For each policy it reports:
 - the window's steps by kind: decode only, prefill at most graph_tokens (piecewise graphs),
   eager; with their stream time;
-- the window's CUDA kernel and copy time, against its stream time. Their difference is the
-  GPU waiting on the host;
+- the window's CUDA kernel and copy time (the union of their intervals; the profiler's own
+  step ranges on the device timeline left out), against its stream time. Their difference is
+  the GPU waiting on the host (under the profiler, whose per-launch cost on the host widens
+  gaps: an upper bound);
 - the costliest kernels per step.
 
     python benchmarks/step_gaps.py --shape llama8b --rate 34 --policies vtc,fcfs --out results/step_gaps.json
@@ -45,6 +47,22 @@ def step_kind(features, graph_tokens: int | None) -> str:
     return "prefill (no graphs)" if graph_tokens is None else "prefill (graphed)"
 
 
+def is_annotation(event) -> bool:
+    """A user or profiler-step range on the device timeline, not a kernel or a copy."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith("ProfilerStep")
+
+
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals: kernels on other streams (copies) may
+    overlap the compute stream's, and time on the device is counted once."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
 def profile_policy(llm, trace, name: str, skip: int, steps: int) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -71,13 +89,17 @@ def profile_policy(llm, trace, name: str, skip: int, steps: int) -> dict:
         k["stream_s"] += s.gpu or 0.0
     stream = sum(s.gpu or 0.0 for s in window)
     kernels: dict[str, float] = {}
-    busy = 0.0
+    spans: list[tuple[float, float]] = []
     if cuda:
         for e in prof.events():
-            if e.device_type == DeviceType.CUDA:
-                t = e.time_range.elapsed_us() * 1e-6
-                busy += t
-                kernels[e.name[:80]] = kernels.get(e.name[:80], 0.0) + t
+            # the device timeline also carries the profiler's step annotations (ProfilerStep#n,
+            # each spanning a whole step): not work; counted, they doubled the kernel time
+            if e.device_type != DeviceType.CUDA or is_annotation(e):
+                continue
+            t = e.time_range.elapsed_us() * 1e-6
+            spans.append((e.time_range.start * 1e-6, e.time_range.end * 1e-6))
+            kernels[e.name[:80]] = kernels.get(e.name[:80], 0.0) + t
+    busy = busy_seconds(spans)
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]
     s = real.summary()
     return dict(policy=name, window_steps=len(window), stream_s=stream, kernel_s=busy,
@@ -124,9 +146,9 @@ def main() -> None:
             print(f"      {kind:18s} {v['steps']:5d} steps, stream {1e3 * v['stream_s'] / max(1, v['steps']):.2f} ms a step")
         for name_k, ms in list(r["top_kernels_ms_per_step"].items())[:6]:
             print(f"      {ms:7.3f} ms/step  {name_k}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(date=time.strftime("%Y-%m-%d %H:%M"), argv=sys.argv[1:], rows=rows), f, indent=1)
+        if args.out:        # after each policy: a timeout keeps what was done
+            with open(args.out, "w") as f:
+                json.dump(dict(date=time.strftime("%Y-%m-%d %H:%M"), argv=sys.argv[1:], rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
