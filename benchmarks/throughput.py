@@ -44,11 +44,25 @@ def sharegpt_workload(path: str, n: int, vocab: int) -> list[tuple[list[int], in
     return [([t % vocab for t in r["prompt_ids"]], r["output_len"]) for r in data]
 
 
+def paged_prefill_attention(kv_cache, num_heads: int, head_dim: int, **kwargs):
+    """TritonPagedAttention with its TMA prefill path off (KernelConfig.self_prefill=None):
+    every prefill on the paged kernel, as before that path; `--attention paged-prefill`, the
+    A side of an A/B against the default in one call (#21)."""
+    from dataclasses import replace
+
+    from toolkit.attention.triton_paged import TritonPagedAttention
+    from toolkit.attention.tuning import default_config
+
+    base = default_config(kv_cache.dtype, head_dim, num_heads // kv_cache.num_kv_heads, kv_cache.device)
+    return TritonPagedAttention(kv_cache, num_heads, head_dim, config=replace(base, self_prefill=None), **kwargs)
+
+
 def run_toolkit(cfg, reqs, args) -> dict:
     from benchmarks.step_diagnose import diagnose, print_report
     from toolkit import LLM, SamplingParams
 
-    llm = LLM(cfg, dtype="bfloat16", attention=args.attention, max_num_seqs=args.max_num_seqs,
+    attention = paged_prefill_attention if args.attention == "paged-prefill" else args.attention
+    llm = LLM(cfg, dtype="bfloat16", attention=attention, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=args.kv_fraction,
               enable_prefix_caching=False, max_model_len=4096)
     eng = llm.engine
@@ -142,7 +156,8 @@ def main() -> None:
     ap.add_argument("--data", default="benchmarks/data/sharegpt.json")
     ap.add_argument("--num", type=int, default=256)
     ap.add_argument("--hf-num", type=int, default=256, help="HF runs the first N requests (0 = skip)")
-    ap.add_argument("--attention", default="triton")
+    ap.add_argument("--attention", default="triton",
+                    help="a registered backend, or paged-prefill: triton without its TMA prefill path")
     ap.add_argument("--temperature", type=float, default=0.0, help="both sides (0: greedy)")
     ap.add_argument("--max-num-seqs", type=int, default=None, help="default: random 256, sharegpt 1024")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
