@@ -487,8 +487,47 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                   f"{host.get('gc_full_passes', 0)} full GC passes ({host.get('gc_s', 0) * 1e3:.0f} ms in all GC) "
                   f"[at {time.perf_counter() - t_start:.0f} s]\n"
                   + _mix_line(entry), flush=True)
+        if args.balanced:
+            balance_order(llm, res, load, base, vocab, left, args)
+            out.save()
     release_llm(llm)            # the KV cache and weights, before the next shape's engine
     print_table({shape: res})
+
+
+def balance_order(llm, res: dict, load: float, base, vocab: int, left, args) -> None:
+    """--balanced: one more engine run of each of this load's policies, in the reverse order
+    (A B ... then ... B A), so each policy's runs sit at mirrored positions in the process; the
+    simulator is then held to the median of each policy's runs. (The engine's later runs in a
+    process were the slower ones whatever the policy: RESULTS, simulator update (i).)"""
+    import numpy as np
+
+    from toolkit.schedulers import resolve_policy
+    from toolkit.simulator.replay import run_on_engine
+
+    entries = [e for e in res["runs"] if e["load"] == load]
+    for e in reversed(entries):
+        expect = 1.4 * len(base) / e["rate"] + 8
+        if left() < expect:
+            print(f"  balanced order: {e['policy']} at {load:g}x skipped ({left():.0f} s left)", flush=True)
+            continue
+        llm.engine.scheduler.set_policy(resolve_policy(e["policy"]))
+        try:
+            again = run_on_engine(llm, fresh_prompts(base, e["trace"]["prompts_seed"] + 77_777, vocab),
+                                  label=f"engine {e['policy']} {load:g}x (mirrored)", time_limit=args.run_limit)
+        except TimeoutError as err:
+            print(f"  balanced order: {e['policy']} at {load:g}x: {err}", flush=True)
+            continue
+        runs = e.get("engine_runs") or [metric_values(e["real"])]
+        runs.append(metric_values(again.summary()))
+        med = {k: float(np.median([m[k] for m in runs])) for k in runs[0]}
+        e["engine_runs"], e["balanced"] = runs, True
+        e["compare"] = row = compare(e["sim"], med)
+        e["within_10pct"] = all(abs(row[k]["rel"]) <= 0.10 for k in e["criteria"])
+        print(f"  {e['policy']:8s} {load:4.2f}x mirrored run: TTFT mean "
+              + " / ".join(f"{m['ttft_mean'] * 1e3:.1f}" for m in runs) + " ms, TPOT mean "
+              + " / ".join(f"{m['tpot_mean'] * 1e3:.2f}" for m in runs) + " ms (runs in order); against "
+              f"their median: " + ", ".join(f"{k} {row[k]['rel']:+.1%}" for k in row)
+              + f" -> {'OK' if e['within_10pct'] else 'OFF'}", flush=True)
 
 
 def save_model(cost, key: str, shape: str, args) -> None:
@@ -636,6 +675,9 @@ def main() -> None:
     ap.add_argument("--engine-runs", type=int, default=1,
                     help="engine runs per comparison (other prompt tokens, the same arrivals): with K > 1 "
                          "the simulator is held to the runs' per-metric median and their spread is reported")
+    ap.add_argument("--balanced", action="store_true",
+                    help="after each load's policies, one more engine run of each in the reverse order; the "
+                         "simulator is held to each policy's median (the engine's later runs were slower)")
     ap.add_argument("--diagnostics", action="store_true",
                     help="also simulate with the sweep-only model (the burst, each load's first policy): ~4 more "
                          "simulations a shape")
