@@ -153,9 +153,12 @@ def split_ttft(run) -> dict:
 
     reqs = [r for r in run.requests.values() if r.ttft is not None and r.admitted is not None]
     if not reqs:
-        return dict(wait_s=float("nan"), after_s=float("nan"))
+        return dict(wait_s=float("nan"), after_s=float("nan"), after_steps=float("nan"))
+    steps = [r.first_token_step - r.admitted_step for r in reqs
+             if r.first_token_step is not None and r.admitted_step is not None]
     return dict(wait_s=float(np.mean([r.admission_wait for r in reqs])),
-                after_s=float(np.mean([r.ttft - r.admission_wait for r in reqs])))
+                after_s=float(np.mean([r.ttft - r.admission_wait for r in reqs])),
+                after_steps=float(np.mean(steps)) if steps else float("nan"))
 
 
 def step_mix(run, graph_tokens: int | None) -> dict:
@@ -232,9 +235,11 @@ def criteria(load: float) -> list[str]:
 
 
 def raw_times(run) -> list:
-    """[arrival, admitted, first token, last token, tokens, prompt tokens] per request."""
+    """[arrival, admitted, first token, last token, tokens, prompt tokens, steps run at
+    admission, steps run when the first token was reported] per request."""
     return [[r.arrival, r.admitted, r.token_times[0] if r.token_times else None,
-             r.token_times[-1] if r.token_times else None, len(r.token_times), r.prompt_len]
+             r.token_times[-1] if r.token_times else None, len(r.token_times), r.prompt_len,
+             r.admitted_step, r.first_token_step]
             for r in run.requests.values()]
 
 
@@ -481,7 +486,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                   + (("           sweep-only model: " + ", ".join(f"{k} {row0[k]['rel']:+.1%}" for k in row0) + "\n")
                      if row0 else "")
                   + f"           TTFT = wait {sp['sim']['wait_s'] * 1e3:.1f}/{sp['real']['wait_s'] * 1e3:.1f} + "
-                  f"rest {sp['sim']['after_s'] * 1e3:.1f}/{sp['real']['after_s'] * 1e3:.1f} ms (sim/real); "
+                  f"rest {sp['sim']['after_s'] * 1e3:.1f}/{sp['real']['after_s'] * 1e3:.1f} ms in "
+                  f"{sp['sim']['after_steps']:.2f}/{sp['real']['after_steps']:.2f} steps (sim/real); "
                   f"jain {s['jain_fairness']:.3f}/{r['jain_fairness']:.3f}; engine in step() "
                   f"{host['step_s']:.1f} s, add_request {host['add_s'] * 1e3:.0f} ms of {real.makespan:.1f} s, "
                   f"{host.get('gc_full_passes', 0)} full GC passes ({host.get('gc_s', 0) * 1e3:.0f} ms in all GC) "

@@ -128,3 +128,18 @@ def test_llm_takes_a_policy_by_name_class_or_instance_and_refuses_one_that_canno
         LLM(CFG, policy="lifo", **kw)
     with pytest.raises(TypeError, match="EngineConfig.policy"):
         LLM(CFG, policy=3, **kw)
+
+
+@pytest.mark.parametrize("async_scheduling,after", [(False, 1), (True, 2)])
+def test_engine_steps_from_admission_to_first_token(async_scheduling, after) -> None:
+    """run_on_engine counts the step() calls: a request added to an idle engine gets its first
+    token from the next call (synchronous), or the one after (async scheduling returns a
+    step's tokens from the call that launched the next one): what the simulator's
+    async_output mirrors (the engine's side of test_steps_from_admission_to_first_token)."""
+    trace = make_trace(synthetic_lengths(3, seed=2, prompt_median=12, output_median=4, max_prompt=20,
+                                         max_total=40), rate=1e6, vocab_size=128)
+    with LLM(CFG, device="cpu", dtype="float32", num_blocks=64, block_size=16, max_num_seqs=8,
+             max_num_batched_tokens=128, async_scheduling=async_scheduling) as m:
+        real = run_on_engine(m, trace, realtime=False)
+    for t in real.requests.values():
+        assert t.admitted_step == 0 and t.first_token_step - t.admitted_step == after

@@ -260,6 +260,19 @@ def test_async_output_reports_each_step_one_step_later() -> None:
     assert late.finish == 1.5
 
 
+def test_steps_from_admission_to_first_token() -> None:
+    """admitted_step / first_token_step count the steps run: a request admitted to an idle
+    simulator gets its first token after 1 step, or 2 with async output; one that arrives
+    while a step runs is admitted at that step's end."""
+    trace = Trace([TraceRequest("a", 0.0, list(range(10)), 3), TraceRequest("b", 0.7, list(range(20, 28)), 2)])
+    for async_output, after in ((False, 1), (True, 2)):
+        run = Simulator("fcfs", const(0.5), num_blocks=64, block_size=4, async_output=async_output).run(trace)
+        a, b = run.requests["a"], run.requests["b"]
+        assert (a.admitted_step, a.first_token_step) == (0, after)
+        assert b.admitted_step == 2 and b.admitted == 1.0        # step 2 ran 0.5-1.0
+        assert b.first_token_step - b.admitted_step == after
+
+
 def test_finish_estimate_from_a_cost_model_drives_edf_admission() -> None:
     from toolkit.schedulers import EDF
     from toolkit.types import Request, SamplingParams

@@ -198,6 +198,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                     engine.add_request(r.prompt_ids, sp, request_id=r.request_id,
                                        arrival_time=t0 + (r.arrival if realtime else 0.0), **r.policy_fields())
                     timing[r.request_id].admitted = time.monotonic() - t0
+                    timing[r.request_id].admitted_step = host["steps"]
                     host["add_s"] += timing[r.request_id].admitted + t0 - a
                     k += 1
                 if not engine.has_unfinished():
@@ -222,6 +223,8 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                     if rt is None:
                         continue
                     new = sum(len(c.new_token_ids) for c in o.outputs) if o.outputs else len(o.new_token_ids)
+                    if new and not rt.token_times:
+                        rt.first_token_step = host["steps"]
                     rt.token_times.extend([t] * new)
                     if o.finished:
                         rt.finish, rt.finish_reason = t, o.finish_reason

@@ -27,6 +27,10 @@ class RequestTiming:
     finish: float | None = None
     finish_reason: str | None = None
     admitted: float | None = None               # when add_request had taken it (engine or simulator)
+    # steps run (engine: step() calls of the run; simulator: its steps) when it was admitted,
+    # and when its first token was reported: the step latency of TTFT, apart from step lengths
+    admitted_step: int | None = None
+    first_token_step: int | None = None
 
     @property
     def ttft(self) -> float | None:

@@ -67,7 +67,7 @@ class Simulator:
 
     def run(self, trace: Trace, label: str | None = None) -> RunResult:
         """Run every request of the trace to the end; the clock starts at 0."""
-        self.now, self._held = 0.0, []
+        self.now, self._held, self._steps = 0.0, [], 0
         sched = self.build()
         alloc = sched.allocator
         pending = list(trace.requests)
@@ -83,6 +83,7 @@ class Simulator:
                     self.now += admit(pending[k].prompt_len)
                 sched.add_request(pending[k].to_request())
                 timing[pending[k].request_id].admitted = self.now
+                timing[pending[k].request_id].admitted_step = self._steps
                 k += 1
             if not sched.has_unfinished():
                 self._flush(timing)
@@ -99,6 +100,7 @@ class Simulator:
                 self.now = pending[k].arrival if k < len(pending) else self.now + IDLE_TICK
                 continue
             self.now += float(self.cost(out))
+            self._steps += 1
             sampled = {s.request_id: [fake_token(s.request_id, s.request.num_tokens, self.vocab_size)]
                        for s in out.scheduled if s.samples}
             self._record(sched.update(out, sampled), timing)
@@ -121,6 +123,8 @@ class Simulator:
     def _stamp(self, outputs, timing: dict[str, RequestTiming]) -> None:
         for o in outputs:
             t = timing[o.request_id]
+            if not t.token_times and o.new_token_ids:
+                t.first_token_step = self._steps
             t.token_times.extend([self.now] * len(o.new_token_ids))
             if o.finished:
                 t.finish, t.finish_reason = self.now, o.finish_reason
