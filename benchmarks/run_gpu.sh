@@ -45,6 +45,8 @@ for step in "$@"; do
                  cp toolkit/simulator/data/cost_models.json $OUT/ ;;
     # #18 probe: each policy's engine steps, stream time against kernel time (the GPU waiting on the host)
     step_gaps) timeout ${SGAP_TIMEOUT:-300} python3 benchmarks/step_gaps.py ${SGAP_ARGS:---shape llama8b --rate 34 --policies vtc,fcfs} --out $OUT/step_gaps.json 2>&1 | grep -v Warning | tail -30 ;;
+    # #21 / #18 probe: the sweep's eager mixed steps with the TMA prefill path and without it, one process
+    mixed_steps) timeout ${MS_TIMEOUT:-300} python3 benchmarks/mixed_steps.py ${MS_ARGS:---shape llama8b --profile} --out $OUT/mixed_steps.json 2>&1 | grep -v Warning | tail -30 ;;
     # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)
     sim_validate) timeout ${VAL_TIMEOUT:-470} python3 benchmarks/sim_validate.py --num ${VAL_NUM:-300} ${VAL_ARGS:-} --out $OUT/sim_validate.json --plot $OUT/sim_validate_ttft.png 2>&1 | grep -v Warning | tail -60 ;;
   esac

@@ -33,16 +33,17 @@ def model_config(shape: str) -> Any:
     return {"qwen3": qwen3_0_6b, "llama8b": llama31_8b, "tiny": tiny_config}[shape]()
 
 
-def build_llm(shape: str) -> Any:
-    """An LLM with random weights at the shape, with the engine settings above."""
+def build_llm(shape: str, **overrides: Any) -> Any:
+    """An LLM with random weights at the shape, with the engine settings above (overrides:
+    other LLM arguments, e.g. attention=)."""
     import torch
 
     from toolkit import LLM
 
     if shape == "tiny":
         torch.set_num_threads(1)            # steadier step times on a shared CPU
-        return LLM(tiny_config(), **TINY_ENGINE)
-    return LLM(model_config(shape), **GPU_ENGINE)
+        return LLM(tiny_config(), **{**TINY_ENGINE, **overrides})
+    return LLM(model_config(shape), **{**GPU_ENGINE, **overrides})
 
 
 def release_llm(llm: Any) -> None:
