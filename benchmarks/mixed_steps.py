@@ -44,7 +44,8 @@ def shapes_of(quick: bool) -> list[tuple[int, int, int, int]]:
 
 def time_shape(llm, b: int, c: int, p: int, k: int, steps: int, warmup: int, profile: bool) -> dict:
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     from toolkit.simulator.calibrate import _Shapes
 
