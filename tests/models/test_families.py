@@ -128,11 +128,14 @@ def test_triton_attention_with_tma_prefills_equals_the_reference(family, hf_chec
     g = torch.Generator().manual_seed(3)
     tokens = {s: torch.randint(0, 517, (sum(c),), generator=g).tolist() for s, c in SCHEDULE.items()}
     want = _run_schedule(model, tokens)
-    g = model.geometry
-    cfg = replace(default_config(torch.float16, g.head_dim, g.num_heads // g.num_kv_heads, torch.device("cpu")),
+    geo = model.geometry
+    cfg = replace(default_config(torch.float16, geo.head_dim, geo.num_heads // geo.num_kv_heads, torch.device("cpu")),
                   self_prefill=TileConfig(block_q=16, block_n=16, num_warps=4, num_stages=1))
     fast = PagedRunner(model, block_size=4, backend=partial(TritonPagedAttention, config=cfg))
+    plans = []                                   # per step: did its TMA tiles carry a cached prefix
+    plan = fast.attention.plan
+    fast.attention.plan = lambda layout: (plan(layout), plans.append(fast.attention._self_prefix))[0]
     got = _run_schedule(model, tokens, fast)
-    assert fast.attention.num_self_prefill_launches > 0
+    assert fast.attention.num_self_prefill_launches > 0 and any(plans), "no chunk after a prefix took the TMA path"
     for s in tokens:
         torch.testing.assert_close(got[s], want[s], rtol=2e-2, atol=2e-2, msg=lambda m, s=s: f"{family}/{s}: {m}")
