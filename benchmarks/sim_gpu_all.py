@@ -490,7 +490,10 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                   f"{sp['sim']['after_steps']:.2f}/{sp['real']['after_steps']:.2f} steps (sim/real); "
                   f"jain {s['jain_fairness']:.3f}/{r['jain_fairness']:.3f}; engine in step() "
                   f"{host['step_s']:.1f} s, add_request {host['add_s'] * 1e3:.0f} ms of {real.makespan:.1f} s, "
-                  f"{host.get('gc_full_passes', 0)} full GC passes ({host.get('gc_s', 0) * 1e3:.0f} ms in all GC) "
+                  f"{host.get('gc_full_passes', 0)} full GC passes ({host.get('gc_s', 0) * 1e3:.0f} ms in all GC)"
+                  + (", CUDA allocator: {num_device_alloc} mallocs, {num_device_free} frees, "
+                     "{num_alloc_retries} retries".format(**host["cuda_allocator"]) if "cuda_allocator" in host else "")
+                  + " "
                   f"[at {time.perf_counter() - t_start:.0f} s]\n"
                   + _mix_line(entry), flush=True)
         if args.balanced:

@@ -163,6 +163,18 @@ class TraceRecorder:
         return f"TraceRecorder({len(self.requests)} requests, {len(self.steps)} steps)"
 
 
+def _cuda_allocator_counts(engine: Any) -> dict[str, int] | None:
+    """The CUDA caching allocator's cumulative device mallocs, frees and malloc retries on the
+    engine's device (None off CUDA)."""
+    import torch
+
+    dev = getattr(engine.runner, "device", None)
+    if getattr(dev, "type", "cpu") != "cuda":
+        return None
+    stats = torch.cuda.memory_stats(dev)
+    return {k: int(stats.get(k, 0)) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries")}
+
+
 def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime: bool = True,
                   time_limit: float | None = None) -> RunResult:
     """Run the trace on the real engine: each request is added when its arrival time comes
@@ -178,6 +190,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
     run = RunResult(timing, [], label)
     t0 = time.monotonic()
     pre0 = engine.num_preemptions
+    alloc0 = _cuda_allocator_counts(engine)
     host = run.host_time = dict(step_s=0.0, add_s=0.0, steps=0, longest_step_s=0.0)   # where the wall time went
     last = None                           # (the last call's record, when it returned, add_s then)
     k = 0
@@ -235,6 +248,11 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
         rec.detach()
     host.update(pauses.as_dict())
     host["compiles"] = {name: list(v) for name, v in compiles.items()}      # {kernel: [count, s]}
+    # the CUDA caching allocator during the run: device mallocs / frees (a cudaFree waits for
+    # the device) and retries (a failed malloc frees every cached block, then tries again)
+    alloc1 = _cuda_allocator_counts(engine)
+    if alloc0 is not None and alloc1 is not None:
+        host["cuda_allocator"] = {k: alloc1[k] - alloc0[k] for k in alloc0}
     # step times on the trace's clock: perf_counter and monotonic share a rate; align at t0
     offset = (time.perf_counter() - time.monotonic()) + t0
     for s in rec.steps:
