@@ -9,6 +9,8 @@ its TMA prefill path off ("paged", `throughput.paged_prefill_attention`), and fo
 shape (the calibration sweep's mixes, a long prompt, a decode batch for reference) it reports:
 - wall ms a step (`engine.step()`, as the calibration times it) and GPU stream ms a step
   (`StepRecord.gpu_time`);
+- the CUDA caching allocator's device mallocs, frees and retries over the shape's timed steps
+  (a cudaFree waits for the device);
 - with --profile, the device time of the kernels (their intervals' union, the profiler's own
   step ranges left out) and the costliest kernels, over the shape's timed steps.
 
@@ -48,12 +50,14 @@ def time_shape(llm, b: int, c: int, p: int, k: int, steps: int, warmup: int, pro
     from torch.profiler import profile as torch_profile
 
     from toolkit.simulator.calibrate import _Shapes
+    from toolkit.simulator.replay import _cuda_allocator_counts
 
     sh = _Shapes(llm.engine, steps, warmup, seed=b * 7 + p)
     try:
         ids = sh.decoders(b, c) if b else []
         first = len(sh.rec.steps)
         cuda = torch.cuda.is_available()
+        alloc0 = _cuda_allocator_counts(llm.engine)
         prof = None
         if profile and cuda:
             with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -64,6 +68,9 @@ def time_shape(llm, b: int, c: int, p: int, k: int, steps: int, warmup: int, pro
         gpu = [r.gpu for r in recs if r.gpu is not None]
         row = dict(decodes=b, context=c, prompt_tokens=p, prompts=k, steps=len(recs), wall_ms=1e3 * wall,
                    gpu_ms=1e3 * statistics.fmean(gpu) if gpu else None, outliers=dropped)
+        alloc1 = _cuda_allocator_counts(llm.engine)
+        if alloc0 is not None and alloc1 is not None:   # cudaMalloc / cudaFree inside the timed steps
+            row["cuda_allocator"] = {key: alloc1[key] - alloc0[key] for key in alloc0}
         if prof is not None:
             spans, kernels = [], {}
             for e in prof.events():
@@ -105,6 +112,9 @@ def main() -> None:
             rows.append(row)
             gpu = "n/a" if row["gpu_ms"] is None else f"{row['gpu_ms']:7.2f}"
             kern = f"  kernels {row['kernel_ms']:7.2f}" if "kernel_ms" in row else ""
+            if "cuda_allocator" in row:
+                kern += "  mallocs/frees/retries {num_device_alloc}/{num_device_free}/{num_alloc_retries}".format(
+                    **row["cuda_allocator"])
             print(f"  {name:5s} B={b:<4d} L={c:<5d} P={p:<5d} k={k}: wall {row['wall_ms']:7.2f} ms, GPU {gpu} ms{kern}",
                   flush=True)
             if args.out:                         # after each shape: a timeout keeps what was done
