@@ -396,7 +396,7 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
         base = multi_client_trace(lengths(plan["below_n"] if load < 1 else plan["above_n"]), {c: s * rate for c, s in CLIENT_SHARES.items()},
                                   vocab_size=vocab, seed=args.seed + 1 + 100 * i)
         for j, name in enumerate(policies):
-            expect = 1.4 * len(base) / (rate if load < 1 else sat) + 8      # engine run, its tail, the simulation
+            expect = expected_run_s(len(base), rate, load)
             if left() < expect:
                 print(f"  skipped {name} at {load:g}x: {left():.0f} s of the budget left, "
                       f"~{expect:.0f} s needed", flush=True)
@@ -503,6 +503,12 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     print_table({shape: res})
 
 
+def expected_run_s(n: int, rate: float, load: float) -> float:
+    """Seconds a comparison's engine run, its tail and its simulation take: the arrivals at
+    `rate`, or above saturation (rate / load) the engine's completion rate, plus slack."""
+    return 1.4 * n / (rate if load < 1 else rate / load) + 8
+
+
 def balance_order(llm, res: dict, load: float, base, vocab: int, left, args) -> None:
     """--balanced: one more engine run of each of this load's policies, in the reverse order
     (A B ... then ... B A), so each policy's runs sit at mirrored positions in the process; the
@@ -515,7 +521,7 @@ def balance_order(llm, res: dict, load: float, base, vocab: int, left, args) -> 
 
     entries = [e for e in res["runs"] if e["load"] == load]
     for e in reversed(entries):
-        expect = 1.4 * len(base) / e["rate"] + 8
+        expect = expected_run_s(len(base), e["rate"], load)
         if left() < expect:
             print(f"  balanced order: {e['policy']} at {load:g}x skipped ({left():.0f} s left)", flush=True)
             continue

@@ -82,7 +82,8 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: tor
     h, h_kv = q.shape[1], k.shape[1]
     for start, n, prefix, page_base in sorted({(s, n, p, b) for s, _, n, p, b in tiles.tolist()}):
         if prefix and kv_cache is None:
-            raise ValueError(f"a tile has a cached prefix of {prefix} tokens but no kv_cache was given")
+            raise ValueError(f"a tile has a cached prefix of {prefix} tokens but no kv_cache was given: "
+                             f"pass kv_cache and kv_indices, or build the tiles with prefix_lens 0")
         ks, vs = k[start:start + n].float(), v[start:start + n].float()   # [S, H_kv, D]
         if prefix:
             page = kv_cache.shape[2]
