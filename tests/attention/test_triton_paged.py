@@ -67,10 +67,11 @@ def test_split_kv_merge_matches_reference(lengths, geom, window, seed) -> None:
 
 
 @pytest.mark.parametrize("batch", [2, 9])                 # 4 / 18 programs at 2 KV heads
-@pytest.mark.parametrize("kv_len", [5, 70])              # unsplit / split (the wide tile)
+@pytest.mark.parametrize("kv_len", [5, 70])              # unsplit / split
 def test_decode_tile_by_launch_size(batch, kv_len) -> None:
-    """A decode launch of many programs takes `decode_many` (1 warp), a small one the default
-    tile; both give the reference's output, and the choice is the launched grid's."""
+    """A decode launch of many programs (split rows counted) takes `decode_many` (1 warp), a
+    small one the default tile; both give the reference's output, and the choice is the
+    launched grid's."""
     from toolkit.attention.tuning import default_config
 
     case = make_case(4, 2, 16, 16, [kv_len] * batch, [1] * batch, torch.float16, batch + kv_len)
@@ -83,8 +84,28 @@ def test_decode_tile_by_launch_size(batch, kv_len) -> None:
     fast._attn = lambda *a, **kw: (used.append(kw["num_warps"]), attn(*a, **kw))[1]
     attn = type(fast)._kernels(True)[0]
     fast.run(0, case.q)
-    many = programs >= cfg.many_programs and not fast.schedule.split
+    many = programs >= cfg.many_programs
     assert used[0] == (cfg.decode_many if many else cfg.decode).num_warps
+    check(case, config=cfg)
+
+
+def test_split_launch_of_many_programs_takes_decode_many() -> None:
+    """Splits count as programs: 2 sequences x 2 KV heads (4 programs, under the many rule's 6)
+    split in 2 make 8, and that launch takes decode_many."""
+    from dataclasses import replace
+
+    from toolkit.attention.tuning import default_config
+
+    case = make_case(4, 2, 16, 16, [70, 70], [1, 1], torch.float16, 7)
+    cfg = replace(default_config(torch.float16, 16, 2, torch.device("cpu")), many_programs=6)
+    fast = TritonPagedAttention(case.cache, 4, 16, config=cfg)
+    fast.plan(case.layout)
+    assert fast.schedule.split and len(fast.schedule.decode) * 2 >= 6
+    used = []
+    attn = type(fast)._kernels(True)[0]
+    fast._attn = lambda *a, **kw: (used.append((kw["num_warps"], kw["block_n"])), attn(*a, **kw))[1]
+    fast.run(0, case.q)
+    assert used[0] == (cfg.decode_many.num_warps, cfg.decode_many.block_n)
     check(case, config=cfg)
 
 
@@ -174,3 +195,29 @@ def test_gpu_long_context_split_decode(dtype) -> None:
     fast.plan(case.layout)
     assert fast.schedule is not None and fast.schedule.num_splits > 1
     check(case)
+
+
+@pytest.mark.gpu
+def test_warm_up_compiles_the_split_decode_tile() -> None:
+    """A long-context decode batch (b16 c4096: 5 splits, 640 programs) launches decode_many in
+    split mode, which no warm-up step reaches; warm_up compiles it, so the step compiles
+    nothing. The tile here (5 stages) is used by no other test, so its compile must come from
+    warm_up, not from an earlier test's launch in this process."""
+    from dataclasses import replace
+
+    from toolkit.attention.tuning import default_config
+    from toolkit.testing import triton_compiles
+
+    case = make_case(32, 8, 128, 16, [4096] * 16, [1] * 16, torch.bfloat16, seed=5)
+    base = default_config(torch.bfloat16, 128, 4, case.cache.device)
+    cfg = replace(base, decode_many=replace(base.decode_many, num_stages=5))
+    fast = TritonPagedAttention(case.cache, 32, 128, config=cfg)
+    with triton_compiles() as warm:
+        fast.warm_up(torch.bfloat16)
+    assert "_paged_attention_kernel" in warm
+    fast.plan(case.layout)
+    assert fast.schedule.split and len(fast.schedule.decode) * 8 >= cfg.many_programs
+    with triton_compiles() as seen:
+        fast.run(0, case.q)
+    assert not seen, f"compiled inside the step: {seen}"
+    check(case, config=cfg)

@@ -201,11 +201,10 @@ class TritonPagedAttention:
                                   "k_scale": k_scale, "v_scale": v_scale}
         work = self._tables()
         if len(self.schedule.decode):
-            # split launches keep the wide tile, as split-mode graph tables do: the warm-up
-            # compiles each tile once per launch kind it meets (a 1-warp split launch first seen
-            # inside generate compiled there: H200, 2026-12-02 (f), 1.6 s)
-            split = self._part_out is not None
-            t = cfg.decode if split else cfg.decode_tile(len(self.schedule.decode) * self.num_kv_heads)
+            # the tile by launch size, split launches included (their rows are the splits);
+            # warm_up() compiles the split variant of decode_many, which short warm-up steps
+            # never launch (first seen inside generate it compiled there: H200, 2026-12-02 (f))
+            t = cfg.decode_tile(len(self.schedule.decode) * self.num_kv_heads)
             self._attn(q, cache, self.kv_indices, work["decode"], out, self._part_out,
                        self._part_lse, block_q=t.block_q, block_n=t.block_n,
                        num_warps=t.num_warps, num_stages=t.num_stages, **common)
@@ -244,8 +243,25 @@ class TritonPagedAttention:
                                   min_split_tokens=cfg.min_split_tokens, max_splits=cfg.max_splits,
                                   max_tokens_per_seq=cache.num_blocks * cache.block_size)
         precompile(self.num_heads, self.head_dim, bound, dtype, cache.device)
+        if cfg.decode_many is not None:
+            self._precompile_split_decode(cfg.decode_many, dtype)
         if self._self_tile is not None:
             self._precompile_self_prefill(dtype)
+
+    def _precompile_split_decode(self, t, dtype: torch.dtype) -> None:
+        """The split-mode decode kernel with tile `t`, on one query row over one key (a long
+        decode beside others splits into launches of many programs, which take decode_many;
+        the warm-up's short decodes are never split)."""
+        h, d, dev = self.num_heads, self.head_dim, self.kv_cache.device
+        work = torch.zeros(1, reference_attention.WORK_COLS, dtype=torch.int32, device=dev)
+        work[0, 1], work[0, 7] = 1, 1                      # one query token, keys [0, 1)
+        q = torch.zeros(1, h, d, dtype=dtype, device=dev)
+        k_scale, v_scale = self.kv_cache.scales(0)
+        self._attn(q, self.kv_cache[0], torch.zeros(4, dtype=torch.int32, device=dev), work,
+                   torch.empty_like(q), torch.zeros(1, h, 2, d, device=dev), torch.zeros(1, h, 2, device=dev),
+                   scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
+                   num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
 
     def _precompile_self_prefill(self, dtype: torch.dtype) -> None:
         """The TMA prefill kernel on dummy tensors laid out as the model passes them (q and k

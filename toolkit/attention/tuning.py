@@ -31,10 +31,10 @@ class KernelConfig:
     self_prefill: TileConfig | None = None
 
     def decode_tile(self, programs: int) -> TileConfig:
-        """An unsplit decode launch's tiles for a grid of `programs` (work rows x KV heads): with
-        many programs, small 1-warp tiles keep several in flight per SM (H200: b64 c512 47.9 vs
-        56.4 us, b256 c512 138.8 vs 152.0); with few, the wide default tile. Split launches
-        (batch 1-16 at long contexts) always take the wide tile (TritonPagedAttention.run)."""
+        """A decode launch's tiles for a grid of `programs` (work rows, splits included, x KV
+        heads): with many programs, small 1-warp tiles keep several in flight per SM (H200:
+        b64 c512 47.9 vs 56.4 us, b256 c512 138.8 vs 152.0, split b16 c4096 83.5 vs 93.2); with
+        few, the wide default tile (b1 c4096: 19.0 vs 24.3)."""
         if self.decode_many is not None and programs >= self.many_programs:
             return self.decode_many
         return self.decode
@@ -104,8 +104,8 @@ def gpu_config(dtype: torch.dtype, head_dim: int, group: int, sms: int) -> Kerne
     # programs (schedule.split_size: b1 c16384 36.1 vs 39.7 us, b64 c512 56.5 vs 60.0 us).
     # Unsplit decode launches of >= 3 programs per SM take 1-warp tiles of 32 keys x 4 stages
     # (NOTES v2, 2026-12-02 (f): b64 c512 1.18x, b256 c512 1.10x faster; split b16 c4096 1.12x
-    # and b64 c4096 1.05x too, but split launches keep the wide tile until a warm-up compiles
-    # the 1-warp split variant; at b1, 128-256 programs, 0.78-0.83x).
+    # and b64 c4096 1.05x too, whose split variant TritonPagedAttention.warm_up compiles; at b1,
+    # 128-256 programs, 0.78-0.83x).
     dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=128, num_warps=4, num_stages=3)
     many = TileConfig(block_q=dec.block_q, block_n=32, num_warps=1, num_stages=4)
     pre = TileConfig(block_q=max(1, 128 // g_pad), block_n=64, num_warps=4, num_stages=3)
