@@ -5,7 +5,11 @@ same inputs, random data, a correctness check of every configuration before it i
     python benchmarks/attention.py [--out results.json] [--quick] [--no-sweep] [--parts prefix,decode]
 
 Decode bytes = K/V of every visible token + q + out (what the kernel must move at least);
-bandwidth = bytes / median kernel time (triton.testing.do_bench, L2 flushed between runs);
+bandwidth = bytes / median kernel time (triton.testing.do_bench, L2 flushed between runs),
+timed two ways: one call in a CUDA graph ("flush"), and a model's worth of calls in one
+graph, each over its own layer of the cache, timed together and divided by the layers
+("layers": rotating buffers, as a decode step's graph runs them; up to 32 layers and 4 GiB
+of KV; one call's fixed cost of starting a graph and recording events is spread over them);
 copy = a 4 GiB device-to-device copy, bytes read + written. Prefill FLOPs = 2 matmuls x
 2 FLOP x B x H x S^2 x D / 2 (causal).
 """
@@ -70,12 +74,14 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() * x.element_size() / (ms * 1e-3)
 
 
-def paged_case(h: int, h_kv: int, d: int, kv_lens: list[int], q_lens: list[int], seed: int):
+def paged_case(h: int, h_kv: int, d: int, kv_lens: list[int], q_lens: list[int], seed: int,
+               num_layers: int = 1):
     """Shuffled (non-contiguous) block tables over a cache of exactly the needed blocks."""
     rng = random.Random(seed)
     need = [-(-n // BLOCK) for n in kv_lens]
-    cache = KVCache(1, sum(need), BLOCK, h_kv, d, DTYPE, DEVICE)
-    cache[0].normal_()
+    cache = KVCache(num_layers, sum(need), BLOCK, h_kv, d, DTYPE, DEVICE)
+    for layer in cache.layers:
+        layer.normal_()
     ids = list(range(sum(need)))
     rng.shuffle(ids)
     tables, i = [], 0
@@ -113,6 +119,38 @@ def time_paged(cache, layout, q, h: int, d: int, config: KernelConfig | None) ->
     attn.run(0, q, out=out)
     eager = bench_ms(lambda: attn.run(0, q, out=out))
     return graph_ms(lambda: attn.run(0, q, out=out)), (attn, out, eager)
+
+
+LAYERS, LAYERS_BYTES = 32, 4 << 30      # the "layers" timing: a model's calls, at most 4 GiB of KV
+
+
+def num_layers_for(kv_bytes: int) -> int:
+    return max(1, min(LAYERS, LAYERS_BYTES // kv_bytes))
+
+
+def time_paged_layers(attn: TritonPagedAttention, q: torch.Tensor, out: torch.Tensor) -> float:
+    """Per-layer time of one graph that runs every layer of the planned attention's cache in
+    turn (each its own KV: nothing of the layer before is in L2)."""
+    n = attn.kv_cache.num_layers
+
+    def step() -> None:
+        for layer in range(n):
+            attn.run(layer, q, out=out)
+    return graph_ms(step) / n
+
+
+def time_sdpa_layers(q4: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor) -> dict[str, float | None]:
+    """SDPA's per-layer time over L contiguous K/V layers ks, vs [L, B, H_kv, S, D] in one graph."""
+    res: dict[str, float | None] = {}
+    for name, backend in PEERS.items():
+        try:
+            with sdpa_kernel(backend):
+                res[name] = graph_ms(lambda: [F.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
+                                              for k, v in zip(ks, vs)]) / ks.shape[0]
+        except RuntimeError as e:
+            res[name] = None
+            print(f"    sdpa {name} (layers): n/a ({str(e).splitlines()[0][:90]})")
+    return res
 
 
 TMA_TILES = {f"tma_m{m}_n{n}_w{w}_s{st}": (m, n, w, st) for m, n, w, st in
@@ -169,6 +207,7 @@ def decode_variants(base: KernelConfig, sms: int, names: set[str] | None = None)
 
 def _decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
     out = {"default": base, "nosplit": replace(base, target_programs=0),
+           "unfused": replace(base, fused_merge=False),            # the split merge as its own launch
            "old_split_rule": replace(base, max_splits=0, busy_min_split_tokens=0),   # before 2026-12-02 (c)
            "split2x": replace(base, target_programs=2 * sms), "split8x": replace(base, target_programs=8 * sms),
            "minsplit128": replace(base, min_split_tokens=128), "minsplit512": replace(base, min_split_tokens=512)}
@@ -214,35 +253,51 @@ def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batc
                 if 2.2 * kv_bytes > free:
                     print(f"  skip {model} b{batch} c{ctx}: {kv_bytes / 2**30:.1f} GiB x2 does not fit")
                     continue
-                cache, layout, q, tables = paged_case(h, h_kv, d, [ctx] * batch, [1] * batch, batch * ctx)
+                n_layers = num_layers_for(kv_bytes)
+                cache, layout, q, tables = paged_case(h, h_kv, d, [ctx] * batch, [1] * batch, batch * ctx,
+                                                      num_layers=n_layers)
                 scale = d ** -0.5
                 moved = kv_bytes + 2 * q.numel() * q.element_size()
                 base = default_config(DTYPE, d, h // h_kv, torch.device(DEVICE))
+                swept = (batch, ctx) in {(64, 4096), (1, 16384), (256, 512), (1, 4096), (64, 512), (16, 4096)}
                 variants = decode_variants(base, sms, names) if sweep and (
-                    batch, ctx) in {(64, 4096), (1, 16384), (256, 512), (1, 4096), (64, 512), (16, 4096)} and model == "llama3-8b" else {"default": base}
+                    swept or names is not None) and model == "llama3-8b" else {"default": base}
                 times = {}
                 for name, cfg in variants.items():
                     if time.time() > deadline and name != "default":
                         break
                     ms, (attn, out, eager) = time_paged(cache, layout, q, h, d, cfg)
                     err = check_against_reference(out, q, cache, tables, [ctx] * batch, [1] * batch, scale)
-                    times[name] = {"ms": ms, "eager_ms": eager, "splits": attn.schedule.num_splits, "err": err}
+                    times[name] = {"ms": ms, "layers_ms": time_paged_layers(attn, q, out), "eager_ms": eager,
+                                   "splits": attn.schedule.num_splits, "err": err}
                 del cache, layout
-                k = torch.randn(batch, h_kv, ctx, d, device=DEVICE, dtype=DTYPE)
-                v = torch.randn_like(k)
-                peers = time_sdpa(q.view(batch, 1, h, d).transpose(1, 2), k, v, causal=False)
-                del k, v
+                ks = torch.randn(n_layers, batch, h_kv, ctx, d, device=DEVICE, dtype=DTYPE)
+                vs = torch.randn_like(ks)
+                q4 = q.view(batch, 1, h, d).transpose(1, 2)
+                peers = time_sdpa(q4, ks[0], vs[0], causal=False)
+                peers_layers = time_sdpa_layers(q4, ks, vs)
+                del ks, vs
                 row = {"model": model, "batch": batch, "ctx": ctx, "bytes": moved, "copy_bw": copy_bw,
-                           "toolkit_ms": times["default"]["ms"], "splits": times["default"]["splits"],
-                           "err": times["default"]["err"], "peers_ms": peers, "variants": times}
+                       "layers": n_layers, "toolkit_ms": times["default"]["ms"],
+                       "toolkit_layers_ms": times["default"]["layers_ms"], "splits": times["default"]["splits"],
+                       "err": times["default"]["err"], "peers_ms": peers, "peers_layers_ms": peers_layers,
+                       "variants": times}
                 row["toolkit_pct"] = pct_of_copy(row["toolkit_ms"], moved, copy_bw)
+                row["toolkit_layers_pct"] = pct_of_copy(row["toolkit_layers_ms"], moved, copy_bw)
                 row["peers_pct"] = {k2: pct_of_copy(v2, moved, copy_bw) for k2, v2 in peers.items()}
+                row["peers_layers_pct"] = {k2: pct_of_copy(v2, moved, copy_bw) for k2, v2 in peers_layers.items()}
                 results["decode"].append(row)
-                best = min(times.items(), key=lambda kv: kv[1]["ms"])
-                print(f"  {model:11s} b{batch:<4d} c{ctx:<6d} toolkit {row['toolkit_ms'] * 1e3:8.1f} us "
-                      f"{row['toolkit_pct']:5.1f}% (splits {row['splits']}, err {row['err']:.1e})  "
-                      + "  ".join(f"{k2} {'n/a' if v2 is None else f'{v2:5.1f}%'}" for k2, v2 in row["peers_pct"].items())
-                      + (f"  best variant {best[0]} {pct_of_copy(best[1]['ms'], moved, copy_bw):.1f}%" if len(times) > 1 else ""), flush=True)
+                pct = lambda x: "n/a" if x is None else f"{x:5.1f}%"
+                print(f"  {model:11s} b{batch:<4d} c{ctx:<6d} (splits {row['splits']}, err {row['err']:.1e})  "
+                      f"flush: toolkit {row['toolkit_ms'] * 1e3:7.1f} us {pct(row['toolkit_pct'])} "
+                      + " ".join(f"{k2} {pct(v2)}" for k2, v2 in row["peers_pct"].items())
+                      + f" | {n_layers} layers: toolkit {row['toolkit_layers_ms'] * 1e3:7.1f} us "
+                      f"{pct(row['toolkit_layers_pct'])} "
+                      + " ".join(f"{k2} {pct(v2)}" for k2, v2 in row["peers_layers_pct"].items()), flush=True)
+                for name, t in times.items():
+                    if name != "default":
+                        print(f"      {name:22s} flush {pct(pct_of_copy(t['ms'], moved, copy_bw))} "
+                              f"layers {pct(pct_of_copy(t['layers_ms'], moved, copy_bw))}", flush=True)
                 torch.cuda.empty_cache()
 
 

@@ -72,6 +72,8 @@ class StaticDecodePlans:
         part = max(t * s for t, s in caps.items())
         self._part_out = torch.empty(part * num_heads * head_dim, dtype=torch.float32, device=device)
         self._part_lse = torch.empty(part * num_heads, dtype=torch.float32, device=device)
+        # the fused merge's done-counters, a slot per (merge row, KV head); kept zero by it
+        self.counters = torch.zeros(max(sizes) * num_kv_heads, dtype=torch.int32, device=device)
         # the page lists of a step: every block of the cache (sequences may share some), plus
         # one page per padding row of the largest bucket
         self.kv_indices = torch.zeros(max_pages, dtype=torch.int32, device=device)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from toolkit.attention.common import check_geometry, check_layout, check_qkv
-from toolkit.attention.schedule import Schedule, build_schedule, max_decode_splits
+from toolkit.attention.schedule import Schedule, TileConfig, build_schedule, max_decode_splits
 from toolkit.attention.static_plan import StaticDecodePlans
 from toolkit.attention.tuning import KernelConfig, default_config
 from toolkit.blocks.kv_cache import KVCache
@@ -75,6 +75,7 @@ class TritonPagedAttention:
         self.layout: PagedKVLayout | None = None
         self.schedule: Schedule | None = None
         self._work: dict[str, torch.Tensor] | None = None
+        self._counters: torch.Tensor | None = None   # int32, the fused merge's (see _tables)
 
     @staticmethod
     def _kernels(use_triton: bool) -> tuple[Callable[..., None], Callable[..., None]]:
@@ -163,6 +164,10 @@ class TritonPagedAttention:
             self._part_out = torch.empty(r, self.num_heads, s, self.head_dim, dtype=torch.float32,
                                          device=dev)                       # [R, H, S, D]
             self._part_lse = torch.empty(r, self.num_heads, s, dtype=torch.float32, device=dev)
+            if self._counters is None or self._counters.numel() < r * self.num_kv_heads:
+                # the fused merge's done-counters: every launch leaves them zero, so they are
+                # allocated (zeroed) only when a step needs more than any before
+                self._counters = torch.zeros(2 * r * self.num_kv_heads, dtype=torch.int32, device=dev)
         else:
             self._part_out = self._part_lse = None
         return self._work
@@ -205,10 +210,12 @@ class TritonPagedAttention:
             # warm_up() compiles the split variant of decode_many, which short warm-up steps
             # never launch (first seen inside generate it compiled there: H200, 2026-12-02 (f))
             t = cfg.decode_tile(len(self.schedule.decode) * self.num_kv_heads)
+            fused = self._part_out is not None and cfg.fused_merge
+            merge = dict(merge_rows=work["merge"], counters=self._counters) if fused else {}
             self._attn(q, cache, self.kv_indices, work["decode"], out, self._part_out,
                        self._part_lse, block_q=t.block_q, block_n=t.block_n,
-                       num_warps=t.num_warps, num_stages=t.num_stages, **common)
-            if self._part_out is not None:
+                       num_warps=t.num_warps, num_stages=t.num_stages, **common, **merge)
+            if self._part_out is not None and not fused:
                 self._merge(self._part_out, self._part_lse, work["merge"], out)
         fresh, self._fresh_kv = self._fresh_kv, None
         own = fresh is not None and fresh[:2] == (layer, self._plan_id) and _heads_contiguous(q, *fresh[2:])
@@ -231,7 +238,8 @@ class TritonPagedAttention:
 
     def warm_up(self, dtype: torch.dtype) -> None:
         """Compile what short warm-up steps cannot reach (declared; AttentionBackend: optional):
-        the split merge for every split count a decode may get (a long context alone in a step
+        split decode launches of each decode tile, and, when the merge is a launch of its own,
+        the merge for every split count a decode may get (a long context alone in a step
         splits up to max_decode_splits ways; each power of two is its own kernel variant).
         dtype: the queries' (the model's activations)."""
         if not self._use_triton or self.kv_cache.device.type != "cuda":
@@ -239,29 +247,35 @@ class TritonPagedAttention:
         from toolkit.kernels.merge_attention_states import precompile
 
         cfg, cache = self.config, self.kv_cache
-        bound = max_decode_splits(target_programs=cfg.target_programs, num_kv_heads=self.num_kv_heads,
-                                  min_split_tokens=cfg.min_split_tokens, max_splits=cfg.max_splits,
-                                  max_tokens_per_seq=cache.num_blocks * cache.block_size)
-        precompile(self.num_heads, self.head_dim, bound, dtype, cache.device)
-        if cfg.decode_many is not None:
-            self._precompile_split_decode(cfg.decode_many, dtype)
+        if not cfg.fused_merge:
+            bound = max_decode_splits(target_programs=cfg.target_programs,
+                                      num_kv_heads=self.num_kv_heads,
+                                      min_split_tokens=cfg.min_split_tokens, max_splits=cfg.max_splits,
+                                      max_tokens_per_seq=cache.num_blocks * cache.block_size)
+            precompile(self.num_heads, self.head_dim, bound, dtype, cache.device)
+        for t in dict.fromkeys(x for x in (cfg.decode, cfg.decode_many) if x is not None):
+            self._precompile_split_decode(t, dtype)
         if self._self_tile is not None:
             self._precompile_self_prefill(dtype)
 
-    def _precompile_split_decode(self, t, dtype: torch.dtype) -> None:
-        """The split-mode decode kernel with tile `t`, on one query row over one key (a long
-        decode beside others splits into launches of many programs, which take decode_many;
-        the warm-up's short decodes are never split)."""
+    def _precompile_split_decode(self, t: TileConfig, dtype: torch.dtype) -> None:
+        """The split-mode decode kernel with tile `t` (and the fused merge, when configured), on
+        one query row over one key: a long decode splits into launches of many programs
+        (decode_many) or few (the default tile), and the warm-up's short decodes never split."""
         h, d, dev = self.num_heads, self.head_dim, self.kv_cache.device
         work = torch.zeros(1, reference_attention.WORK_COLS, dtype=torch.int32, device=dev)
         work[0, 1], work[0, 7] = 1, 1                      # one query token, keys [0, 1)
         q = torch.zeros(1, h, d, dtype=dtype, device=dev)
         k_scale, v_scale = self.kv_cache.scales(0)
+        merge = {}
+        if self.config.fused_merge:                        # row 0 (token 0) has one split
+            merge = dict(merge_rows=torch.tensor([[0, 1]], dtype=torch.int32, device=dev),
+                         counters=torch.zeros(self.num_kv_heads, dtype=torch.int32, device=dev))
         self._attn(q, self.kv_cache[0], torch.zeros(4, dtype=torch.int32, device=dev), work,
                    torch.empty_like(q), torch.zeros(1, h, 2, d, device=dev), torch.zeros(1, h, 2, device=dev),
                    scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
                    num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
-                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge)
 
     def _precompile_self_prefill(self, dtype: torch.dtype) -> None:
         """The TMA prefill kernel on dummy tensors laid out as the model passes them (q and k
@@ -318,12 +332,14 @@ class TritonPagedAttention:
         t = self.config.decode if split else self.config.decode_tile(b.tokens * self.num_kv_heads)
         k_scale, v_scale = self.kv_cache.scales(layer)
         work = b.work if split else b.work[: b.tokens]
+        fused = split and self.config.fused_merge
+        merge = dict(merge_rows=b.merge, counters=plans.counters) if fused else {}
         self._attn(q, self.kv_cache[layer], plans.kv_indices, work, out,
                    b.part_out if split else None, b.part_lse if split else None,
                    scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
                    num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
-                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-        if split:
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge)
+        if split and not fused:
             self._merge(b.part_out, b.part_lse, b.merge, out)
 
     def __repr__(self) -> str:

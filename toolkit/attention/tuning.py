@@ -29,6 +29,9 @@ class KernelConfig:
     # prefills with no cached prefix: causal attention over the step's own K/V with TMA loads
     # (kernels/self_attention.py; block_q = query tokens per tile, one head a program); None: off
     self_prefill: TileConfig | None = None
+    # split decode launches merge their partials in the same launch (the last split of a
+    # sequence merges; kernels/paged_attention.py) instead of a second merge launch
+    fused_merge: bool = True
 
     def decode_tile(self, programs: int) -> TileConfig:
         """A decode launch's tiles for a grid of `programs` (work rows, splits included, x KV

@@ -11,7 +11,10 @@ entry of the sequence's page list, and the key range split into three parts
 [start, full_lo) masked, [full_lo, full_hi) unmasked (every row sees every key), [full_hi, hi)
 masked; plus the partial-result row and split index when SPLIT (flash-decoding): then the
 program writes its normalized partial output and log-sum-exp, merged later by
-toolkit.kernels.merge_attention_states.
+toolkit.kernels.merge_attention_states, or, with FUSE_MERGE, in the same launch: each
+program counts itself done on its (partial row, KV head) counter, and the sequence's last
+split to finish merges the partials and resets the counter to zero for the next launch (one
+kernel instead of two; at batch 1 the merge launch is a step of the latency chain).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.kernels.reference import check_scales
+from toolkit.kernels.reference import check_scales, fuses_merge
 
 WORK_COLS = 10   # columns of the work table, in the order read below
 
@@ -88,18 +91,63 @@ def _attend(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _merge_splits(
+    part_out_ptr, part_lse_ptr, out_ptr, part_row, q_start, n_q, n_splits, kvh,
+    stride_pr, stride_ph, stride_ps, stride_lr, stride_lh, stride_ot, stride_oh,
+    NUM_Q_PER_KV: tl.constexpr, G_PAD: tl.constexpr, S_CHUNK: tl.constexpr, D: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    """out[q_start + t, heads of kvh] = the LSE-weighted mean of the n_splits partials of rows
+    part_row + t, t < n_q; splits in chunks of S_CHUNK, loaded at once ([G, S, D]: the loads
+    of one chunk are in flight together, not one latency per split). Partials come from other
+    programs of this launch: loaded .cg (from L2; an SM's L1 is not coherent with them)."""
+    offs_g = tl.arange(0, G_PAD)
+    offs_s = tl.arange(0, S_CHUNK)
+    offs_d = tl.arange(0, D_PAD)
+    g_ok = offs_g < NUM_Q_PER_KV
+    d_ok = offs_d < D
+    head = kvh * NUM_Q_PER_KV + offs_g                                     # [G] query heads
+    for t in range(n_q):
+        prow = (part_row + t).to(tl.int64)
+        m = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+        den = tl.zeros([G_PAD], dtype=tl.float32)
+        num = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+        for s0 in range(0, n_splits, S_CHUNK):
+            sp = s0 + offs_s                                               # [S] split index
+            ok = g_ok[:, None] & (sp[None, :] < n_splits)                  # [G, S]
+            lse = tl.load(part_lse_ptr + prow * stride_lr + head[:, None] * stride_lh + sp[None, :],
+                          mask=ok, other=float("-inf"), cache_modifier=".cg")        # [G, S]
+            o = tl.load(part_out_ptr + prow * stride_pr + head[:, None, None] * stride_ph
+                        + sp[None, :, None] * stride_ps + offs_d[None, None, :],
+                        mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
+                        cache_modifier=".cg")                              # [G, S, D]
+            m_new = tl.maximum(m, tl.max(lse, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)         # no finite split yet
+            alpha = tl.exp(m - m_safe)
+            wgt = tl.exp(lse - m_safe[:, None])                            # [G, S]; -inf -> 0
+            den = den * alpha + tl.sum(wgt, 1)
+            num = num * alpha[:, None] + tl.sum(o * wgt[:, :, None], 1)
+            m = m_new
+        res = num / tl.where(den > 0.0, den, 1.0)[:, None]
+        tl.store(out_ptr + (q_start + t).to(tl.int64) * stride_ot + head[:, None] * stride_oh
+                 + offs_d[None, :], res.to(out_ptr.dtype.element_ty),
+                 mask=g_ok[:, None] & d_ok[None, :])
+
+
 # the partial-LSE strides follow the step's split count (S, H * S): not specialized on, so no
 # S compiles a new variant mid-run (they address one scalar store per row and head)
 @triton.jit(do_not_specialize=["stride_lr", "stride_lh"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, kv_indices_ptr, work_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
+    merge_rows_ptr, counter_ptr, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
     stride_pr, stride_ph, stride_ps, stride_lr, stride_lh,
     scale, soft_cap, window, v_scale,
     NUM_Q_PER_KV: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     WORK_COLS: tl.constexpr, KV_FP8: tl.constexpr, F16_MATH: tl.constexpr,
+    FUSE_MERGE: tl.constexpr, S_CHUNK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     w = tl.program_id(0)
@@ -157,6 +205,20 @@ def _paged_attention_kernel(
         tl.store(part_out_ptr + prow[:, None] * stride_pr + head[:, None] * stride_ph
                  + split * stride_ps + offs_d[None, :], o, mask=st_mask)
         tl.store(part_lse_ptr + prow * stride_lr + head * stride_lh + split, lse, mask=row_ok)
+        if FUSE_MERGE:
+            if n_q > 0:                                   # zero rows: a fixed table's padding
+                count = counter_ptr + part_row * tl.num_programs(1) + kvh
+                # every thread's partials are stored before one thread's release (CUTLASS's
+                # semaphore: bar.sync, then a gpu-scope release); acquire for the merge's loads
+                tl.debug_barrier()
+                done = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+                n_splits = tl.load(merge_rows_ptr + 2 * part_row + 1)
+                if done == n_splits - 1:                  # the last of the sequence's splits
+                    _merge_splits(part_out_ptr, part_lse_ptr, out_ptr, part_row, q_start, n_q,
+                                  n_splits, kvh, stride_pr, stride_ph, stride_ps, stride_lr,
+                                  stride_lh, stride_ot, stride_oh, NUM_Q_PER_KV, G_PAD, S_CHUNK,
+                                  D, D_PAD)
+                    tl.store(count, 0)                    # ready for the next launch
     else:
         tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=st_mask)
@@ -168,12 +230,16 @@ def paged_attention(
     scale: float, soft_cap: float | None, sliding_window: int | None, num_q_per_kv: int,
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
+    merge_rows: torch.Tensor | None = None, counters: torch.Tensor | None = None,
 ) -> None:
     """Attention of the work items' query tiles over the paged cache.
 
     q [T, H, D]; kv_cache [2, NB, BS, H_kv, D]; kv_indices int32 [nnz]; work int32 [W, WORK_COLS];
     out [T, H, D] (written unless part_out is given); part_out float32 [R, H, S, D] and
     part_lse float32 [R, H, S] (natural-log LSE) receive split partials when given.
+    With merge_rows int32 [R, 2] (output token, splits) and counters int32 [>= R * H_kv], all
+    zero, the launch also merges the partials into `out` (as merge_attention_states would)
+    and leaves the counters zero.
     An fp8 (e4m3fn) cache holds K / k_scale and V / v_scale: tiles are converted to q's dtype
     (exact), k_scale is folded into the softmax scale and v_scale into the output. Under a
     bf16 q the tiles and q are converted to fp16 instead: e4m3 -> fp16 is exact and has a
@@ -188,6 +254,7 @@ def paged_attention(
         return
     _, _, page, h_kv, d = kv_cache.shape
     split = part_out is not None
+    fuse = fuses_merge(part_out, merge_rows, counters, h_kv)
     g_pad = triton.next_power_of_2(num_q_per_kv)
     k_cache, v_cache = kv_cache[0], kv_cache[1]                            # [NB, BS, H_kv, D]
     po = part_out if split else out                                        # placeholders when unused
@@ -195,6 +262,7 @@ def paged_attention(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_attention_kernel[(n_work, h_kv)](
         q, k_cache, v_cache, kv_indices, work, out, po, pl,
+        merge_rows if fuse else work, counters if fuse else work,      # placeholders when unused
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         po.stride(0), po.stride(1), po.stride(2) if split else 0,
@@ -205,5 +273,12 @@ def paged_attention(
         HAS_SOFTCAP=soft_cap is not None, SPLIT=split, PRECISION=precision,
         WORK_COLS=WORK_COLS, KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         F16_MATH=kv_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
+        FUSE_MERGE=fuse, S_CHUNK=merge_chunk(g_pad, num_warps),
         num_warps=num_warps, num_stages=num_stages,
     )
+
+
+def merge_chunk(g_pad: int, num_warps: int) -> int:
+    """Splits a fused merge loads at once: [G_PAD, S, D] fp32 at about 64 registers a thread
+    for head_dim 128 (16 for 4 warps and a group of 4, 4 for 1 warp)."""
+    return max(1, min(16, 16 * num_warps // g_pad))

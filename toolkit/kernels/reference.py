@@ -39,6 +39,20 @@ def check_scales(kv_cache: torch.Tensor, k_scale: float, v_scale: float) -> None
                          f"{kv_cache.dtype} (got k_scale={k_scale}, v_scale={v_scale})")
 
 
+def fuses_merge(part_out: torch.Tensor | None, merge_rows: torch.Tensor | None,
+                counters: torch.Tensor | None, num_kv_heads: int) -> bool:
+    """Whether a paged-attention launch also merges its split partials (part_out and
+    merge_rows given); then counters must be int32 with a slot per (merge row, KV head)."""
+    if part_out is None or merge_rows is None:
+        return False
+    need = merge_rows.shape[0] * num_kv_heads
+    if counters is None or counters.dtype != torch.int32 or counters.numel() < need:
+        got = None if counters is None else f"{counters.dtype} x {counters.numel()}"
+        raise ValueError(f"a fused merge needs int32 counters, at least merge rows x KV heads = "
+                         f"{need} of them, got {got}")
+    return True
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
              k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Store this step's K/V at their slots; slot -1 is skipped. An fp8 cache stores

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from toolkit.kernels.reference import check_scales, dequantize
+from toolkit.kernels.reference import check_scales, dequantize, fuses_merge
 
 WORK_COLS = 10
 SELF_TILE_COLS = 5   # the tile table of self_attention (prefill chunks over their own K/V)
@@ -21,13 +21,16 @@ def paged_attention(
     scale: float, soft_cap: float | None, sliding_window: int | None, num_q_per_kv: int,
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
+    merge_rows: torch.Tensor | None = None, counters: torch.Tensor | None = None,
 ) -> None:
     """Twin of the Triton launcher (block_q, block_n, num_warps, num_stages are ignored):
     each work item's keys [start, hi) masked causally, by the window and by `< hi`; an fp8
-    cache's K and V are dequantised (value x scale) in float32."""
+    cache's K and V are dequantised (value x scale) in float32. With merge_rows (and the
+    kernel's counters, untouched here) the split partials are merged into `out` afterwards."""
     del block_q, block_n, num_warps, num_stages
     check_scales(kv_cache, k_scale, v_scale)
     _, _, page, h_kv, d = kv_cache.shape
+    fuse = fuses_merge(part_out, merge_rows, counters, h_kv)
     pages = kv_indices.long()
     for q_start, n_q, first_pos, page_base, start, _, _, hi, part_row, split in work.tolist():
         if n_q == 0:
@@ -54,6 +57,8 @@ def paged_attention(
             assert part_lse is not None
             part_out[part_row:part_row + n_q, :, split] = o
             part_lse[part_row:part_row + n_q, :, split] = lse.permute(2, 0, 1).reshape(n_q, -1)
+    if fuse:
+        merge_attention_states(part_out, part_lse, merge_rows, out)
 
 
 def merge_attention_states(part_out: torch.Tensor, part_lse: torch.Tensor, rows: torch.Tensor,
