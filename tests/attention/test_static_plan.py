@@ -109,3 +109,33 @@ def test_padding_rows_write_nothing(kv_lens, mode) -> None:
         assert rel_err(out[:2], expected) < REL_TOL[torch.float32], shape
         # the fused merge's counters: padding rows count nothing, the last split resets them
         assert not plans.counters.any(), (shape, plans.counters)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_lens", [[4096], [4096, 300, 17]])
+def test_gpu_split_tables_replayed_in_a_graph(kv_lens) -> None:
+    """The production path of a small decode batch at long context: split mode with the fused
+    merge (the default config), captured in a CUDA graph and replayed; every replay matches
+    the reference and leaves the done-counters zero for the next."""
+    case = make_case(32, 8, 128, 16, kv_lens, [1] * len(kv_lens), torch.bfloat16, seed=4)
+    fast = TritonPagedAttention(case.cache, 32, 128)
+    assert fast.config.fused_merge
+    plans = fast.static_decode_plans([4])
+    fast.plan(case.layout)
+    assert fast.use_static(plans, 4) == "split"
+    q = torch.zeros(4, 32, 128, dtype=torch.bfloat16, device=case.q.device)
+    q[: len(kv_lens)] = case.q
+    out = torch.full_like(q, float("nan"))
+    fast.run_static(0, q, out, plans, 4, "split")            # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fast.run_static(0, q, out, plans, 4, "split")
+    ref = TorchAttention(case.cache, 32, 128)
+    ref.plan(case.layout)
+    expected = ref.run(0, case.q)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(out[: len(kv_lens)], expected) < REL_TOL[torch.bfloat16]
+        assert not plans.counters.any()
