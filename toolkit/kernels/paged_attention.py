@@ -14,7 +14,9 @@ program writes its normalized partial output and log-sum-exp, merged later by
 toolkit.kernels.merge_attention_states, or, with FUSE_MERGE, in the same launch: each
 program counts itself done on its (partial row, KV head) counter, and the sequence's last
 split to finish merges the partials and resets the counter to zero for the next launch (one
-kernel instead of two; at batch 1 the merge launch is a step of the latency chain).
+kernel instead of two; H200: equal to two launches or up to 2 points of copy bandwidth
+better, benchmarks/RESULTS.md, attention (j); merging 4 splits per round trip in series had
+been 1.2-1.5x slower, attention (b)).
 """
 
 from __future__ import annotations
