@@ -15,6 +15,11 @@ for step in "$@"; do
     throughput) timeout ${THR_TIMEOUT:-420} python3 benchmarks/throughput.py --workload random --num 256 --hf-num ${HF_NUM:-64} ${THR_ARGS:-} --out $OUT/throughput_random.json 2>&1 | grep -v Warning | tail -30 ;;
     # repetition penalty on every request: penalised rows on the device vs rebuilt per step, same process
     penalties)  timeout ${PEN_TIMEOUT:-300} python3 benchmarks/throughput.py --workload random --num 256 --hf-num 0 --repetition-penalty 1.1 --penalty-ab --repeats ${PEN_REPEATS:-3} ${PEN_ARGS:-} --out $OUT/throughput_penalties.json 2>&1 | grep -v Warning | tail -20 ;;
+    # #21: the TMA prefill path end to end on ShareGPT, A B A in separate processes (carry
+    # benchmarks/data): the default, then paged-prefill (the path off), then the default again
+    sharegpt_ab) i=0; for v in triton paged-prefill triton; do i=$((i + 1))
+                   timeout ${SGAB_TIMEOUT:-110} python3 benchmarks/throughput.py --workload sharegpt --num 1000 --hf-num 0 --kv-fraction 0.5 --attention $v --out $OUT/throughput_sharegpt_ab$i-$v.json 2>&1 | grep -v Warning | grep "toolkit\|workload" | tail -3
+                 done ;;
     sharegpt)   timeout ${SG_TIMEOUT:-420} python3 benchmarks/throughput.py --workload sharegpt --num 1000 --hf-num ${HF_NUM:-100} --kv-fraction 0.5 ${SG_ARGS:-} --out $OUT/throughput_sharegpt.json 2>&1 | grep -v Warning | tail -20 ;;
     engine_core) timeout ${EC_TIMEOUT:-300} python3 -m benchmarks.engine_core ${EC_ARGS:-} --out $OUT/engine_core${EC_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/engine_core${EC_TAG:-}.log | grep "^\[" | tail -12 ;;
     sampling)   timeout 180 python3 benchmarks/sampling.py ${SAMPLING_ARGS:-} --out $OUT/sampling.json 2>&1 | tail -20 ;;
