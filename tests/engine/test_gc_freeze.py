@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from toolkit.engine.gc_freeze import frozen_heap
+from toolkit.engine.gc_freeze import frozen_heap, refreeze
 
 
 class _Node:
@@ -40,6 +40,28 @@ def test_an_earlier_small_freeze_does_not_disable_it() -> None:
         del junk
     finally:
         gc.unfreeze()
+
+
+def test_refreeze_takes_in_what_came_later_and_the_end_gives_it_back() -> None:
+    with frozen_heap():
+        at_start = gc.get_freeze_count()
+        node = _Node()
+        ref = weakref.ref(node)
+        later = [[] for _ in range(100)]
+        refreeze()
+        assert gc.get_freeze_count() >= at_start + 101
+        del node
+        gc.collect()
+        assert ref() is not None              # refrozen: a full pass skips it too
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert ref() is None
+    del later
+
+
+def test_refreeze_outside_a_frozen_heap_does_nothing() -> None:
+    refreeze()
+    assert gc.get_freeze_count() == 0
 
 
 def test_disabled_or_gc_off_changes_nothing() -> None:
@@ -77,11 +99,15 @@ def test_run_on_engine_runs_with_the_heap_frozen(monkeypatch) -> None:
 
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=128, max_position_embeddings=256)
-    seen = []
+    from toolkit.simulator import replay
+
+    seen, refrozen = [], []
+    monkeypatch.setattr(replay, "refreeze", lambda: refrozen.append(len(seen)))
     with LLM(cfg, device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4) as llm:
         step = llm.engine.step
         monkeypatch.setattr(llm.engine, "step", lambda: (seen.append(gc.get_freeze_count()), step())[1])
         run = run_on_engine(llm, make_trace([(8, 3), (5, 2)], rate=1e9, vocab_size=128, seed=1), realtime=False)
+    assert refrozen == [0]                    # once, after the admissions before the first step
     assert seen and min(seen) > 1000          # frozen at every step
     assert gc.get_freeze_count() == 0         # and given back
     assert {"gc_passes", "gc_full_passes", "gc_s"} <= set(run.host_time)

@@ -44,6 +44,16 @@ def frozen_heap(enabled: bool = True) -> Iterator[None]:
         gc.unfreeze()
 
 
+def refreeze() -> None:
+    """Inside `frozen_heap`, move what is alive now into the permanent generation too: for a
+    bounded loop that admits work as it goes (replay.run_on_engine adds each request when it
+    arrives), so its requests and records are frozen as LLM.generate's are, whose requests
+    are all added before the freeze. The block's end unfreezes them with the rest. Not for an
+    endless loop (the serving core): garbage cycles among refrozen objects wait for the end."""
+    if gc.isenabled() and gc.get_freeze_count():
+        gc.freeze()
+
+
 class GcPauses:
     """Count the collector's passes while the block runs, and the seconds they took:
     `with GcPauses() as p: ...` then `p.by_generation` ({generation: [passes, seconds]}),
