@@ -39,10 +39,12 @@ from benchmarks.sim_gpu_all import CLIENT_SHARES, fresh_prompts  # noqa: E402
 
 
 def step_kind(features, graph_tokens: int | None) -> str:
-    """cost.FEATURES order: const, prefill_tokens, decode_seqs, ..., eager_steps (last)."""
-    if features[-1]:
+    """features in cost.FEATURES order."""
+    from toolkit.simulator import FEATURES
+
+    if features[FEATURES.index("eager_steps")]:
         return "eager"
-    if not features[1]:
+    if not features[FEATURES.index("prefill_tokens")]:
         return "decode only"
     return "prefill (no graphs)" if graph_tokens is None else "prefill (graphed)"
 

@@ -26,6 +26,7 @@ from toolkit.simulator import (
     summarize,
     synthetic_lengths,
 )
+from toolkit.simulator.cost import as_features
 from toolkit.simulator.metrics import max_min_shares
 from toolkit.types import SchedulerOutput
 
@@ -37,10 +38,11 @@ def const(c: float):
 # -- cost model --
 def test_fit_recovers_a_linear_model_and_refuses_negative_terms(tmp_path) -> None:
     rng = np.random.default_rng(0)
-    true = np.array([2e-3, 1e-5, 5e-5, 2e-7, 0.0, 3e-4, 9e-3])
+    true = np.array([2e-3, 1e-5, 5e-5, 2e-7, 0.0, 3e-4, 9e-3, 4e-5])
     X = np.column_stack([np.ones(40), rng.integers(0, 8192, 40), rng.integers(0, 256, 40),
                          rng.integers(0, 500_000, 40), rng.integers(0, 3000, 40),
-                         rng.integers(0, 8, 40), rng.integers(0, 2, 40)]).astype(float)
+                         rng.integers(0, 8, 40), rng.integers(0, 2, 40),
+                         rng.integers(0, 60, 40)]).astype(float)
     m = CostModel.fit(zip(X, X @ true))
     assert np.allclose([m.coef[f] for f in FEATURES], true, rtol=1e-6, atol=1e-12)
     assert m.fit_error["max_rel"] < 1e-6
@@ -85,6 +87,29 @@ def test_steps_past_the_cuda_graphs_are_eager_steps(tmp_path) -> None:
     fit = CostModel.fit(zip(plans, secs), graph_tokens=128, features=("const", "prefill_tokens", "eager_steps"))
     assert fit.graph_tokens == 128 and fit.coef["eager_steps"] == pytest.approx(0.01, rel=1e-6)
 
+
+def test_a_prompt_chunk_beside_decodes_is_the_mixed_feature() -> None:
+    """mixed_ktokens = prompt tokens x decodes / 1000 in a step replayed from graphs; 0 in an
+    eager step (eager_steps has it) and in a step with no decode or no prompt chunk."""
+    from toolkit.types import Request, SamplingParams, ScheduledRequest
+
+    def chunk(rid, n):
+        return ScheduledRequest(Request(rid, list(range(n)), SamplingParams()), 0, n, [0])
+
+    def decode(rid, ctx):           # one token after a ctx-token prompt
+        return ScheduledRequest(Request(rid, list(range(ctx)), SamplingParams()), ctx, 1, [0])
+
+    mixed = FEATURES.index("mixed_ktokens")
+    step = SchedulerOutput([chunk("p", 300), *(decode(f"d{i}", 40) for i in range(120))])
+    assert step_features(step, 512)[mixed] == pytest.approx(300 * 120 / 1000)
+    assert step_features(step)[mixed] == pytest.approx(36.0)                  # no graphs: not eager
+    assert step_features(step, 256)[mixed] == 0.0                            # 420 tokens: eager
+    assert step_features(SchedulerOutput([chunk("p", 300)]), 512)[mixed] == 0.0
+    assert step_features(SchedulerOutput([decode("d", 40)]), 512)[mixed] == 0.0
+    m = CostModel({"const": 0.005, "mixed_ktokens": 1e-4}, graph_tokens=512)
+    assert m(step) == pytest.approx(0.005 + 36 * 1e-4)
+    # a vector recorded before the feature reads it as 0
+    assert as_features(np.ones(7))[mixed] == 0.0
 
 def test_prompt_chunks_are_a_feature_and_admission_is_charged_on_the_clock() -> None:
     from toolkit.types import Request, SamplingParams, ScheduledRequest

@@ -3,7 +3,7 @@ seconds of admitting a request.
 
     t = c_const + c_prefill * prefill_tokens + c_decode * decode_seqs
         + c_decode_kv * decode_kv_tokens + c_prefill_attn * prefill_attn_ktokens
-        + c_prefill_seqs * prefill_seqs + c_eager * eager_steps
+        + c_prefill_seqs * prefill_seqs + c_eager * eager_steps + c_mixed * mixed_ktokens
 
 - prefill_tokens: tokens of prompt (or recompute) chunks: the GEMMs' rows beyond decode.
 - decode_seqs: sequences decoding one token (+ drafts) this step.
@@ -20,6 +20,12 @@ seconds of admitting a request.
   step runs the model eagerly, one Python launch per kernel: on the H200, with graphs to 128
   tokens, an 8B step of 129 to 512 tokens took 17-21 ms where one of 128 took 5.4 ms, a floor
   no per-token term fits.
+- mixed_ktokens: prefill_tokens x decode_seqs / 1000 in a step that is not eager: a prompt
+  chunk beside many decodes costs more than the two apart (H200, 8B: 333 prompt tokens beside
+  ~120 decodes, 17.1 ms of GPU time against 12.6 modelled without it; with it, fitted to one
+  load's steps, the other load's steps of that kind within 5%; benchmarks/RESULTS.md,
+  simulator (k)). Empirical: such steps run attention eagerly between CUDA-graph pieces,
+  and where the extra time goes is not measured.
 
 Admission (`admission`, outside any step): the host seconds of `engine.add_request` for a
 prompt of n tokens, `per_request + per_token * n` (validating and copying the prompt ids,
@@ -47,7 +53,7 @@ import numpy as np
 from toolkit.types import ScheduledRequest, SchedulerOutput
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens", "prefill_seqs",
-            "eager_steps")
+            "eager_steps", "mixed_ktokens")
 ADMISSION = ("per_request", "per_token")     # host seconds of add_request: + per prompt token
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_FILE = DATA_DIR / "cost_models.json"
@@ -73,7 +79,8 @@ def step_features(out: SchedulerOutput, graph_tokens: int | None = None) -> np.n
             chunks += 1
             attn += s.num_new_tokens * (s.start + s.end + 1) / 2 / 1000.0   # causal pairs
     eager = float(graph_tokens is not None and tokens > graph_tokens)
-    return np.array([1.0, prefill, decode, decode_kv, attn, chunks, eager], dtype=np.float64)
+    mixed = 0.0 if eager else prefill * decode / 1000.0
+    return np.array([1.0, prefill, decode, decode_kv, attn, chunks, eager, mixed], dtype=np.float64)
 
 
 def as_features(x) -> np.ndarray:
