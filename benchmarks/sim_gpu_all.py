@@ -187,7 +187,8 @@ def _mix_line(entry: dict) -> str:
         + (f"; the model on the engine's 32-step windows: {w['mean']:+.1%} mean, {w['median']:+.1%} median"
            if w else "")
         + (f"; engine wall {h['wall_s']:.2f} s against GPU {h['gpu_s']:.2f} s, {h['host_bound_share']:.0%} of "
-           f"steps host-bound" if (h := entry.get("host_vs_gpu")) else ""))
+           f"steps host-bound" + (f", host work {h['host_work_s']:.2f} s" if h.get("host_work_s") is not None
+                                  else "") if (h := entry.get("host_vs_gpu")) else ""))
 
 
 def window_residual(cost, recording, window: int = 32) -> dict:
@@ -211,8 +212,11 @@ def host_vs_gpu(recording) -> dict:
     if not steps:
         return {}
     wall = [s.period + (s.gap or 0.0) for s in steps]
+    # the host's own work: the step() calls less their waits for the device, and the driver's gaps
+    host = [w - s.wait for w, s in zip(wall, steps) if s.wait is not None]
     return dict(steps=len(steps), wall_s=float(sum(wall)), gpu_s=float(sum(s.gpu for s in steps)),
-                host_bound_share=sum(w > 1.1 * s.gpu for w, s in zip(wall, steps)) / len(steps))
+                host_bound_share=sum(w > 1.1 * s.gpu for w, s in zip(wall, steps)) / len(steps),
+                host_work_s=float(sum(host)) if host else None)
 
 
 def metric_values(summary: dict) -> dict:
@@ -467,11 +471,13 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
                 raw["steps_first_run"] = [s.features.tolist() + [s.period] for s in rec.steps]
             # every comparison's engine steps: start, period, GPU time, features, then the
             # scheduled requests in batch order (ids numbered by first appearance) with their
-            # tokens, to tell a policy's slower steps apart offline
+            # tokens, to tell a policy's slower steps apart offline; then running and waiting
+            # after the step and the host's wait for its tokens (period - wait: host work)
             ids: dict[str, int] = {}
             raw[f"steps@{name}@{load:g}"] = [
                 [st.time - real.recording.steps[0].time, st.period, st.gpu, *st.features.tolist(),
-                 [[ids.setdefault(rid, len(ids)), n] for rid, n in st.grants.items()]]
+                 [[ids.setdefault(rid, len(ids)), n] for rid, n in st.grants.items()],
+                 st.log.num_running, st.log.num_waiting, st.wait]
                 for st in real.recording.steps]
             if j == 0 and load > 1 and args.plot_dir:
                 from toolkit.simulator.plots import plot_over_time

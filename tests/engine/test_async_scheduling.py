@@ -101,3 +101,26 @@ def test_id_reused_while_its_old_step_is_in_flight(tiny_llama_dir):
         outs = [o for _ in range(20) for o in e.step() if o.request_id == "r"]
         assert outs[-1].finished and outs[-1].outputs[0].token_ids == want
         assert e.allocator.num_free_blocks() == 64
+
+
+def test_launched_result_times_its_wait_for_the_device() -> None:
+    """Launched.wait: the seconds result() blocked on the tokens' copy event (what
+    StepRecord.wait_time reports); None when the tokens were on the host already."""
+    import time
+
+    import torch
+
+    from toolkit.engine.inflight import Launched
+    from toolkit.types import StepResult
+
+    class SlowEvent:                     # stands in for the copy's CUDA event
+        def synchronize(self) -> None:
+            time.sleep(0.02)
+
+    launched = Launched(None, [], None, {}, {}, {}, (torch.zeros(0, dtype=torch.int64), None, None), SlowEvent())
+    assert launched.wait is None
+    launched.result()
+    assert launched.wait is not None and launched.wait >= 0.015
+    done = Launched.done(StepResult({}))
+    done.result()
+    assert done.wait is None

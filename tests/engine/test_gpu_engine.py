@@ -147,3 +147,5 @@ def test_observed_cuda_steps_carry_their_gpu_time(tiny_llama_dir):
     timed = [r.gpu_time for r in recs if r.gpu_time is not None]
     assert len(timed) >= len(recs) - 1 and len(recs) >= 8, [r.gpu_time for r in recs]
     assert all(0 < g < 1.0 for g in timed), timed
+    waited = [r.wait_time for r in recs if r.wait_time is not None]    # the host's wait for tokens
+    assert len(waited) >= len(recs) - 1 and all(0 <= w < 1.0 for w in waited), waited

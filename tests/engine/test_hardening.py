@@ -237,6 +237,7 @@ def test_step_observer_records_what_the_step_did(tiny_llama_dir):
         assert sum(r.num_finished for r in recs) == 2 and recs[-1].num_running == 0
         assert all(0 < r.kv_blocks_used <= 64 for r in recs[:-1]) and all(r.duration > 0 for r in recs)
         assert all(r.gpu_time is None for r in recs), "no GPU time unless asked for (and on the CPU)"
+        assert all(r.wait_time is None for r in recs), "the CPU's tokens never wait on a device"
         assert llm.engine.runner.time_gpu is False, "steps are timed only for an observer that asks"
         n = len(recs)
         llm.generate([[5]], SamplingParams(max_tokens=2), use_tqdm=False)

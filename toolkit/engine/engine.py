@@ -268,7 +268,7 @@ class Engine:
         if self.proposer is not None:
             self._propose(f.out, result)
         if self.observers:
-            self._notify(start, f.out, result, outputs, f.launched.gpu_seconds())
+            self._notify(start, f.out, result, outputs, f.launched.gpu_seconds(), f.launched.wait)
         return outputs
 
     def _admit_waiting(self) -> None:
@@ -343,9 +343,10 @@ class Engine:
             self._gpu_timed.remove(observer)
         self.runner.time_gpu = bool(self._gpu_timed)
 
-    def _notify(self, start: float, out, result, outputs: list[RequestOutput], gpu_time: float | None) -> None:
+    def _notify(self, start: float, out, result, outputs: list[RequestOutput], gpu_time: float | None,
+                wait_time: float | None) -> None:
         rec = step_record(self._num_landed, start, time.perf_counter(), out, result, self.scheduler,
-                          self.allocator, sum(o.finished for o in outputs), gpu_time)
+                          self.allocator, sum(o.finished for o in outputs), gpu_time, wait_time)
         self._num_landed += 1
         for obs in list(self.observers):
             try:

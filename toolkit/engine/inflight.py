@@ -12,6 +12,7 @@ sampled; the next step's input ids at those positions are gathered on the device
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,9 @@ class Launched:
     _event: torch.cuda.Event | None = None
     # Runner.time_gpu: a timing event recorded on the stream before the step's first work
     gpu_start: torch.cuda.Event | None = None
+    # seconds result() waited for the device (the host idle); None until then, or when the
+    # tokens were on the host already
+    wait: float | None = None
 
     @classmethod
     def done(cls, result: StepResult) -> "Launched":
@@ -79,7 +83,9 @@ class Launched:
         if self.result_now is not None:
             return self.result_now
         if self._event is not None:
+            t = time.perf_counter()
             self._event.synchronize()
+            self.wait = time.perf_counter() - t
         toks, lps, lp_ids = self._host
         result = StepResult({r.request_id: [t] for r, t in zip(self.requests, toks.tolist())})
         if lps is not None:

@@ -38,6 +38,9 @@ class StepRecord:
     # attached: stream seconds from the step's first work to its tokens' copy (its GPU time, plus
     # any wait for the host to enqueue the rest); else None (the CPU; drafts, taken at once)
     gpu_time: float | None = None
+    # CUDA: seconds the host waited on the device for this step's tokens when it landed (the
+    # step() call's time less this is the host's own work in it); None when nothing waited
+    wait_time: float | None = None
     # the step's plan itself (its ScheduledRequests name each request, its start and grant):
     # what a trace recorder keeps to replay the run on the simulator
     scheduler_output: SchedulerOutput | None = field(default=None, repr=False, compare=False)
@@ -52,10 +55,11 @@ class StepRecord:
 
 
 def step_record(step: int, start: float, end: float, out: SchedulerOutput, result: StepResult,
-                scheduler, allocator, num_finished: int, gpu_time: float | None = None) -> StepRecord:
+                scheduler, allocator, num_finished: int, gpu_time: float | None = None,
+                wait_time: float | None = None) -> StepRecord:
     """The record of one step: the plan, its result and the state after it."""
     rec = StepRecord(step, start, end - start, num_preempted=len(out.preempted_ids), scheduler_output=out,
-                     gpu_time=gpu_time,
+                     gpu_time=gpu_time, wait_time=wait_time,
                      num_finished=num_finished, num_running=scheduler.num_running,
                      num_waiting=scheduler.num_waiting, kv_blocks_total=allocator.num_blocks,
                      kv_blocks_used=allocator.num_blocks - allocator.num_free_blocks(),

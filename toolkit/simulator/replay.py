@@ -44,6 +44,7 @@ class RecordedStep:
     gap: float | None = None      # run_on_engine: the driver's seconds from that call's return to the
                                   # next call (its outputs handled; add_request and idle waits not counted)
     gpu: float | None = None      # StepRecord.gpu_time: the step's stream time on CUDA (None elsewhere)
+    wait: float | None = None     # StepRecord.wait_time: the host's wait for its tokens (CUDA)
 
 
 def _engine_of(target: Any) -> Any:
@@ -85,7 +86,7 @@ class TraceRecorder:
         log = StepLog(rec.start_time, rec.duration, prefill, decode, rec.num_running, rec.num_waiting,
                       rec.num_preempted, rec.kv_blocks_used, rec.kv_blocks_total, by_client)
         self.steps.append(RecordedStep(rec.start_time, rec.duration, step_features(out, self.graph_tokens),
-                                       dict(rec.grants), log, gpu=rec.gpu_time))
+                                       dict(rec.grants), log, gpu=rec.gpu_time, wait=rec.wait_time))
 
     def detach(self) -> None:
         if self.engine is not None and self in self.engine.observers:
@@ -95,7 +96,8 @@ class TraceRecorder:
         """The trace and every step (start, wall times, features, grants, log) as JSON: record
         on a GPU, replay and refit anywhere (`TraceRecorder.load`)."""
         steps = [dict(time=s.time, duration=s.duration, period=s.period, gap=s.gap, gpu=s.gpu,
-                      features=s.features.tolist(), grants=s.grants, log=dataclasses.asdict(s.log))
+                      wait=s.wait, features=s.features.tolist(), grants=s.grants,
+                      log=dataclasses.asdict(s.log))
                  for s in self.steps]
         trace = self.trace()
         Path(path).write_text(json.dumps({"trace": {"label": trace.label, "meta": trace.meta,
@@ -109,7 +111,8 @@ class TraceRecorder:
         t = d["trace"]
         rec._trace = Trace([TraceRequest(**r) for r in t["requests"]], t["label"], t["meta"])
         rec.steps = [RecordedStep(s["time"], s["duration"], as_features(s["features"]), s["grants"],
-                                  StepLog(**s["log"]), s["period"], s.get("gap"), s.get("gpu")) for s in d["steps"]]
+                                  StepLog(**s["log"]), s["period"], s.get("gap"), s.get("gpu"), s.get("wait"))
+                     for s in d["steps"]]
         rec.graph_tokens = d.get("graph_tokens")
         return rec
 
