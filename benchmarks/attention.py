@@ -270,7 +270,7 @@ def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batc
                     err = check_against_reference(out, q, cache, tables, [ctx] * batch, [1] * batch, scale)
                     times[name] = {"ms": ms, "layers_ms": time_paged_layers(attn, q, out), "eager_ms": eager,
                                    "splits": attn.schedule.num_splits, "err": err}
-                del cache, layout
+                del cache, layout, attn, out         # the paged cache's last references
                 ks = torch.randn(n_layers, batch, h_kv, ctx, d, device=DEVICE, dtype=DTYPE)
                 vs = torch.randn_like(ks)
                 q4 = q.view(batch, 1, h, d).transpose(1, 2)

@@ -599,17 +599,19 @@ def eager_refit(samples: list[dict], settings: dict, admission: dict):
     step (`EngineConfig.graph_tokens` of the run's settings, as they were then)."""
     from toolkit.config import EngineConfig
     from toolkit.simulator import FEATURES, CostModel
-    from toolkit.simulator.cost import as_features
+    from toolkit.simulator.cost import as_features, mixed_ktokens
 
     # those runs predate the 512-token default too: their graphs stopped at the decode batch
     graph = EngineConfig(max_num_seqs=settings["max_num_seqs"],
                          max_num_batched_tokens=settings["max_num_batched_tokens"],
                          max_cudagraph_capture_size=settings["max_num_seqs"]).graph_tokens
     i, p, d = FEATURES.index("eager_steps"), FEATURES.index("prefill_tokens"), FEATURES.index("decode_seqs")
+    m = FEATURES.index("mixed_ktokens")
     xs = []
-    for s in samples:
-        x = as_features(s["features"]).copy()
+    for s in samples:                       # one shape's identical steps each: per-step features
+        x = as_features(s["features"], one_step=True).copy()
         x[i] = float(x[p] + x[d] > graph)
+        x[m] = mixed_ktokens(x[p], x[d], x[i])
         xs.append((x, s["measured_s"]))
     return CostModel.fit(xs, admission=admission, graph_tokens=graph, source="sweep refit with eager steps")
 

@@ -31,21 +31,16 @@ METRICS = ("ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90", "throughput_tok_s")
 
 def step_samples(raw: dict, load: float) -> tuple[np.ndarray, np.ndarray]:
     """Features [S, len(FEATURES)] and GPU seconds [S] of every recorded engine step at `load`
-    (rows: start, period, GPU time, features...; the first two steps of a run left out).
-    Rows recorded before mixed_ktokens get it computed from their prompt tokens and decodes."""
-    i_p, i_d = FEATURES.index("prefill_tokens"), FEATURES.index("decode_seqs")
-    i_e, i_m = FEATURES.index("eager_steps"), FEATURES.index("mixed_ktokens")
+    (rows: start, period, GPU time, features, grants, ...; the first two steps of a run left
+    out). Rows recorded before mixed_ktokens get it computed (`as_features(one_step=True)`)."""
     xs, ys = [], []
     for key, rows in raw.items():
         if not key.startswith("steps@") or float(key.rsplit("@", 1)[1]) != load:
             continue
         for row in rows[2:]:
             if row[2]:
-                f = [v for v in row[3:] if not isinstance(v, list)]
-                x = as_features(f[:len(FEATURES)])
-                if len(f) < len(FEATURES):
-                    x[i_m] = 0.0 if x[i_e] else x[i_p] * x[i_d] / 1000.0
-                xs.append(x)
+                grants = next(i for i, v in enumerate(row) if isinstance(v, list))
+                xs.append(as_features(row[3:grants], one_step=True))
                 ys.append(float(row[2]))
     return np.array(xs), np.array(ys)
 

@@ -97,6 +97,9 @@ def test_padding_rows_write_nothing(kv_lens, mode) -> None:
     plans = fast.static_decode_plans([8])
     fast.plan(case.layout)
     assert fast.use_static(plans, 8) == mode
+    if mode == "split":                      # what the counter check below relies on
+        assert fast.schedule.num_splits == 4
+        assert plans.buckets[8].work_cap - len(fast.schedule.decode) == 11
     ref = TorchAttention(case.cache, 4, 16)
     ref.plan(case.layout)
     expected = ref.run(0, case.q)

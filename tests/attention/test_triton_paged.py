@@ -66,8 +66,8 @@ def test_split_kv_merge_matches_reference(lengths, geom, window, seed) -> None:
     check(case, window, config=FORCE_SPLIT)
 
 
-# decode tiles of up to 4 query tokens at 1 warp: with a group of 4 the fused merge loads 4
-# splits at a time (merge_chunk), and a 120-key context splits in 8 (two chunks)
+# decode tiles of up to 4 query tokens at 1 warp: with a group of 4 and head_dim 128 the fused
+# merge loads 4 splits at a time (merge_chunk), and a 120-key context splits in 8 (two chunks)
 ONE_WARP_SPLIT = KernelConfig(decode=TileConfig(4, 16, 1, 1), prefill=TileConfig(8, 16, 4, 1),
                               target_programs=1 << 20, min_split_tokens=16)
 
@@ -81,13 +81,13 @@ def test_fused_merge_matches_reference_and_leaves_counters_zero(fused) -> None:
 
     from toolkit.kernels.paged_attention import merge_chunk
 
-    case = make_case(8, 2, 32, 16, [120, 97, 40, 7], [1, 3, 4, 2], torch.float32, seed=3)
+    case = make_case(8, 2, 128, 16, [120, 97, 40, 7], [1, 3, 4, 2], torch.float32, seed=3)
     cfg = replace(ONE_WARP_SPLIT, fused_merge=fused)
-    fast = TritonPagedAttention(case.cache, 8, 32, config=cfg)
-    ref = TorchAttention(case.cache, 8, 32)
+    fast = TritonPagedAttention(case.cache, 8, 128, config=cfg)
+    ref = TorchAttention(case.cache, 8, 128)
     fast.plan(case.layout)
     ref.plan(case.layout)
-    assert fast.schedule.num_splits > merge_chunk(4, 1)
+    assert fast.schedule.num_splits > merge_chunk(4, 128, 1)
     expected = ref.run(0, case.q)
     merges = []
     merge = fast._merge
@@ -108,11 +108,13 @@ def test_fused_merge_needs_counters() -> None:
     fast = TritonPagedAttention(case.cache, 4, 16, config=FORCE_SPLIT)
     fast.plan(case.layout)
     work = fast._tables()
+    args = (case.q, case.cache[0], fast.kv_indices, work["decode"], torch.empty_like(case.q),
+            fast._part_out, fast._part_lse)
+    kw = dict(scale=0.25, soft_cap=None, sliding_window=None, num_q_per_kv=2, block_q=4, block_n=16)
     with pytest.raises(ValueError, match="int32 counters, at least merge rows x KV heads = 2"):
-        paged_attention(case.q, case.cache[0], fast.kv_indices, work["decode"], torch.empty_like(case.q),
-                        fast._part_out, fast._part_lse, scale=0.25, soft_cap=None, sliding_window=None,
-                        num_q_per_kv=2, block_q=4, block_n=16, merge_rows=work["merge"],
-                        counters=torch.zeros(1, dtype=torch.int32))
+        paged_attention(*args, **kw, merge_rows=work["merge"], counters=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"merge_rows must be contiguous int32 \[R, 2\]"):
+        paged_attention(*args, **kw, merge_rows=work["merge"].t(), counters=torch.zeros(8, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("batch", [2, 9])                 # 4 / 18 programs at 2 KV heads

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from toolkit.engine.gc_freeze import frozen_heap, refreeze
+from toolkit.engine.gc_freeze import FrozenHeap, frozen_heap
 
 
 class _Node:
@@ -43,12 +43,12 @@ def test_an_earlier_small_freeze_does_not_disable_it() -> None:
 
 
 def test_refreeze_takes_in_what_came_later_and_the_end_gives_it_back() -> None:
-    with frozen_heap():
+    with frozen_heap() as heap:
         at_start = gc.get_freeze_count()
         node = _Node()
         ref = weakref.ref(node)
         later = [[] for _ in range(100)]
-        refreeze()
+        heap.refreeze()
         assert gc.get_freeze_count() >= at_start + 101
         del node
         gc.collect()
@@ -60,8 +60,22 @@ def test_refreeze_takes_in_what_came_later_and_the_end_gives_it_back() -> None:
 
 
 def test_refreeze_outside_a_frozen_heap_does_nothing() -> None:
-    refreeze()
+    """Not after the block, nor from a block that froze nothing, even where a library froze
+    a few objects of its own (the count alone does not tell a frozen_heap block)."""
+    with frozen_heap() as heap:
+        pass
+    heap.refreeze()
     assert gc.get_freeze_count() == 0
+    gc.freeze()                               # a library's own freeze
+    try:
+        few = gc.get_freeze_count()
+        junk = [[] for _ in range(100)]
+        with frozen_heap(enabled=False) as off:
+            off.refreeze()
+            assert gc.get_freeze_count() == few
+        del junk
+    finally:
+        gc.unfreeze()
 
 
 def test_disabled_or_gc_off_changes_nothing() -> None:
@@ -99,10 +113,8 @@ def test_run_on_engine_runs_with_the_heap_frozen(monkeypatch) -> None:
 
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, vocab_size=128, max_position_embeddings=256)
-    from toolkit.simulator import replay
-
     seen, refrozen = [], []
-    monkeypatch.setattr(replay, "refreeze", lambda: refrozen.append(len(seen)))
+    monkeypatch.setattr(FrozenHeap, "refreeze", lambda self: refrozen.append(len(seen)))
     with LLM(cfg, device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4) as llm:
         step = llm.engine.step
         monkeypatch.setattr(llm.engine, "step", lambda: (seen.append(gc.get_freeze_count()), step())[1])
@@ -111,3 +123,26 @@ def test_run_on_engine_runs_with_the_heap_frozen(monkeypatch) -> None:
     assert seen and min(seen) > 1000          # frozen at every step
     assert gc.get_freeze_count() == 0         # and given back
     assert {"gc_passes", "gc_full_passes", "gc_s"} <= set(run.host_time)
+
+
+def test_run_on_engine_refreezes_as_requests_arrive_and_every_256_steps(monkeypatch) -> None:
+    from transformers import LlamaConfig
+
+    from toolkit import LLM
+    from toolkit.simulator import make_trace
+    from toolkit.simulator.replay import run_on_engine
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=128, max_position_embeddings=1024)
+    steps, refrozen = [], []
+    monkeypatch.setattr(FrozenHeap, "refreeze", lambda self: refrozen.append(len(steps)))
+    with LLM(cfg, device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4) as llm:
+        step = llm.engine.step
+        monkeypatch.setattr(llm.engine, "step", lambda: (steps.append(1), step())[1])
+        trace = make_trace([(8, 600), (5, 2)], rate=1e9, vocab_size=128, seed=1)
+        trace.requests[1].arrival = 0.3          # arrives while the first is decoding
+        run_on_engine(llm, trace)
+    assert refrozen[0] == 0 and len(steps) > 512, (refrozen, len(steps))
+    gaps = [b - a for a, b in zip(refrozen, refrozen[1:])]
+    assert any(g < 256 for g in gaps), refrozen       # the later arrival's admission
+    assert 256 in gaps and max(gaps) == 256, refrozen    # and every 256 steps since the last

@@ -56,8 +56,11 @@ def test_trace_on_the_engine_is_recorded_and_replays_on_the_simulator(llm, tmp_p
     back = rec.trace()
     assert sorted((r.prompt_ids, r.output_len) for r in back.requests) == \
         sorted((r.prompt_ids, r.output_len) for r in trace.requests)
+    rec.steps[0].wait = 0.25                  # the CPU waits on no device: set one to round-trip
     rec.save(tmp_path / "rec.json")
     loaded = TraceRecorder.load(tmp_path / "rec.json")
+    assert [s.wait for s in loaded.steps] == [s.wait for s in rec.steps]
+    assert [s.features.tolist() for s in loaded.steps] == [s.features.tolist() for s in rec.steps]
     assert [r.prompt_ids for r in loaded.trace().requests] == [r.prompt_ids for r in back.requests]
     assert [s.grants for s in loaded.steps] == [s.grants for s in rec.steps]
     # each step's call time and the driver's time until the next call (the last has none)

@@ -108,8 +108,14 @@ def test_a_prompt_chunk_beside_decodes_is_the_mixed_feature() -> None:
     assert step_features(SchedulerOutput([decode("d", 40)]), 512)[mixed] == 0.0
     m = CostModel({"const": 0.005, "mixed_ktokens": 1e-4}, graph_tokens=512)
     assert m(step) == pytest.approx(0.005 + 36 * 1e-4)
-    # a vector recorded before the feature reads it as 0
-    assert as_features(np.ones(7))[mixed] == 0.0
+    # a vector recorded before the feature: a window (a sum of steps) reads it as 0; one
+    # step's, or the mean of identical steps', gets it from its prompt tokens and decodes
+    old = step_features(step, 512)[:7]
+    assert as_features(old)[mixed] == 0.0
+    assert as_features(old, one_step=True)[mixed] == pytest.approx(36.0)
+    old_eager = step_features(step, 256)[:7]
+    assert as_features(old_eager, one_step=True)[mixed] == 0.0
+    assert np.allclose(as_features(np.stack([old, old_eager]), one_step=True)[:, mixed], [36.0, 0.0])
 
 def test_prompt_chunks_are_a_feature_and_admission_is_charged_on_the_clock() -> None:
     from toolkit.types import Request, SamplingParams, ScheduledRequest

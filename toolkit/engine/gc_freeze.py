@@ -24,8 +24,24 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+class FrozenHeap:
+    """What `frozen_heap` yields: `refreeze()` moves what is alive now into the permanent
+    generation too, for a bounded loop that admits work as it goes (replay.run_on_engine adds
+    each request when it arrives), so its requests and records are frozen as LLM.generate's
+    are, whose requests are all added before the freeze. The block's end unfreezes them with
+    the rest. Not for an endless loop (the serving core): garbage cycles among refrozen
+    objects wait for the end. A no-op when the block froze nothing (disabled, or gc off)."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+
+    def refreeze(self) -> None:
+        if self.active:
+            gc.freeze()
+
+
 @contextmanager
-def frozen_heap(enabled: bool = True) -> Iterator[None]:
+def frozen_heap(enabled: bool = True) -> Iterator[FrozenHeap]:
     """Freeze the heap while the block runs, and unfreeze it at the end.
 
     Unconditionally: a library may have frozen a few objects before (seen on the H200: 375
@@ -35,23 +51,15 @@ def frozen_heap(enabled: bool = True) -> Iterator[None]:
     eventually, so that costs nothing but their freeze's speed-up. Not reentrant: the first
     block to end unfreezes (a nested loop is not something the engine runs)."""
     if not enabled or not gc.isenabled():
-        yield
+        yield FrozenHeap(False)
         return
     gc.freeze()
+    heap = FrozenHeap(True)
     try:
-        yield
+        yield heap
     finally:
+        heap.active = False
         gc.unfreeze()
-
-
-def refreeze() -> None:
-    """Inside `frozen_heap`, move what is alive now into the permanent generation too: for a
-    bounded loop that admits work as it goes (replay.run_on_engine adds each request when it
-    arrives), so its requests and records are frozen as LLM.generate's are, whose requests
-    are all added before the freeze. The block's end unfreezes them with the rest. Not for an
-    endless loop (the serving core): garbage cycles among refrozen objects wait for the end."""
-    if gc.isenabled() and gc.get_freeze_count():
-        gc.freeze()
 
 
 class GcPauses:

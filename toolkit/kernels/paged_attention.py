@@ -275,12 +275,13 @@ def paged_attention(
         HAS_SOFTCAP=soft_cap is not None, SPLIT=split, PRECISION=precision,
         WORK_COLS=WORK_COLS, KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         F16_MATH=kv_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
-        FUSE_MERGE=fuse, S_CHUNK=merge_chunk(g_pad, num_warps),
+        FUSE_MERGE=fuse, S_CHUNK=merge_chunk(g_pad, triton.next_power_of_2(d), num_warps),
         num_warps=num_warps, num_stages=num_stages,
     )
 
 
-def merge_chunk(g_pad: int, num_warps: int) -> int:
-    """Splits a fused merge loads at once: [G_PAD, S, D] fp32 at about 64 registers a thread
-    for head_dim 128 (16 for 4 warps and a group of 4, 4 for 1 warp)."""
-    return max(1, min(16, 16 * num_warps // g_pad))
+def merge_chunk(g_pad: int, d_pad: int, num_warps: int) -> int:
+    """Splits a fused merge loads at once: a [G_PAD, S, D_PAD] fp32 tile of at most 64
+    registers a thread (head_dim 128: 16 for 4 warps and a group of 4, 4 for 1 warp), at
+    most 16 (one L2 round trip merges up to 16 splits)."""
+    return max(1, min(16, 64 * 32 * num_warps // (g_pad * d_pad)))

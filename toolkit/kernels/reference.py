@@ -45,6 +45,10 @@ def fuses_merge(part_out: torch.Tensor | None, merge_rows: torch.Tensor | None,
     merge_rows given); then counters must be int32 with a slot per (merge row, KV head)."""
     if part_out is None or merge_rows is None:
         return False
+    if merge_rows.dtype != torch.int32 or merge_rows.dim() != 2 or merge_rows.shape[1] != 2 \
+            or not merge_rows.is_contiguous():
+        raise ValueError(f"merge_rows must be contiguous int32 [R, 2] (output token, splits), got "
+                         f"{merge_rows.dtype} {tuple(merge_rows.shape)}")
     need = merge_rows.shape[0] * num_kv_heads
     if counters is None or counters.dtype != torch.int32 or counters.numel() < need:
         got = None if counters is None else f"{counters.dtype} x {counters.numel()}"

@@ -1,6 +1,7 @@
 """Profile the real engine over step shapes and fit the simulator's cost model.
 
-    samples = profile_engine(llm, decode=[(32, 512)], prefill=[256, 1024, (64, 4)], mixed=[(32, 512, 256)])
+    samples = profile_engine(llm, decode=[(8, 256), (32, 512), (64, 1024)], prefill=[256, 1024, (64, 4)],
+                             mixed=[(32, 512, 256), (16, 256, 128)])   # a sample per cost feature
     admission = profile_admission(llm)    # add_request's host seconds: per request, per token
     cost = CostModel.fit(samples, source="my GPU, my model", admission=admission)
     cost.save("my-gpu/my-model")          # toolkit/simulator/data/cost_models.json (or path=)

@@ -54,6 +54,8 @@ from toolkit.types import ScheduledRequest, SchedulerOutput
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens", "prefill_seqs",
             "eager_steps", "mixed_ktokens")
+_PREFILL, _DECODE, _EAGER, _MIXED = (FEATURES.index(f) for f in
+                                     ("prefill_tokens", "decode_seqs", "eager_steps", "mixed_ktokens"))
 ADMISSION = ("per_request", "per_token")     # host seconds of add_request: + per prompt token
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_FILE = DATA_DIR / "cost_models.json"
@@ -79,18 +81,29 @@ def step_features(out: SchedulerOutput, graph_tokens: int | None = None) -> np.n
             chunks += 1
             attn += s.num_new_tokens * (s.start + s.end + 1) / 2 / 1000.0   # causal pairs
     eager = float(graph_tokens is not None and tokens > graph_tokens)
-    mixed = 0.0 if eager else prefill * decode / 1000.0
+    mixed = float(mixed_ktokens(prefill, decode, eager))
     return np.array([1.0, prefill, decode, decode_kv, attn, chunks, eager, mixed], dtype=np.float64)
 
 
-def as_features(x) -> np.ndarray:
+def as_features(x, *, one_step: bool = False) -> np.ndarray:
     """float64 [..., len(FEATURES)]: feature vectors recorded before a feature was added are
-    padded with zeros (their steps are read as if the new feature were absent)."""
+    padded with zeros (their steps are read as if the new feature were absent). one_step:
+    each vector is one step's (or the mean of identical steps'), so a vector recorded before
+    mixed_ktokens gets it computed from its prompt tokens, decodes and eager flag (for a sum
+    of different steps, a window, the product of sums would be wrong: it stays 0)."""
     x = np.asarray(x, dtype=np.float64)
-    if x.shape[-1] < len(FEATURES):
-        pad = [(0, 0)] * (x.ndim - 1) + [(0, len(FEATURES) - x.shape[-1])]
+    n = x.shape[-1]
+    if n < len(FEATURES):
+        pad = [(0, 0)] * (x.ndim - 1) + [(0, len(FEATURES) - n)]
         x = np.pad(x, pad)
+        if one_step and n <= FEATURES.index("mixed_ktokens"):
+            x[..., _MIXED] = mixed_ktokens(x[..., _PREFILL], x[..., _DECODE], x[..., _EAGER])
     return x
+
+
+def mixed_ktokens(prefill_tokens, decode_seqs, eager):
+    """The mixed_ktokens feature of one step: prompt tokens x decodes / 1000 unless eager."""
+    return np.where(eager > 0, 0.0, np.asarray(prefill_tokens) * decode_seqs / 1000.0)
 
 
 @dataclass
@@ -168,13 +181,16 @@ class CostModel:
         for x, y in samples:
             xs.append(step_features(x, graph_tokens) if isinstance(x, SchedulerOutput) else as_features(x))
             ys.append(float(y))
-        if len(xs) < len(features):
-            raise ValueError(f"fitting {len(features)} coefficients needs at least that many samples, "
-                             f"got {len(xs)}")
-        X, y = np.stack(xs), np.array(ys)
+        X, y = (np.stack(xs), np.array(ys)) if xs else (np.zeros((0, len(FEATURES))), np.zeros(0))
+        cols = [FEATURES.index(f) for f in features]
+        # a feature that is 0 in every sample (eager steps without graphs, mixed steps a
+        # profile did not run) has nothing to fit: its coefficient stays 0
+        active = [f for f, c in zip(features, cols) if X[:, c].any()] if len(xs) else list(features)
+        if len(xs) < max(len(active), 1):
+            raise ValueError(f"fitting {len(active)} coefficients (the features not 0 in every sample: "
+                             f"{active}) needs at least that many samples, got {len(xs)}")
         if np.any(y <= 0):
             raise ValueError("measured step times must be > 0 seconds")
-        cols = [FEATURES.index(f) for f in features]
         sw = np.ones_like(y) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64))
         if sw.shape != y.shape or np.any(~np.isfinite(sw)) or np.any(sw < 0):
             raise ValueError(f"weights must be {len(y)} numbers >= 0, one per sample")

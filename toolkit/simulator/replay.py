@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.engine.gc_freeze import GcPauses, frozen_heap, refreeze
+from toolkit.engine.gc_freeze import GcPauses, frozen_heap
 from toolkit.kernels.compiles import triton_compiles
 from toolkit.simulator.cost import CostModel, _is_decode, as_features, step_features
 from toolkit.simulator.result import RequestTiming, RunResult, StepLog
@@ -44,7 +44,8 @@ class RecordedStep:
     gap: float | None = None      # run_on_engine: the driver's seconds from that call's return to the
                                   # next call (its outputs handled; add_request and idle waits not counted)
     gpu: float | None = None      # StepRecord.gpu_time: the step's stream time on CUDA (None elsewhere)
-    wait: float | None = None     # StepRecord.wait_time: the host's wait for its tokens (CUDA)
+    wait: float | None = None     # StepRecord.wait_time: the host's wait for its tokens (CUDA);
+                                  # run_on_engine: the waits of the step() call that set period
 
 
 def _engine_of(target: Any) -> Any:
@@ -110,7 +111,7 @@ class TraceRecorder:
         rec = cls()
         t = d["trace"]
         rec._trace = Trace([TraceRequest(**r) for r in t["requests"]], t["label"], t["meta"])
-        rec.steps = [RecordedStep(s["time"], s["duration"], as_features(s["features"]), s["grants"],
+        rec.steps = [RecordedStep(s["time"], s["duration"], as_features(s["features"], one_step=True), s["grants"],
                                   StepLog(**s["log"]), s["period"], s.get("gap"), s.get("gpu"), s.get("wait"))
                      for s in d["steps"]]
         rec.graph_tokens = d.get("graph_tokens")
@@ -202,7 +203,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
     try:
         # Triton compiles inside the run (a specialization the warm-up missed) are steps of
         # seconds that no cost model predicts: counted, so a run that had one says so
-        with frozen_heap(), GcPauses() as pauses, triton_compiles(strict=False) as compiles:
+        with frozen_heap() as heap, GcPauses() as pauses, triton_compiles(strict=False) as compiles:
             while k < len(pending) or engine.has_unfinished():
                 now = time.monotonic() - t0
                 if time_limit is not None and now > time_limit:
@@ -221,7 +222,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                     # what the run keeps (its requests, the recorder's steps) frozen as it
                     # comes: with 1000 requests queued at 1.2x saturation the collector's
                     # passes (7-8 of them full) took 0.9-1.2 s of a 27-30 s run (H200, RESULTS (k))
-                    refreeze()
+                    heap.refreeze()
                     frozen_at, refrozen_step = k, host["steps"]
                 if not engine.has_unfinished():
                     last = None               # idle: the wait is no step's
@@ -238,6 +239,9 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                 last = None
                 if len(rec.steps) > n_rec:
                     rec.steps[-1].period = took
+                    waits = [s.wait for s in rec.steps[n_rec:] if s.wait is not None]
+                    if len(rec.steps) > n_rec + 1 and waits:   # a call that landed two steps:
+                        rec.steps[-1].wait = sum(waits)          # period and wait are the call's
                     last = (rec.steps[-1], call + took, host["add_s"])
                 t = time.monotonic() - t0
                 for o in outs:
