@@ -103,22 +103,29 @@ def test_gc_pauses_counts_passes_and_only_inside() -> None:
     assert d["gc_full_passes"] == 1 and d["gc_passes"] == 2
 
 
-def test_run_on_engine_runs_with_the_heap_frozen(monkeypatch) -> None:
-    """The simulator's real runs step the engine as LLM.generate does: heap frozen, passes counted."""
+def _run_tiny(monkeypatch, trace, before_step, **run_kw):
+    """run_on_engine on a 1-layer random Llama (CPU), before_step() called before every step."""
     from transformers import LlamaConfig
 
     from toolkit import LLM
-    from toolkit.simulator import make_trace
     from toolkit.simulator.replay import run_on_engine
 
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=128, max_position_embeddings=256)
-    seen, refrozen = [], []
-    monkeypatch.setattr(FrozenHeap, "refreeze", lambda self: refrozen.append(len(seen)))
+                      num_key_value_heads=1, vocab_size=128, max_position_embeddings=1024)
     with LLM(cfg, device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4) as llm:
         step = llm.engine.step
-        monkeypatch.setattr(llm.engine, "step", lambda: (seen.append(gc.get_freeze_count()), step())[1])
-        run = run_on_engine(llm, make_trace([(8, 3), (5, 2)], rate=1e9, vocab_size=128, seed=1), realtime=False)
+        monkeypatch.setattr(llm.engine, "step", lambda: (before_step(), step())[1])
+        return run_on_engine(llm, trace, **run_kw)
+
+
+def test_run_on_engine_runs_with_the_heap_frozen(monkeypatch) -> None:
+    """The simulator's real runs step the engine as LLM.generate does: heap frozen, passes counted."""
+    from toolkit.simulator import make_trace
+
+    seen, refrozen = [], []
+    monkeypatch.setattr(FrozenHeap, "refreeze", lambda self: refrozen.append(len(seen)))
+    run = _run_tiny(monkeypatch, make_trace([(8, 3), (5, 2)], rate=1e9, vocab_size=128, seed=1),
+                    lambda: seen.append(gc.get_freeze_count()), realtime=False)
     assert refrozen == [0]                    # once, after the admissions before the first step
     assert seen and min(seen) > 1000          # frozen at every step
     assert gc.get_freeze_count() == 0         # and given back
@@ -126,22 +133,13 @@ def test_run_on_engine_runs_with_the_heap_frozen(monkeypatch) -> None:
 
 
 def test_run_on_engine_refreezes_as_requests_arrive_and_every_256_steps(monkeypatch) -> None:
-    from transformers import LlamaConfig
-
-    from toolkit import LLM
     from toolkit.simulator import make_trace
-    from toolkit.simulator.replay import run_on_engine
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=128, max_position_embeddings=1024)
     steps, refrozen = [], []
     monkeypatch.setattr(FrozenHeap, "refreeze", lambda self: refrozen.append(len(steps)))
-    with LLM(cfg, device="cpu", dtype="float32", num_blocks=64, max_num_seqs=4) as llm:
-        step = llm.engine.step
-        monkeypatch.setattr(llm.engine, "step", lambda: (steps.append(1), step())[1])
-        trace = make_trace([(8, 600), (5, 2)], rate=1e9, vocab_size=128, seed=1)
-        trace.requests[1].arrival = 0.3          # arrives while the first is decoding
-        run_on_engine(llm, trace)
+    trace = make_trace([(8, 600), (5, 2)], rate=1e9, vocab_size=128, seed=1)
+    trace.requests[1].arrival = 0.3           # arrives while the first is decoding
+    _run_tiny(monkeypatch, trace, lambda: steps.append(1))
     assert refrozen[0] == 0 and len(steps) > 512, (refrozen, len(steps))
     gaps = [b - a for a, b in zip(refrozen, refrozen[1:])]
     assert any(g < 256 for g in gaps), refrozen       # the later arrival's admission
