@@ -47,8 +47,11 @@ def start_smi(path: str) -> subprocess.Popen | None:
 
 def read_smi(path: str) -> list[tuple[float, float, float, float, int]]:
     """(epoch seconds, SM MHz, watts, deg C, throttle-reason bits) per sample."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()
     rows = []
-    lines = open(path).read().splitlines() if os.path.exists(path) else []    # noqa: SIM115
     for line in lines:
         parts = [p.strip() for p in line.split(",")]
         try:
