@@ -208,7 +208,6 @@ def decode_variants(base: KernelConfig, sms: int, names: set[str] | None = None)
 def _decode_variants(base: KernelConfig, sms: int) -> dict[str, KernelConfig]:
     out = {"default": base, "nosplit": replace(base, target_programs=0),
            "unfused": replace(base, fused_merge=False),            # the split merge as its own launch
-           "pdl": replace(base, pdl=True),                         # programmatic dependent launches
            "old_split_rule": replace(base, max_splits=0, busy_min_split_tokens=0),   # before 2026-12-02 (c)
            "split2x": replace(base, target_programs=2 * sms), "split8x": replace(base, target_programs=8 * sms),
            "minsplit128": replace(base, min_split_tokens=128), "minsplit512": replace(base, min_split_tokens=512)}

@@ -272,34 +272,3 @@ def test_warm_up_compiles_the_split_decode_tile() -> None:
         fast.run(0, case.q)
     assert not seen, f"compiled inside the step: {seen}"
     check(case, config=cfg)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kv_lens", [[4096], [512] * 64])
-def test_gpu_pdl_decode_in_a_graph(kv_lens) -> None:
-    """KernelConfig.pdl: decode launches as programmatic dependent launches, two layers back to
-    back in a CUDA graph (the second reads nothing of the first before gdc_wait), against the
-    reference on both layers."""
-    from dataclasses import replace
-
-    from toolkit.attention.tuning import default_config
-
-    case = make_case(32, 8, 128, 16, kv_lens, [1] * len(kv_lens), torch.bfloat16, seed=6, num_layers=2)
-    cfg = replace(default_config(torch.bfloat16, 128, 4, case.cache.device), pdl=True)
-    fast = TritonPagedAttention(case.cache, 32, 128, config=cfg)
-    fast.plan(case.layout)
-    outs = [poisoned_like(case.q) for _ in range(2)]
-    for layer in range(2):
-        fast.run(layer, case.q, out=outs[layer])              # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for layer in range(2):
-            fast.run(layer, case.q, out=outs[layer])
-    for o in outs:
-        o.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    for layer in range(2):
-        ref = TorchAttention(case.cache, 32, 128)
-        ref.plan(case.layout)
-        assert rel_err(outs[layer], ref.run(layer, case.q)) < REL_TOL[torch.bfloat16], layer

@@ -214,8 +214,7 @@ class TritonPagedAttention:
             merge = dict(merge_rows=work["merge"], counters=self._counters) if fused else {}
             self._attn(q, cache, self.kv_indices, work["decode"], out, self._part_out,
                        self._part_lse, block_q=t.block_q, block_n=t.block_n,
-                       num_warps=t.num_warps, num_stages=t.num_stages, **common, **merge,
-                       **self._pdl())
+                       num_warps=t.num_warps, num_stages=t.num_stages, **common, **merge)
             if self._part_out is not None and not fused:
                 self._merge(self._part_out, self._part_lse, work["merge"], out)
         fresh, self._fresh_kv = self._fresh_kv, None
@@ -259,10 +258,6 @@ class TritonPagedAttention:
         if self._self_tile is not None:
             self._precompile_self_prefill(dtype)
 
-    def _pdl(self) -> dict[str, bool]:
-        """The decode launches' PDL option: on CUDA when configured (the twin ignores it)."""
-        return {"pdl": True} if self.config.pdl and self.kv_cache.device.type == "cuda" else {}
-
     def _precompile_split_decode(self, t: TileConfig, dtype: torch.dtype) -> None:
         """The split-mode decode kernel with tile `t` (and the fused merge, when configured), on
         one query row over one key: a long decode splits into launches of many programs
@@ -280,8 +275,7 @@ class TritonPagedAttention:
                    torch.empty_like(q), torch.zeros(1, h, 2, d, device=dev), torch.zeros(1, h, 2, device=dev),
                    scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
                    num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
-                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge,
-                   **self._pdl())
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge)
 
     def _precompile_self_prefill(self, dtype: torch.dtype) -> None:
         """The TMA prefill kernel on dummy tensors laid out as the model passes them (q and k
@@ -344,8 +338,7 @@ class TritonPagedAttention:
                    b.part_out if split else None, b.part_lse if split else None,
                    scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
                    num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
-                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge,
-                   **self._pdl())
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge)
         if split and not fused:
             self._merge(b.part_out, b.part_lse, b.merge, out)
 

@@ -32,9 +32,6 @@ class KernelConfig:
     # split decode launches merge their partials in the same launch (the last split of a
     # sequence merges; kernels/paged_attention.py) instead of a second merge launch
     fused_merge: bool = True
-    # decode launches as programmatic dependent launches (CUDA, Hopper+): a launch's work-row
-    # reads overlap the kernel ahead of it. Not measured yet (branch pdl-decode): off
-    pdl: bool = False
 
     def decode_tile(self, programs: int) -> TileConfig:
         """A decode launch's tiles for a grid of `programs` (work rows, splits included, x KV

@@ -149,7 +149,7 @@ def _paged_attention_kernel(
     PAGE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     WORK_COLS: tl.constexpr, KV_FP8: tl.constexpr, F16_MATH: tl.constexpr,
-    FUSE_MERGE: tl.constexpr, S_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
+    FUSE_MERGE: tl.constexpr, S_CHUNK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     w = tl.program_id(0)
@@ -163,12 +163,6 @@ def _paged_attention_kernel(
     full_lo = tl.load(item + 5)
     full_hi = tl.load(item + 6)
     hi = tl.load(item + 7)
-    if USE_PDL:
-        # programmatic dependent launch: the work row (uploaded before the kernel ahead of this
-        # one started) is read while that kernel finishes; q, the cache and the outputs only
-        # after it has (gdc_wait); the next launch may start its own prologue from here
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
 
     offs_m = tl.arange(0, BLOCK_M)
     tok = offs_m // G_PAD                                                  # [M] token in tile
@@ -239,7 +233,6 @@ def paged_attention(
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
     merge_rows: torch.Tensor | None = None, counters: torch.Tensor | None = None,
-    pdl: bool = False,
 ) -> None:
     """Attention of the work items' query tiles over the paged cache.
 
@@ -248,8 +241,7 @@ def paged_attention(
     part_lse float32 [R, H, S] (natural-log LSE) receive split partials when given.
     With merge_rows int32 [R, 2] (output token, splits) and counters int32 [>= R * H_kv], all
     zero, the launch also merges the partials into `out` (as merge_attention_states would)
-    and leaves the counters zero. pdl (CUDA, Hopper+): launched as a programmatic dependent
-    launch; the work row is read before waiting for the kernel ahead (not measured yet).
+    and leaves the counters zero.
     An fp8 (e4m3fn) cache holds K / k_scale and V / v_scale: tiles are converted to q's dtype
     (exact), k_scale is folded into the softmax scale and v_scale into the output. Under a
     bf16 q the tiles and q are converted to fp16 instead: e4m3 -> fp16 is exact and has a
@@ -283,8 +275,8 @@ def paged_attention(
         HAS_SOFTCAP=soft_cap is not None, SPLIT=split, PRECISION=precision,
         WORK_COLS=WORK_COLS, KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         F16_MATH=kv_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
-        FUSE_MERGE=fuse, S_CHUNK=merge_chunk(g_pad, triton.next_power_of_2(d), num_warps), USE_PDL=pdl,
-        num_warps=num_warps, num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
+        FUSE_MERGE=fuse, S_CHUNK=merge_chunk(g_pad, triton.next_power_of_2(d), num_warps),
+        num_warps=num_warps, num_stages=num_stages,
     )
 
 

@@ -22,13 +22,12 @@ def paged_attention(
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
     merge_rows: torch.Tensor | None = None, counters: torch.Tensor | None = None,
-    pdl: bool = False,
 ) -> None:
     """Twin of the Triton launcher (block_q, block_n, num_warps, num_stages are ignored):
     each work item's keys [start, hi) masked causally, by the window and by `< hi`; an fp8
     cache's K and V are dequantised (value x scale) in float32. With merge_rows (and the
     kernel's counters, untouched here) the split partials are merged into `out` afterwards."""
-    del block_q, block_n, num_warps, num_stages, pdl        # pdl: a launch option, no math
+    del block_q, block_n, num_warps, num_stages
     check_scales(kv_cache, k_scale, v_scale)
     _, _, page, h_kv, d = kv_cache.shape
     fuse = fuses_merge(part_out, merge_rows, counters, h_kv)
