@@ -289,7 +289,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
 
     # -- 1. calibrate --
     t = time.perf_counter()
-    llm = build_llm(shape)
+    # --capture-tokens: steps up to N tokens replay CUDA graphs (EngineConfig.max_cudagraph_capture_size)
+    llm = build_llm(shape, **({"max_cudagraph_capture_size": args.capture_tokens} if args.capture_tokens else {}))
     key = device_key(llm, SHAPE_NAMES[shape])
     settings = engine_settings(llm)
     vocab = settings["vocab_size"]
@@ -693,6 +694,9 @@ def main() -> None:
                          "the refined bracket's geometric mean, not the burst's rate (Poisson arrivals at 1.2x "
                          "a burst's full-batch rate were sustained: RESULTS, simulator update 2026-12-02 (c)); "
                          "0: the burst's rate when the coarse bracket holds it, as before")
+    ap.add_argument("--capture-tokens", type=int, default=0,
+                    help="the engine's max_cudagraph_capture_size (0: its default, 512 here): steps past it run "
+                         "eagerly, one host launch per kernel, and take what the host's pace makes them")
     ap.add_argument("--run-limit", type=float, default=90.0, help="seconds one engine run may take")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-runs", type=int, default=1,
