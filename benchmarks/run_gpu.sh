@@ -50,6 +50,8 @@ for step in "$@"; do
                  cp toolkit/simulator/data/cost_models.json $OUT/ ;;
     # #18 probe: each policy's engine steps, stream time against kernel time (the GPU waiting on the host)
     step_gaps) timeout ${SGAP_TIMEOUT:-300} python3 benchmarks/step_gaps.py ${SGAP_ARGS:---shape llama8b --rate 34 --policies vtc,fcfs} --out $OUT/step_gaps.json 2>&1 | grep -v Warning | tail -30 ;;
+    # #18 probe: eager and decode steps' GPU time beside nvidia-smi's SM clock and the kernels' busy time
+    step_clocks) timeout ${SC_TIMEOUT:-210} python3 benchmarks/step_clocks.py ${SC_ARGS:---shape llama8b --phases eager:35,decode:12,eager:20} --out $OUT/step_clocks.json 2>&1 | grep -v Warning | tee $OUT/step_clocks.log | tail -70 ;;
     # #21 / #18 probe: the sweep's eager mixed steps with the TMA prefill path and without it, one process
     mixed_steps) timeout ${MS_TIMEOUT:-300} python3 benchmarks/mixed_steps.py ${MS_ARGS:---shape llama8b --profile} --out $OUT/mixed_steps.json 2>&1 | grep -v Warning | tail -30 ;;
     # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)
