@@ -355,8 +355,8 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     # the ladder's runs take about n / rate + a request's life each; skip it if it would eat the
     # comparisons' time (saturation is then the burst's rate)
     need = ((2 + args.ladder_refine) * plan["ladder_n"] / mu["rate"]) + 2 * mu["makespan_s"] / 3
-    runs = plan["ladder_runs"] if left() > need + 60 else 0
-    if not runs:
+    runs = plan["ladder_runs"] if left() > need + 60 and not args.saturation else 0
+    if not runs and not args.saturation:
         print(f"  ladder skipped: {left():.0f} s of the budget left, ~{need:.0f} s needed", flush=True)
     sat, bracketed, tried = (ladder(engine_over, 0.8 * mu["rate"], args.ladder, runs, args.ladder_refine)
                              if runs else (mu["rate"], False, []))
@@ -364,9 +364,12 @@ def run_shape(shape: str, args, out: Out, t_start: float, reserve: float = 0.0) 
     loaded = [x["rate"] for x in tried if x["overloaded"]] or [math.inf]
     if not bracketed or (not args.ladder_refine and max(stable) <= mu["rate"] <= min(loaded)):
         sat = mu["rate"]           # the burst's rate, when the ladder agrees (or says nothing)
+    if args.saturation:            # given (an earlier run's): no ladder
+        sat = args.saturation
     res["saturation"] = dict(engine_req_s=sat, bracketed=bracketed, burst=mu, engine_ladder=tried,
                              sim_sweep_model_burst_req_s=sim_mu0, seconds=time.perf_counter() - t)
-    print(f"[{key}] saturation {sat:.2f} req/s" + ("" if bracketed else " (the ladder did not bracket it: the burst's)")
+    print(f"[{key}] saturation {sat:.2f} req/s" + (" (given)" if args.saturation else "" if bracketed
+                                                   else " (the ladder did not bracket it: the burst's)")
           + (" (the burst's rate, inside the ladder's bracket)" if bracketed and sat == mu["rate"] else "")
           + f" ({res['saturation']['seconds']:.0f} s) [at {time.perf_counter() - t_start:.0f} s]", flush=True)
     out.save()
@@ -694,6 +697,8 @@ def main() -> None:
                          "the refined bracket's geometric mean, not the burst's rate (Poisson arrivals at 1.2x "
                          "a burst's full-batch rate were sustained: RESULTS, simulator update 2026-12-02 (c)); "
                          "0: the burst's rate when the coarse bracket holds it, as before")
+    ap.add_argument("--saturation", type=float, default=0.0,
+                    help="req/s taken as saturation instead of the ladder's (an earlier run's; saves its minute)")
     ap.add_argument("--capture-tokens", type=int, default=0,
                     help="the engine's max_cudagraph_capture_size (0: its default, 512 here): steps past it run "
                          "eagerly, one host launch per kernel, and take what the host's pace makes them")
