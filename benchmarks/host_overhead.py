@@ -30,6 +30,9 @@ def main() -> None:
     ap.add_argument("--attention", default="cpu", help="cpu (SDPA) or triton (its plan; reference kernels)")
     ap.add_argument("--temperature", type=float, default=0.6,
                     help="0: greedy (the CPU's argmax; 0.6 runs the CPU's slow Gumbel twin, timed as compute)")
+    ap.add_argument("--output-kind", default="final",
+                    help="add_request's: final (LLM.generate's) or cumulative (a RequestOutput per request "
+                         "per step, as streaming and the simulator's run_on_engine take them)")
     ap.add_argument("--sync", action="store_true", help="the synchronous loop (default: async scheduling)")
     ap.add_argument("--cprofile", type=int, default=0, help="then cProfile this many steps")
     args = ap.parse_args()
@@ -60,7 +63,7 @@ def main() -> None:
     for _ in range(b):
         eng.add_request([rng.randrange(4000) for _ in range(args.prompt)],
                         SamplingParams(max_tokens=100_000, temperature=args.temperature, ignore_eos=True),
-                        output_kind="final")
+                        output_kind=args.output_kind)
     for _ in range(5):                       # prefill and the first decodes
         eng.step()
     spent.clear()
