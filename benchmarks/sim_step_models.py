@@ -1,6 +1,7 @@
 """Offline, on the CPU: cost models fitted to the per-step GPU times of one load's engine runs
 (a `sim_gpu_all` raw JSON), with and without `mixed_ktokens`, simulate the other load's
-comparisons (out of sample), against the engine's per-metric medians.
+comparisons (out of sample), against the engine's per-metric medians. --across policies: fitted
+to the other policies' runs at the same load instead (a run with one load).
 
     python benchmarks/sim_step_models.py benchmarks/results/sim_gpu_all_2026-12-02_k_llama8b.json \
         benchmarks/results/sim_gpu_all_2026-12-02_k_llama8b_raw.json.gz
@@ -29,13 +30,16 @@ from toolkit.simulator.cost import as_features  # noqa: E402
 METRICS = ("ttft_mean", "ttft_p90", "tpot_mean", "tpot_p90", "throughput_tok_s")
 
 
-def step_samples(raw: dict, load: float) -> tuple[np.ndarray, np.ndarray]:
+def step_samples(raw: dict, load: float, policy: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features [S, len(FEATURES)] and GPU seconds [S] of every recorded engine step at `load`
-    (rows: start, period, GPU time, features, grants, ...; the first two steps of a run left
-    out). Rows recorded before mixed_ktokens get it computed (`as_features(one_step=True)`)."""
+    (of `policy`'s run only, when given; rows: start, period, GPU time, features, grants, ...;
+    the first two steps of a run left out). Rows recorded before mixed_ktokens get it computed
+    (`as_features(one_step=True)`)."""
     xs, ys = [], []
     for key, rows in raw.items():
         if not key.startswith("steps@") or float(key.rsplit("@", 1)[1]) != load:
+            continue
+        if policy is not None and key.split("@")[1] != policy:
             continue
         for row in rows[2:]:
             if row[2]:
@@ -50,6 +54,8 @@ def main() -> None:
     ap.add_argument("results", help="sim_gpu_all results JSON")
     ap.add_argument("raw", help="its raw JSON (.json or .json.gz)")
     ap.add_argument("--shape", default="llama8b")
+    ap.add_argument("--across", choices=("loads", "policies"), default="loads",
+                    help="fit on the other loads' steps (default), or on the other policies' at the same load")
     args = ap.parse_args()
     res = json.load(open(args.results))["shapes"][args.shape]
     opener = gzip.open if args.raw.endswith(".gz") else open
@@ -60,12 +66,15 @@ def main() -> None:
     linear = [f for f in FEATURES if f != "mixed_ktokens"]
     print(f"{'load':>5s} {'policy':6s} {'model':32s} " + "  ".join(f"{m:>16s}" for m in METRICS))
     for run in res["runs"]:
-        others = [x for x in loads if x != run["load"]]
+        if args.across == "loads":
+            others = [(x, None, f"steps at {x:g}x") for x in loads if x != run["load"]]
+        else:
+            others = [(run["load"], p, f"{p}'s steps") for p in sorted({r["policy"] for r in res["runs"]})
+                      if p != run["policy"]]
         models = {"the run's (live)": final}
-        for other in others:
-            X, y = step_samples(raw, other)
-            for name, feats in ((f"steps at {other:g}x, linear", linear),
-                                (f"steps at {other:g}x, + mixed_ktokens", FEATURES)):
+        for load, policy, label in others:
+            X, y = step_samples(raw, load, policy)
+            for name, feats in ((f"{label}, linear", linear), (f"{label}, + mixed_ktokens", FEATURES)):
                 models[name] = CostModel.fit(zip(X, y), features=feats, source=name,
                                              admission=final.admission, graph_tokens=final.graph_tokens)
         tr = run["trace"]
