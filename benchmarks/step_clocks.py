@@ -132,7 +132,7 @@ class Phases:
 
 
 def bins(rows: list[dict], smi: list[tuple], width: float) -> list[dict]:
-    """Per `width` seconds: the phase, steps, median GPU / period / host work, the samples' means."""
+    """Per `width` seconds: the phase, steps, median GPU ms and host work, the samples' means."""
     if not rows:
         return []
     t0, out = rows[0]["t"], []
