@@ -10,6 +10,7 @@ decode batch (the default before 2026-12-02: the run in benchmarks/RESULTS.md, m
 `--sizes none,512`, measured exactly this), 512 today's default.
 
     python benchmarks/capture_size.py --shape llama8b --sizes 128,512 --out $OUT/capture_size.json
+    python benchmarks/capture_size.py --shape llama8b --sizes 512,1024   # graphs past 512 (#18's next A/B)
     python benchmarks/capture_size.py --shape tiny      # CPU check of the script (no graphs there)
 """
 
@@ -26,7 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.sim_common import GPU_ENGINE, TINY_ENGINE, model_config, release_llm, tiny_config  # noqa: E402
 
 PREFILL = [128, 192, 256, 384, 512, 1024]
-MIXED = [(32, 512, 128), (32, 512, 256), (96, 512, 256), (64, 512, 448)]   # (decodes, context, prompt)
+# (decodes, context, prompt); the last two: an arrival's first chunk past 512 tokens beside the
+# ~40 decodes of a 0.5x-saturation run (RESULTS, simulator (m): graphs to 1024 took its eager steps)
+MIXED = [(32, 512, 128), (32, 512, 256), (96, 512, 256), (64, 512, 448), (40, 512, 640), (40, 512, 960)]
 TINY_PREFILL = [32, 64, 128]
 TINY_MIXED = [(8, 64, 32), (8, 64, 96)]
 
@@ -45,8 +48,13 @@ def measure(shape: str, size: int | None, steps: int) -> dict:
     prefill, mixed = (TINY_PREFILL, TINY_MIXED) if tiny else (PREFILL, MIXED)
     samples = profile_engine(llm, prefill=prefill, mixed=mixed, steps=steps, warmup=2)
     names = [f"prefill P={p}" for p in prefill] + [f"{b} decodes (L={c}) + P={p}" for b, c, p in mixed]
-    row = dict(size=size, graph_tokens=runner.graph_tokens, build_s=build_s,
-               startup=dict(llm.engine.startup),
+    import torch
+
+    # what a larger capture costs: the process's reserved device memory once built (weights,
+    # KV cache, graph pools and static tables) and the KV blocks it left
+    mem = torch.cuda.memory_reserved() / 2**30 if torch.cuda.is_available() else None
+    row = dict(size=size, graph_tokens=runner.graph_tokens, build_s=build_s, reserved_gib=mem,
+               num_blocks=llm.engine.scheduler.allocator.num_blocks, startup=dict(llm.engine.startup),
                steps={n: y for n, (_, y) in zip(names, samples)})
     release_llm(llm)
     return row
@@ -66,7 +74,8 @@ def main() -> None:
         row = measure(args.shape, size, args.steps)
         rows.append(row)
         print(f"max_cudagraph_capture_size={size}: graphs up to {row['graph_tokens']} tokens, "
-              f"built in {row['build_s']:.1f} s", flush=True)
+              f"built in {row['build_s']:.1f} s, {row['num_blocks']} KV blocks"
+              + (f", {row['reserved_gib']:.2f} GiB reserved" if row["reserved_gib"] is not None else ""), flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(dict(date=time.strftime("%Y-%m-%d"), shape=args.shape, rows=rows), f, indent=1)
