@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import reduce
+from operator import or_
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -150,15 +152,8 @@ def bins(rows: list[dict], smi: list[tuple], width: float) -> list[dict]:
                         sm_mhz=statistics.fmean(s[1] for s in ss) if ss else None,
                         watts=statistics.fmean(s[2] for s in ss) if ss else None,
                         temp_c=max(s[3] for s in ss) if ss else None,
-                        reasons=f"{_or(s[4] for s in ss):#x}" if ss else None))
+                        reasons=f"{reduce(or_, (s[4] for s in ss), 0):#x}" if ss else None))
     return out
-
-
-def _or(bits) -> int:
-    acc = 0
-    for b in bits:
-        acc |= b
-    return acc
 
 
 def main() -> None:
