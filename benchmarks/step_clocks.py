@@ -145,10 +145,9 @@ def bins(rows: list[dict], smi: list[tuple], width: float) -> list[dict]:
         ss = [s for s in smi if lo <= s[0] < hi]
         if not rs:
             continue
-        host = [r["host"] for r in rs]
-        out.append(dict(t=lo - t0, phase=max({r["phase"] for r in rs}, key=lambda p: sum(r["phase"] == p for r in rs)),
+        out.append(dict(t=lo - t0, phase=statistics.mode(r["phase"] for r in rs),   # the bin's most steps
                         steps=len(rs), gpu_ms=1e3 * statistics.median(gpu) if gpu else None,
-                        host_ms=1e3 * statistics.median(host) if host else None,
+                        host_ms=1e3 * statistics.median(r["host"] for r in rs),
                         sm_mhz=statistics.fmean(s[1] for s in ss) if ss else None,
                         watts=statistics.fmean(s[2] for s in ss) if ss else None,
                         temp_c=max(s[3] for s in ss) if ss else None,
