@@ -56,6 +56,8 @@ for step in "$@"; do
     eager_host) timeout ${EH_TIMEOUT:-240} python3 -m benchmarks.eager_host ${EH_ARGS:---shape qwen3 --prompt 2048} --out $OUT/eager_host.json 2>&1 | grep -v Warning | tail -90 ;;
     # #21 probe: host cost of a graph replay (by node count, idle / in flight), a Triton launch, a torch op, an upload
     launch_costs) timeout ${LC_TIMEOUT:-200} python3 -m benchmarks.launch_costs ${LC_ARGS:-} --out $OUT/launch_costs.json 2>&1 | grep -v Warning | tail -30 ;;
+    # #21 probe: a steady decode step's host pieces timed without a profiler, per batch size
+    host_parts) timeout ${HP_TIMEOUT:-240} python3 -m benchmarks.host_parts ${HP_ARGS:---shape qwen3 --batches 1,16,64,256} --out $OUT/host_parts.json 2>&1 | grep -v Warning | tail -70 ;;
     # #21 / #18 probe: the sweep's eager mixed steps with the TMA prefill path and without it, one process
     mixed_steps) timeout ${MS_TIMEOUT:-300} python3 benchmarks/mixed_steps.py ${MS_ARGS:---shape llama8b --profile} --out $OUT/mixed_steps.json 2>&1 | grep -v Warning | tail -30 ;;
     # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)
