@@ -74,10 +74,15 @@ def diagnose(llm, prompts: list, params: list, *, sync_debug: bool = True,
 
     eng_step, schedule = eng.step, eng.scheduler.schedule
 
+    by_band: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+
     def step():
-        w0, t = spent["event_wait"], time.perf_counter()
+        before, t = dict(spent), time.perf_counter()
         out = eng_step()
-        steps.append((time.perf_counter() - t, spent["event_wait"] - w0, planned[-1] if planned else "none"))
+        key = planned[-1] if planned else "none"
+        steps.append((time.perf_counter() - t, spent["event_wait"] - before.get("event_wait", 0.0), key))
+        for k, v in spent.items():           # each part's time in this step, by what it ran
+            by_band[key][k] += v - before.get(k, 0.0)
         return out
 
     def planning():
@@ -90,9 +95,13 @@ def diagnose(llm, prompts: list, params: list, *, sync_debug: bool = True,
         return out
 
     parts = [(eng.scheduler, "update"),
-             (eng.scheduler, "resolve_placeholders"), (eng.runner, "prepare"),
+             (eng.scheduler, "resolve_placeholders"), (eng.runner, "prepare"), (eng.runner, "_batch"),
              (eng.runner.attention, "plan"), (eng.runner, "forward"), (eng.runner, "_sample_plain"),
+             (eng.runner, "_metadata"), (eng.runner.model, "compute_logits"),
              (eng.output_processor, "process"), (eng, "_retire")]
+    if eng.runner.graphs is not None:
+        parts += [(eng.runner.graphs, "replay"), (eng.runner.attention, "use_static")]
+    parts = [(o, n) for o, n in parts if hasattr(o, n)]
     caught: list[warnings.WarningMessage] = []
     with contextlib.ExitStack() as stack:
         for obj, name in parts:
@@ -125,7 +134,9 @@ def diagnose(llm, prompts: list, params: list, *, sync_debug: bool = True,
         wall_s=wall, steps=len(steps), step_wall_s=sum(s[0] for s in steps),
         event_wait_s=spent.pop("event_wait", 0.0),
         parts_ms_per_step={k: v / max(len(steps), 1) * 1e3 for k, v in sorted(spent.items(), key=lambda kv: -kv[1])},
-        groups={k: dict(steps=g[0], wall_ms_per_step=g[1] / g[0] * 1e3, wait_ms_per_step=g[2] / g[0] * 1e3)
+        groups={k: dict(steps=g[0], wall_ms_per_step=g[1] / g[0] * 1e3, wait_ms_per_step=g[2] / g[0] * 1e3,
+                        parts_ms_per_step={p: v / g[0] * 1e3 for p, v in sorted(
+                            by_band[k].items(), key=lambda kv: -kv[1]) if p != "event_wait"})
                 for k, g in sorted(groups.items())},
         host_syncs=dict(where.most_common(12)),
     )
@@ -160,6 +171,8 @@ def print_report(r: dict, tag: str = "") -> None:
     for k, g in r["groups"].items():
         print(f"{tag}  {k:14s} {g['steps']:5d} steps  wall {g['wall_ms_per_step']:6.2f} ms  "
               f"event wait {g['wait_ms_per_step']:6.2f} ms")
+        if g.get("parts_ms_per_step"):
+            print(f"{tag}      " + ", ".join(f"{p} {v:.2f}" for p, v in g["parts_ms_per_step"].items()))
     print(f"{tag}  host syncs by caller: {r['host_syncs'] or 'none'}")
     for k, c in r.get("runtime_calls", {}).items():
         print(f"{tag}  {k:32s} x{c['count']:6d}  {c['total_ms']:9.2f} ms  max {c['max_ms']:.3f} ms")
