@@ -17,6 +17,9 @@ def test_upload_packs_and_restores_every_tensor(device: str) -> None:
         "i64": torch.arange(6).reshape(2, 3),
         "strided": torch.arange(10)[::3],                           # not contiguous
         "i32": torch.tensor([[7]], dtype=torch.int32),
+        "bf16": torch.tensor([1.5, -3.25], dtype=torch.bfloat16),  # no numpy twin: torch's copy
+        "scalar": torch.tensor(-9, dtype=torch.int64),              # 0-d
+        "f16_t": torch.arange(6, dtype=torch.float16).reshape(2, 3).T,   # transposed 2-D
         "empty": torch.empty(0, dtype=torch.int64),                 # last, after an odd offset
     }
     out = upload(tensors, device, pack=True)

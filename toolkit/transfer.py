@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import numpy as np
 import torch
 
 
@@ -34,21 +35,40 @@ def upload(tensors: Mapping[str, torch.Tensor], device: torch.device | str, *,
     shapes: one pinned allocation and one copy instead of one of each per tensor (a pinned
     allocation costs tens of microseconds). pack: default only for CUDA (on the CPU the
     tensors are returned as they are); tests pass pack=True to run the packing anywhere.
+
+    This runs every engine step, so the host side is lean: the bytes are written through
+    numpy (a torch slice, view and copy_ cost a few microseconds each, about 0.2 ms a step
+    for the step's eight index tensors on the H200's host), and a 1-D result is one slice
+    and one dtype view of the device buffer.
     """
     device = torch.device(device)
     if not (device.type == "cuda" if pack is None else pack):
         return {k: t.to(device) for k, t in tensors.items()}
-    offsets, total = [], 0
-    for t in tensors.values():
+    items = list(tensors.items())
+    offsets, sizes, total = [], [], 0
+    for _, t in items:
         total = -(-total // 16) * 16
         offsets.append(total)
-        total += t.numel() * t.element_size()
+        sizes.append(t.numel() * t.element_size())
+        total += sizes[-1]
     # rounded up, so an empty tensor's slot (even the last) is an aligned in-bounds slice
     buf = torch.empty(-(-total // 16) * 16 + 16, dtype=torch.uint8, pin_memory=device.type == "cuda")
-    for off, t in zip(offsets, tensors.values()):
-        nbytes = t.numel() * t.element_size()
-        if nbytes:      # copied through a typed view of the slot: any strides, any dtype
+    raw = buf.numpy()
+    for off, nbytes, (_, t) in zip(offsets, sizes, items):
+        if not nbytes:
+            continue
+        if t.dtype in _NUMPY_DTYPES:     # any strides: numpy gathers them into the slot
+            raw[off:off + nbytes].view(_NUMPY_DTYPES[t.dtype]).reshape(t.shape)[...] = t.numpy()
+        else:                            # no numpy twin (bfloat16 ...): a typed view of the slot
             buf[off:off + nbytes].view(t.dtype).copy_(t.reshape(-1))
     dev = buf.to(device, non_blocking=True)
-    return {k: dev[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            for (k, t), off in zip(tensors.items(), offsets)}
+    out = {}
+    for off, nbytes, (k, t) in zip(offsets, sizes, items):
+        v = dev[off:off + nbytes].view(t.dtype)
+        out[k] = v if t.dim() == 1 else v.view(t.shape)
+    return out
+
+
+_NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16,
+                 torch.int8: np.int8, torch.uint8: np.uint8, torch.bool: np.bool_,
+                 torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}

@@ -226,7 +226,9 @@ class Runner:
         t = upload(host, dev)
         input_ids = t["input_ids"]
         if fill_at:                       # stream order: after prev's sampling, before this forward
-            input_ids[t["fill_at"]] = prev.tokens[t["fill_from"]]
+            # (index_copy_ / index_select: the same kernels as `ids[at] = tokens[from]`, without
+            # the indexing machinery's host cost, which runs every async step)
+            input_ids.index_copy_(0, t["fill_at"], prev.tokens.index_select(0, t["fill_from"]))
         return Batch(
             input_ids=input_ids,
             positions=t["positions"],
