@@ -267,6 +267,26 @@ def test_lm_head_logits_off_cuda_is_the_twin_and_checks_shapes():
         lm_head_logits(torch.zeros(2, 3), torch.zeros(4, 5))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_lm_head_logits_into_a_static_buffer(device):
+    """out=: the rows of a larger poisoned buffer get exactly the fresh result; nothing else
+    is written; a wrong dtype, shape or layout is refused."""
+    from toolkit.kernels.lm_head import lm_head_logits
+
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        h = torch.randn(5, 24, generator=g).to(dtype).to(device)
+        w = torch.randn(37, 24, generator=g).to(dtype).to(device)
+        buf = torch.full((8, 37), float("nan"), device=device)
+        got = lm_head_logits(h, w, out=buf[:5])
+        assert got.data_ptr() == buf.data_ptr() and torch.equal(buf[:5], lm_head_logits(h, w))
+        assert buf[5:].isnan().all()
+    for bad in (torch.empty(5, 37, dtype=torch.float16), torch.empty(4, 37),
+                torch.empty(37, 5).t()):
+        with pytest.raises(ValueError, match="out must be a contiguous float32"):
+            lm_head_logits(h.cpu(), w.cpu(), out=bad)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_lm_head_logits_gpu_is_the_fp32_product(dtype):

@@ -61,6 +61,7 @@ class Runner:
         self.executor = executor
         self._rejection = None
         self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
+        self.sample_graphs = None        # SampleGraphs (LM head + the sampler's fused tail), likewise
         self._masks = None            # MaskTable: grammar mask rows on the device, made on first use
         self._rows = SamplingRows()   # the last step's sampling metadata, reused while valid
         # penalised requests' token lists on the device between steps (None: built per step)
@@ -80,9 +81,10 @@ class Runner:
         those steps apart)."""
         return self.graphs.sizes[-1] if self.graphs is not None else None
 
-    def enable_cuda_graphs(self, max_tokens: int) -> bool:
+    def enable_cuda_graphs(self, max_tokens: int, max_sample_rows: int | None = None) -> bool:
         """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
-        chunks) from piecewise CUDA graphs (CUDA + a backend with run(out=))."""
+        chunks) from piecewise CUDA graphs (CUDA + a backend with run(out=)), and the LM head
+        and sampling of plain steps of up to max_sample_rows sampling rows (max_num_seqs)."""
         from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
 
         if self.executor is not None:     # every rank captures its own (NCCL calls inside)
@@ -91,6 +93,12 @@ class Runner:
         if self.device.type != "cuda" or not supports_graphs(self.attention):
             return False
         self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device)
+        # a sampler that declares graph_tail (samplers/base.py) gets its plain steps captured
+        if callable(getattr(self.sampler, "graph_tail", None)):
+            from toolkit.engine.sample_graphs import SampleGraphs
+
+            self.sample_graphs = SampleGraphs(self.model, self.sampler,
+                                              min(max_tokens, max_sample_rows or max_tokens), self.device)
         return True
 
     @torch.inference_mode()
@@ -108,16 +116,18 @@ class Runner:
         if not out.scheduled:
             return Launched.done(StepResult())
         batch = self.prepare(out, prev)
-        logits = self.forward(batch)
+        # plain rows may sample from a graph that starts at the hidden states (its LM head inside)
+        graphed = self.sample_graphs is not None and not any(batch.drafts)
+        x = self.hidden(batch) if graphed else self.forward(batch)   # hidden [T, H] | logits [N, V]
         ended = structured.advance(batch.sampling) if structured is not None else {}
         grammars = structured.grammars if structured is not None else None
         prompt_lps = {rid: (start, batch.prompt_logprobs[rid]) for rid, start, _, _ in batch.prompt_owner or ()}
         if any(batch.drafts):
-            result = self.sample(batch, logits, grammars)
+            result = self.sample(batch, x, grammars)
             result.prompt_logprobs.update(prompt_lps)
             apply_ended(result, ended)
             return Launched.done(result)
-        s = self._sample_plain(batch, logits, grammars)
+        s = self._sample_plain(batch, x, grammars, hidden=graphed)
         if self.penalty_history is not None:   # penalised rows take their token on the device
             self.penalty_history.note_sampled(batch.sampling, s.token_ids)
         return Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended, prompt_lps,
@@ -247,6 +257,12 @@ class Runner:
             if batch.prompt_rows:
                 batch.prompt_logprobs = self._prompt_logprobs(batch, prompt_logits)
             return logits
+        return self.model.compute_logits(self.hidden(batch)[batch.logits_indices])       # [N, V]
+
+    @torch.inference_mode()
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        """The model's hidden states [T, hidden] of the step's tokens (this process runs the
+        model: no executor); prompt logprobs are taken here."""
         if batch.blocks_to_copy:          # shared blocks the step writes to: private copies first
             from toolkit.kernels.dispatch import copy_blocks
 
@@ -264,7 +280,7 @@ class Runner:
         if batch.prompt_rows:
             rows = torch.tensor(batch.prompt_rows, device=hidden.device)
             batch.prompt_logprobs = self._prompt_logprobs(batch, self.model.compute_logits(hidden[rows]))
-        return self.model.compute_logits(hidden[batch.logits_indices])                 # [N, V]
+        return hidden
 
     def _prompt_logprobs(self, batch: Batch, logits: torch.Tensor) -> dict[str, list[dict[int, float]]]:
         """{request id: [{next prompt token and top-N: logprob}] for this step's positions},
@@ -324,10 +340,20 @@ class Runner:
                                       bitmask=self._masks.table if slots else None,
                                       bitmask_rows=slots, penalty_lists=lists)
 
-    def _sample_plain(self, batch: Batch, logits: torch.Tensor, grammars):
-        """The Sampler on rows without drafts; its output stays on the device."""
+    def _sample_plain(self, batch: Batch, x: torch.Tensor, grammars, hidden: bool = False):
+        """The Sampler on rows without drafts; its output stays on the device. x: the logits
+        [N, V], or (hidden=True) the step's hidden states [T, hidden], sampled from the
+        SampleGraphs when the sampler's tail covers the step."""
+        from toolkit.samplers.base import SamplerOutput
+
+        meta = self._metadata(batch, grammars)
+        if hidden:
+            tokens = self.sample_graphs.sample(x, batch.logits_indices, meta)
+            if tokens is not None:
+                return SamplerOutput(tokens)
+            x = self.model.compute_logits(x[batch.logits_indices])
         # the step's own logits: a sampler that declares it may process them in place
-        return self.sampler(logits, self._metadata(batch, grammars), **self._consume)
+        return self.sampler(x, meta, **self._consume)
 
     def _verify(self, batch: Batch, logits: torch.Tensor, meta, ids: list[str]) -> StepResult:
         """Rows with drafts: the rejection sampler; logprobs of every emitted token of the

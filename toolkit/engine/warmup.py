@@ -3,7 +3,8 @@ it happens inside the user's first `generate` (20-25 s on a fresh machine otherw
 
 Dummy steps for each CUDA-graph bucket (a decode batch of that many tokens: the first, eager
 run compiles, then the bucket is captured), with sampling rows of each kind (greedy;
-temperature alone; temperature with top-k / top-p: the fused tail; all three mixed), then one prefill and one chunked prefill
+temperature alone, whose LM head and fused tail are captured per bucket too,
+engine/sample_graphs.py; temperature with top-k / top-p; all three mixed), then one prefill and one chunked prefill
 over a cached prefix (the prefill attention kernels), then penalised rows (the penalty
 kernels, with every row penalised and with some). The dummy steps write garbage KV into
 block 0 and the first blocks; every block is free again afterwards and a real request
@@ -22,14 +23,14 @@ from toolkit.types import Request, SamplingParams, ScheduledRequest, SchedulerOu
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=2)
 _SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=2, seed=0)
-_TEMPERATURE = SamplingParams(temperature=0.6, max_tokens=2, seed=1)   # seeded: the engine's generator untouched     # temperature alone: its own kernels
+_TEMPERATURE = SamplingParams(temperature=0.6, max_tokens=2, seed=1)   # seeded: the engine's generator untouched
 _KINDS = (_GREEDY, _SAMPLED, _TEMPERATURE)
 _PENALISED = SamplingParams(temperature=0.0, max_tokens=2, repetition_penalty=1.1, presence_penalty=0.1)
 
 
 def _step(runner, scheduled: list[ScheduledRequest]) -> None:
-    batch = runner.prepare(SchedulerOutput(scheduled))
-    runner.sample(batch, runner.forward(batch))
+    """One dummy step the way the engine runs it (its sampling graphs captured on first use)."""
+    runner.launch(SchedulerOutput(scheduled)).result()
 
 
 def _decode(i: int, params: SamplingParams) -> ScheduledRequest:
@@ -48,7 +49,8 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
         total = time.perf_counter() - start
     return {"warmup_s": total, "compile_s": sum(s for _, s in compiled.values()),
             "kernels_compiled": sum(n for n, _ in compiled.values()),
-            "capture_s": runner.graphs.capture_s if runner.graphs is not None else 0.0}
+            "capture_s": (runner.graphs.capture_s if runner.graphs is not None else 0.0)
+            + (runner.sample_graphs.capture_s if runner.sample_graphs is not None else 0.0)}
 
 
 def _warm_up(runner, max_num_batched_tokens: int, block_size: int, num_blocks: int,

@@ -22,14 +22,22 @@ def has_fp32_out_mm() -> bool:
     return hasattr(torch.ops.aten.mm, "dtype")
 
 
-def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """hidden [N, H], weight [V, H] (same dtype) -> float32 logits [N, V].
+def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor, *,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """hidden [N, H], weight [V, H] (same dtype) -> float32 logits [N, V] (into `out`, a
+    contiguous float32 [N, V], when given: a CUDA graph's static buffer).
 
     CUDA half inputs (torch >= 2.8): one GEMM with a float32 output; anything else: the twin's
     two steps (float32 inputs give the same float32 GEMM either way)."""
+    from toolkit.kernels.reference_model import check_logits_out
+
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
                          f"{tuple(weight.shape)}")
+    check_logits_out(out, hidden.shape[0], weight.shape[0])
     if hidden.is_cuda and hidden.dtype in HALF and weight.dtype == hidden.dtype and has_fp32_out_mm():
-        return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-    return F.linear(hidden, weight).float()
+        if out is None:
+            return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        return torch.mm(hidden, weight.t(), out_dtype=torch.float32, out=out)
+    logits = F.linear(hidden, weight).float()
+    return logits if out is None else out.copy_(logits)

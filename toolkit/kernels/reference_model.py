@@ -143,10 +143,21 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     return _into(out, F.silu(gate) * up, "out")
 
 
-def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """hidden [N, H], weight [V, H] -> float32 logits [N, V], rounded as Hugging Face does: the
-    product in the inputs' dtype, then float32."""
+def check_logits_out(out: torch.Tensor | None, n: int, v: int) -> None:
+    """lm_head_logits' `out`: None, or a contiguous float32 [n, v]."""
+    if out is not None and (out.dtype != torch.float32 or tuple(out.shape) != (n, v)
+                            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous float32 [{n}, {v}], got {out.dtype} "
+                         f"{tuple(out.shape)} (contiguous: {out.is_contiguous()})")
+
+
+def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor, *,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """hidden [N, H], weight [V, H] -> float32 logits [N, V] (into `out` when given), rounded
+    as Hugging Face does: the product in the inputs' dtype, then float32."""
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
                          f"{tuple(weight.shape)}")
-    return F.linear(hidden, weight).float()
+    check_logits_out(out, hidden.shape[0], weight.shape[0])
+    logits = F.linear(hidden, weight).float()
+    return logits if out is None else out.copy_(logits)

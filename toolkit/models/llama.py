@@ -284,10 +284,10 @@ class LlamaForCausalLM(nn.Module):
         return F.embedding(input_ids, self.model.embed_tokens.weight)
 
     @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> float32 logits [N, V]."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [N, hidden] -> float32 logits [N, V] (written into `out` when given)."""
         head = self.model.embed_tokens if self.geometry.tie_word_embeddings else self.lm_head
-        return self._ops.lm_head_logits(hidden, head.weight)
+        return self._ops.lm_head_logits(hidden, head.weight, out=out)
 
     # ------------------------------------------------------------------ loading
     def expected_weights(self) -> dict[str, int]:

@@ -49,6 +49,10 @@ class Sampler(Protocol):
     - `process(logits, meta) -> processed logits` (the distribution it samples from, -inf =
       excluded): needed by speculative decoding's rejection sampler; an engine with a
       proposer refuses a sampler without it when it is built.
+    - `graph_tail(meta, generator=None) -> (fn, rows) | None`: this step's sampling as
+      `fn(logits, **rows)` over per-row tensors [N] (keys drawn now), a fixed sequence of
+      kernels with no host decision, or None; the engine captures the LM head and fn in a
+      CUDA graph per row bucket and replays it (engine/sample_graphs.py).
     """
 
     def __call__(self, logits: Tensor, meta: "SamplingMetadata") -> "SamplerOutput": ...

@@ -12,7 +12,8 @@ threshold, bitmask and race run as Triton kernels, elsewhere as their torch twin
 
 from __future__ import annotations
 
-from typing import Iterable
+import importlib
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -116,6 +117,34 @@ class Sampler:
                               device=meta.seed_keys.device, dtype=torch.int64)
         return torch.where(meta.seeded, meta.seed_keys, fresh)
 
+    def _tail_rows(self, meta: SamplingMetadata, cut: int,
+                   generator: torch.Generator | None = None) -> dict[str, Tensor | None]:
+        """truncated_sample's per-row arguments [N] for the fused tail self.stages[cut:] (a
+        tail stage that is absent passes None, or ones for the temperature); draws the keys."""
+        tail = {type(s) for s in self.stages[cut:]}
+        return dict(temperature=meta.temperature if Temperature in tail else torch.ones_like(meta.temperature),
+                    greedy=meta.greedy, min_p=meta.min_p if MinP in tail else None,
+                    top_k=meta.top_k if TopK in tail else None,
+                    top_p=meta.top_p if TopP in tail else None, keys=self.keys(meta, generator))
+
+    def graph_tail(self, meta: SamplingMetadata, generator: torch.Generator | None = None,
+                   ) -> tuple[Callable[..., Tensor], dict[str, Tensor | None]] | None:
+        """This step's sampling as `fn(logits, **rows)` -> tokens [N], when it is the fused tail
+        alone: the Triton kernel, no stage before the tail active, not every row greedy, no
+        logprobs and no top-k row (whose cut needs its own kernel). rows are the per-row
+        tensors [N] (None: unused), the noise keys drawn now. fn runs a fixed sequence of
+        kernels with no host decision, so the engine may capture it in a CUDA graph over
+        padded rows and replay it (engine/sample_graphs.py). None: sample through __call__."""
+        cut = fusable_tail(self.stages)
+        triton = meta.device.type == "cuda" if self.use_triton is None else self.use_triton
+        if (not triton or cut == len(self.stages) or meta.num_rows == 0 or meta.all_greedy
+                or meta.max_num_logprobs is not None
+                or (meta.top_k is not None and meta.top_k_rows is not None)
+                or any(getattr(s, "active", lambda m: True)(meta) for s in self.stages[:cut])):
+            return None
+        fn = getattr(importlib.import_module("toolkit.kernels.truncated_sample"), "truncated_sample")
+        return fn, self._tail_rows(meta, cut, generator)
+
     def __call__(self, logits: Tensor, meta: SamplingMetadata,
                  generator: torch.Generator | None = None, *,
                  consume_logits: bool = False) -> SamplerOutput:
@@ -155,17 +184,12 @@ class Sampler:
         if meta.all_greedy:
             tokens = torch.argmax(x, dim=-1)                                 # first max = lowest id
         elif cut < len(self.stages):
-            tail = {type(s) for s in self.stages[cut:]}
-            top_k = meta.top_k if TopK in tail else None
-            top_p = meta.top_p if TopP in tail else None
+            rows = self._tail_rows(meta, cut, generator)
             kth = None
-            if top_k is not None and meta.top_k_rows is not None:     # the top-k cut, given
-                kth = kernel("kth_largest", x, self.use_triton)(x, top_k, meta.top_k_rows,
+            if rows["top_k"] is not None and meta.top_k_rows is not None:   # the top-k cut, given
+                kth = kernel("kth_largest", x, self.use_triton)(x, rows["top_k"], meta.top_k_rows,
                                                                 meta.max_top_k)
-            tokens = kernel("truncated_sample", x, self.use_triton)(
-                x, meta.temperature if Temperature in tail else torch.ones_like(meta.temperature),
-                meta.greedy, meta.min_p if MinP in tail else None, top_k, top_p,
-                self.keys(meta, generator), kth)
+            tokens = kernel("truncated_sample", x, self.use_triton)(x, **rows, kth_largest=kth)
         else:
             sample = kernel("gumbel_sample", x, self.use_triton)
             tokens = sample(x, self.keys(meta, generator), meta.greedy)
