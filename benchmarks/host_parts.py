@@ -38,7 +38,8 @@ def pieces(eng) -> list[tuple[object, str, str]]:
             (eng.scheduler, "resolve_placeholders", "resolve_placeholders"),
             (eng.output_processor, "process", "outputs.process"),
             (r, "launch", "runner.launch"), (r, "prepare", "  prepare"), (r, "_batch", "    _batch"),
-            (r, "forward", "  forward"), (r.attention, "plan", "    attention.plan"),
+            (r, "forward", "  forward"), (r, "hidden", "  hidden (the model, no LM head)"),
+            (r.attention, "plan", "    attention.plan"),
             (r.model, "compute_logits", "    compute_logits"),
             (r, "_sample_plain", "  _sample_plain"), (r, "_metadata", "    sampling metadata")]
     if r.graphs is not None:
