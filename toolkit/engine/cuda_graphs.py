@@ -37,6 +37,27 @@ def supports_graphs(attention) -> bool:
     return bool(getattr(attention, "supports_run_out", False))
 
 
+def capture_graph(fn, pool) -> tuple[torch.cuda.CUDAGraph, object]:
+    """fn() captured as one CUDA graph in `pool`, on a side stream, synchronized before and
+    after; returns (the graph, what fn returned: its static outputs). Raises what the
+    capture raised (the side stream is joined either way)."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=pool)
+            try:
+                out = fn()
+            finally:
+                graph.capture_end()
+    finally:
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+    return graph, out
+
+
 def buckets(max_tokens: int) -> list[int]:
     """Token-count buckets: fine steps where decode batches live, coarser above 256."""
     sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(320, max_tokens + 1, 64))
@@ -185,26 +206,12 @@ class StepGraphs:
         h = self.attention
         q = torch.zeros(bp, h.num_heads, h.head_dim, dtype=g.hidden.dtype, device=self.device)
         h.run_static(0, q, torch.empty_like(q), self.static, bp, mode)   # compiles outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(stream):
-                graph.capture_begin(pool=self.pool)
-                try:
-                    hidden = self.model.forward(g.ids, g.positions,
-                                                _FullProxy(h, g, self.static, bp, mode))
-                finally:
-                    graph.capture_end()
+            g.full[mode] = capture_graph(lambda: self.model.forward(
+                g.ids, g.positions, _FullProxy(h, g, self.static, bp, mode)), self.pool)
         except Exception as e:            # stay piecewise, say why
             log.warning("whole-forward CUDA-graph capture (%s) of a %d-token step failed (%s); "
                         "its decode steps replay the pieces", mode, bp, e)
-            return
-        finally:
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-        g.full[mode] = (graph, hidden)
 
     @torch.inference_mode()
     def replay(self, bp: int, ids: torch.Tensor, positions: torch.Tensor,

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from toolkit.engine.cuda_graphs import buckets
+from toolkit.engine.cuda_graphs import buckets, capture_graph
 
 log = logging.getLogger(__name__)
 
@@ -94,28 +94,17 @@ class SampleGraphs:
         start = time.perf_counter()
         args = {name: (self.rows[name][:bp] if t is not None else None) for name, t in rows.items()}
         hidden, logits = self.hidden[:bp], self.logits[:bp]
-        self.model.compute_logits(hidden, out=logits)
-        fn(logits, **args)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        def run() -> torch.Tensor:
+            self.model.compute_logits(hidden, out=logits)
+            return fn(logits, **args)
+
+        run()
         try:
-            with torch.cuda.stream(stream):
-                graph.capture_begin(pool=self.pool)
-                try:
-                    self.model.compute_logits(hidden, out=logits)
-                    tokens = fn(logits, **args)
-                finally:
-                    graph.capture_end()
+            self.graphs[key] = capture_graph(run, self.pool)
         except Exception as e:           # stay eager for this key, say why
             log.warning("CUDA-graph capture of the LM head and sampler for %d rows failed (%s); "
                         "those steps sample eagerly", bp, e)
             self.failed.add(key)
             return None
-        finally:
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-        self.graphs[key] = (graph, tokens)
         self.capture_s += time.perf_counter() - start
         return self.graphs[key]
