@@ -36,12 +36,14 @@ _PAD = {"temperature": 1.0, "greedy": True, "min_p": 0.0, "top_k": 0, "top_p": 1
 
 
 class SampleGraphs:
+    """One job: a plain step's tokens from its hidden states, by graph replay (module doc)."""
+
     def __init__(self, model, sampler, max_rows: int, device: torch.device) -> None:
         self.model, self.sampler, self.device = model, sampler, device
         self.sizes = buckets(max_rows)
-        rows = self.sizes[-1]
-        self.hidden = torch.zeros(rows, model.config.hidden_size, dtype=model.dtype, device=device)
-        self.logits = torch.zeros(rows, model.vocab_size, dtype=torch.float32, device=device)
+        most = self.sizes[-1]
+        self.hidden = torch.zeros(most, model.config.hidden_size, dtype=model.dtype, device=device)
+        self.logits = torch.zeros(most, model.vocab_size, dtype=torch.float32, device=device)
         self.rows: dict[str, torch.Tensor] = {}     # per-row tensor name -> static [R]
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.failed: set[tuple] = set()
@@ -54,7 +56,8 @@ class SampleGraphs:
     def sample(self, hidden: torch.Tensor, logits_indices: torch.Tensor, meta,
                generator: torch.Generator | None = None) -> torch.Tensor | None:
         """Tokens int64 [N] of the rows hidden[logits_indices] (hidden [T, H]), or None when
-        the sampler's tail does not cover this step (nothing was launched then)."""
+        the sampler's tail does not cover this step (nothing launched) or its capture failed
+        (then the caller samples eagerly; the static buffers' new rows are harmless)."""
         n = meta.num_rows
         if n > self.sizes[-1]:
             return None
@@ -94,7 +97,8 @@ class SampleGraphs:
         start = time.perf_counter()
         args = {name: (self.rows[name][:bp] if t is not None else None) for name, t in rows.items()}
         hidden, logits = self.hidden[:bp], self.logits[:bp]
-        def run() -> torch.Tensor:
+
+        def run() -> torch.Tensor:                          # [bp] tokens
             self.model.compute_logits(hidden, out=logits)
             return fn(logits, **args)
 
