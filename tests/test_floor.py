@@ -21,19 +21,22 @@ def _decode_ms(lens):
 def test_one_request_is_its_prefill_then_one_step_a_token():
     r = floor.workload_floor(G, [(10, 4)], max_num_seqs=8, copy_bw=BW, matmul_flops=MM)
     assert r["decode_steps"] == 3 and r["output_tokens"] == 4
-    assert math.isclose(r["prefill_s"] * 1e3, roofline.floor_ms(floor.prefill_work(G, [10]), BW, MM))
+    assert math.isclose(r["prefill_s"] * 1e3, sum(roofline.floor_ms(ops, BW, MM)
+                                                  for ops in floor.prefill_work(G, [10]).values()))
     # the prefill made token 1 (context 11 for token 2's step), then contexts 12, 13
     assert math.isclose(r["decode_s"] * 1e3, sum(_decode_ms([c]) for c in (11, 12, 13)))
     assert math.isclose(r["tok_s"], 4 / r["seconds"])
 
 
 def test_prompts_admitted_together_share_one_weight_read():
-    two = roofline.floor_ms(floor.prefill_work(G, [10, 20]), BW, MM)
-    apart = sum(roofline.floor_ms(floor.prefill_work(G, [p]), BW, MM) for p in (10, 20))
-    assert two < apart
+    def ms(ps):
+        return sum(roofline.floor_ms(ops, BW, MM) for ops in floor.prefill_work(G, ps).values())
+
+    assert ms([10, 20]) < ms([10]) + ms([20])
     # causal attention FLOPs count pairs within a prompt, not across
-    att = lambda ps: floor.prefill_work(G, ps)[4][1]    # noqa: E731 - layer 0's attention op
+    att = lambda ps: floor.prefill_work(G, ps)["attention"][0][1]    # noqa: E731 - layer 0's
     assert math.isclose(att([10, 20]), att([10]) + att([20]))
+    assert len(floor.prefill_work(G, [4])["gemm"]) == 4 * G.num_layers + 1   # + the LM head
 
 
 def test_slots_bound_the_batch_and_free_on_finish():
@@ -43,6 +46,16 @@ def test_slots_bound_the_batch_and_free_on_finish():
     assert wide["decode_steps"] == 4                     # the longest request's 5 - 1
     assert one["decode_steps"] == 2 + 4 + 1              # one after another
     assert one["seconds"] > wide["seconds"] and one["decode_only_tok_s"] < wide["decode_only_tok_s"]
+
+
+def test_the_essential_floor_leaves_out_the_small_ops_only():
+    reqs = [(8, 3), (12, 5)]
+    full = floor.workload_floor(G, reqs, max_num_seqs=2, copy_bw=BW, matmul_flops=MM)
+    lean = floor.workload_floor(G, reqs, max_num_seqs=2, copy_bw=BW, matmul_flops=MM, essential=True)
+    assert lean["decode_steps"] == full["decode_steps"] and lean["seconds"] < full["seconds"]
+    work = roofline.decode_step_work(G, [9, 13])
+    small = sum(roofline.floor_ms(ops, BW, MM) for k, ops in work.items() if k not in floor.ESSENTIAL)
+    assert small > 0 and set(floor.ESSENTIAL) <= set(work)
 
 
 def test_a_request_of_one_token_needs_no_decode_step():
