@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from toolkit.kernels.reference_model import check_logits_out
+
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -29,8 +31,6 @@ def lm_head_logits(hidden: torch.Tensor, weight: torch.Tensor, *,
 
     CUDA half inputs (torch >= 2.8): one GEMM with a float32 output; anything else: the twin's
     two steps (float32 inputs give the same float32 GEMM either way)."""
-    from toolkit.kernels.reference_model import check_logits_out
-
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"hidden must be [N, H] and weight [V, H], got {tuple(hidden.shape)} and "
                          f"{tuple(weight.shape)}")
