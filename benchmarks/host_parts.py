@@ -4,7 +4,10 @@ torch.profiler inflates a CUDA-graph launch (CUPTI records every node: 0.6 ms a 
 it, 13-18 us without; RESULTS engine core (o)) and cProfile inflates every Python call, so
 neither says what the host really spends. This wraps named methods with perf_counter timers
 (`benchmarks.step_diagnose.timed_method`; nested pieces are included in their parents) and
-runs steady decode steps at each batch size, async scheduling as the engine defaults:
+runs steady decode steps at each batch size, async scheduling as the engine defaults. On CUDA a
+third pass times each step on the stream with two events (`add_observer(gpu_time=True)`: from
+the step's first work to its tokens' copy, gaps included) and the host's wait for its tokens,
+which together say whose the step is:
 
     python -m benchmarks.host_parts --shape qwen3 --batches 16,256
     python -m benchmarks.host_parts --shape tiny --batches 16      # CPU check of the script
@@ -93,14 +96,26 @@ def measure(llm, batch: int, steps: int, prompt: int) -> dict:
         for _ in range(steps):
             eng.step()
         wrapped = time.perf_counter() - t
+    gpu, wait = [], []                      # a third pass: the step's stream span (two events a step)
+    record = lambda rec: (gpu.append(rec.gpu_time), wait.append(rec.wait_time))    # noqa: E731
+    eng.add_observer(record, gpu_time=True)
+    try:
+        for _ in range(steps):
+            eng.step()
+    finally:
+        eng.remove_observer(record)
     eng.abort(ids)
     while eng.has_unfinished():
         eng.step()
+    timed = [g for g in gpu if g is not None]
+    waited = [w for w in wait if w is not None]
     parts = {label: spent[name] / steps * 1e3 for _, name, label in pieces(eng) if name in spent}
     if "cuda_graph_launch" in spent:
         parts["      torch CUDAGraph.replay"] = spent["cuda_graph_launch"] / steps * 1e3
     return dict(batch=batch, step_ms=statistics.median(walls) * 1e3,
-                wrapped_step_ms=wrapped / steps * 1e3, parts_ms=parts)
+                wrapped_step_ms=wrapped / steps * 1e3, parts_ms=parts,
+                gpu_ms=statistics.median(timed) * 1e3 if timed else None,
+                host_wait_ms=statistics.median(waited) * 1e3 if waited else None)
 
 
 def main() -> None:
@@ -123,7 +138,9 @@ def main() -> None:
     for b in batches:
         r = measure(llm, b, args.steps, args.prompt)
         rows.append(r)
-        print(f"batch {b}: step {r['step_ms']:.2f} ms (with timers {r['wrapped_step_ms']:.2f}); "
+        gpu = (f"; stream span {r['gpu_ms']:.2f} ms a step, the host waiting {r['host_wait_ms']:.2f} ms on it"
+               if r["gpu_ms"] is not None else "")
+        print(f"batch {b}: step {r['step_ms']:.2f} ms (with timers {r['wrapped_step_ms']:.2f}){gpu}; "
               "host pieces, ms a step (nested pieces inside their parents):", flush=True)
         for label, ms in r["parts_ms"].items():
             print(f"  {label:52s} {ms:7.3f}", flush=True)

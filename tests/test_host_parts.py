@@ -18,6 +18,8 @@ def test_pieces_are_timed_and_unwrapped():
     for name in ("schedule", "update", "runner.launch", "prepare", "forward", "_sample_plain"):
         assert parts[name] > 0, name
     assert parts["prepare"] >= parts["_batch"] and r["step_ms"] > 0
+    assert r["gpu_ms"] is None                       # the CPU: no events
+    assert not eng.observers and not eng.runner.time_gpu      # the timing observer is gone
     wrapped = [(o, m) for o, m, _ in host_parts.pieces(eng) if m in vars(o)]
     assert not wrapped, wrapped                      # the timers were instance attributes: removed
     assert not eng.has_unfinished() and eng.scheduler.allocator.num_free_blocks() == 128
