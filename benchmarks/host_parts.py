@@ -51,23 +51,6 @@ def pieces(eng) -> list[tuple[object, str, str]]:
     return [(o, m, label) for o, m, label in want if hasattr(o, m)]
 
 
-@contextlib.contextmanager
-def _timed_class_method(cls, name: str, spent: dict[str, float], key: str):
-    f = getattr(cls, name)
-
-    def g(self, *a, **k):
-        t = time.perf_counter()
-        try:
-            return f(self, *a, **k)
-        finally:
-            spent[key] += time.perf_counter() - t
-    setattr(cls, name, g)
-    try:
-        yield
-    finally:
-        setattr(cls, name, f)
-
-
 def measure(llm, batch: int, steps: int, prompt: int) -> dict:
     from toolkit import SamplingParams
 
@@ -91,7 +74,7 @@ def measure(llm, batch: int, steps: int, prompt: int) -> dict:
         for obj, name, _ in pieces(eng):
             stack.enter_context(timed_method(obj, name, spent))
         if eng.runner.device.type == "cuda":     # torch's replay itself (cudaGraphLaunch)
-            stack.enter_context(_timed_class_method(torch.cuda.CUDAGraph, "replay", spent, "cuda_graph_launch"))
+            stack.enter_context(timed_method(torch.cuda.CUDAGraph, "replay", spent, "cuda_graph_launch"))
         t = time.perf_counter()
         for _ in range(steps):
             eng.step()

@@ -28,9 +28,13 @@ import torch
 
 
 @contextlib.contextmanager
-def timed_method(obj: Any, name: str, spent: dict[str, float]):
-    """obj.name timed into spent[name] while the block runs (instance attribute, restored)."""
+def timed_method(obj: Any, name: str, spent: dict[str, float], key: str | None = None):
+    """obj.name timed into spent[key or name] while the block runs. On an instance the timer
+    is an instance attribute, removed after; on a class (every instance's calls) the class's
+    own function is put back after."""
     f = getattr(obj, name)
+    key = key or name
+    own = isinstance(obj, type) and name in vars(obj)
 
     @functools.wraps(f)
     def g(*a, **k):
@@ -38,12 +42,15 @@ def timed_method(obj: Any, name: str, spent: dict[str, float]):
         try:
             return f(*a, **k)
         finally:
-            spent[name] += time.perf_counter() - t
+            spent[key] += time.perf_counter() - t
     setattr(obj, name, g)
     try:
         yield
     finally:
-        del obj.__dict__[name]
+        if own:
+            setattr(obj, name, f)
+        else:
+            delattr(obj, name)
 
 
 def _band(b: int) -> str:

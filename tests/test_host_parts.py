@@ -24,3 +24,27 @@ def test_pieces_are_timed_and_unwrapped():
     assert not wrapped, wrapped                      # the timers were instance attributes: removed
     assert not eng.has_unfinished() and eng.scheduler.allocator.num_free_blocks() == 128
     llm.close()
+
+
+def test_timed_method_on_an_instance_a_class_and_an_inherited_method():
+    import collections
+
+    from benchmarks.step_diagnose import timed_method
+
+    class A:
+        def f(self, x):
+            return x + 1
+
+    class B(A):
+        pass
+
+    spent = collections.defaultdict(float)
+    b = B()
+    with timed_method(B, "f", spent, "every B"), timed_method(b, "f", spent):
+        assert b.f(1) == 2 and B().f(2) == 3
+    assert spent["every B"] > 0 and spent["f"] > 0
+    assert "f" not in vars(B) and "f" not in vars(b)           # B inherits f again
+    original = vars(A)["f"]
+    with timed_method(A, "f", spent, "A"):
+        assert vars(A)["f"] is not original and A().f(1) == 2
+    assert vars(A)["f"] is original and spent["A"] > 0
