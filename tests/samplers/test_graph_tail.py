@@ -32,7 +32,10 @@ def test_tail_function_gives_the_tokens_of_the_call(params):
     assert set(rows) == {"temperature", "greedy", "min_p", "top_k", "top_p", "keys"}
     assert all(t is None or t.shape == (len(params),) for t in rows.values())
     assert (rows["min_p"] is None) == all(p.min_p == 0 for p in params)
-    assert torch.equal(fn(x.clone(), **rows), sampler(x.clone(), meta).token_ids)
+    got = fn(x.clone(), **rows)
+    assert torch.equal(got, sampler(x.clone(), meta).token_ids)
+    # and the twin's tokens: the torch path of the same pipeline (seeded rows, same keys)
+    assert torch.equal(got, Sampler(use_triton=False)(x.clone(), meta).token_ids)
 
 
 @pytest.mark.parametrize("why, params, kw", [

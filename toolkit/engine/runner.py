@@ -26,6 +26,7 @@ from toolkit.transfer import to_device, upload
 from toolkit.engine.inflight import Launched, apply_ended
 from toolkit.engine.penalty_history import PenaltyHistory
 from toolkit.engine.sampling_rows import SamplingRows
+from toolkit.samplers.base import SamplerOutput
 from toolkit.types import PLACEHOLDER, Request, SchedulerOutput, StepResult
 
 
@@ -344,8 +345,6 @@ class Runner:
         """The Sampler on rows without drafts; its output stays on the device. x: the logits
         [N, V], or (hidden=True) the step's hidden states [T, hidden], sampled from the
         SampleGraphs when the sampler's tail covers the step."""
-        from toolkit.samplers.base import SamplerOutput
-
         meta = self._metadata(batch, grammars)
         if hidden:
             tokens = self.sample_graphs.sample(x, batch.logits_indices, meta)

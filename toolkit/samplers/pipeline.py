@@ -12,7 +12,6 @@ threshold, bitmask and race run as Triton kernels, elsewhere as their torch twin
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable, Iterable
 
 import torch
@@ -142,8 +141,7 @@ class Sampler:
                 or (meta.top_k is not None and meta.top_k_rows is not None)
                 or any(getattr(s, "active", lambda m: True)(meta) for s in self.stages[:cut])):
             return None
-        fn = getattr(importlib.import_module("toolkit.kernels.truncated_sample"), "truncated_sample")
-        return fn, self._tail_rows(meta, cut, generator)
+        return kernel("truncated_sample", meta.temperature, True), self._tail_rows(meta, cut, generator)
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata,
                  generator: torch.Generator | None = None, *,
