@@ -80,8 +80,10 @@ def workload_floor(g: Any, requests: list[tuple[int, int]], max_num_seqs: int,
     """The floor of `requests` [(prompt tokens, output tokens)] on geometry g: seconds split
     into prefill and decode, decode steps, and output tokens per second. essential: only the
     ESSENTIAL kinds of op (what no fusion removes)."""
-    if any(o < 1 or p < 1 for p, o in requests):
-        raise ValueError("every request needs at least one prompt and one output token")
+    bad = next(((i, r) for i, r in enumerate(requests) if r[0] < 1 or r[1] < 1), None)
+    if bad is not None:
+        raise ValueError(f"every request needs at least one prompt and one output token; request "
+                         f"{bad[0]} is (prompt {bad[1][0]}, output {bad[1][1]})")
     waiting = deque(requests)
     running: list[list[int]] = []          # [context including the newest token, tokens still to make]
     prefill_ms = decode_ms = 0.0
