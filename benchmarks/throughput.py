@@ -66,6 +66,11 @@ def run_toolkit(cfg, reqs, args) -> dict:
               max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=args.kv_fraction,
               enable_prefix_caching=False, max_model_len=4096)
     eng = llm.engine
+    # what the engine holds beyond the weights and the KV cache is mostly its CUDA graphs' memory
+    startup = dict(eng.startup, reserved_gib=torch.cuda.memory_reserved() / 2**30,
+                   graph_tokens=eng.runner.graph_tokens)
+    print("toolkit start-up: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                           for k, v in startup.items()), flush=True)
     # warm-up: compile kernels on a small mixed batch
     llm.generate([[1] * 300, [2] * 20], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
                  use_tqdm=False)
@@ -113,6 +118,7 @@ def run_toolkit(cfg, reqs, args) -> dict:
     if args.hf_num not in (0, len(reqs)):
         results["hf_subset"] = timed("hf_subset", reqs[: args.hf_num])
     results["kv_blocks"] = eng.num_blocks
+    results["startup"] = startup
     llm.close()
     del llm, eng
     gc.collect()

@@ -7,7 +7,8 @@ from typing import Any
 
 _DTYPES = ("auto", "float32", "float16", "bfloat16")
 _KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
-# steps up to this many tokens replay CUDA graphs by default (EngineConfig.max_cudagraph_capture_size)
+# steps up to this many tokens (or the largest decode step, if larger) replay whole-forward
+# CUDA graphs when every sequence decodes (EngineConfig.full_graph_tokens)
 DEFAULT_CAPTURE_TOKENS = 512
 
 
@@ -44,14 +45,14 @@ class EngineConfig:
     seed: int = 0
     # replay decode steps from piecewise CUDA graphs (CUDA with the Triton backend only)
     cuda_graphs: bool = True
-    # the largest step (tokens) replayed from CUDA graphs; None = the larger of 512 and
-    # max_num_seqs x (1 + k), the largest decode / verification step (never past
-    # max_num_batched_tokens). A larger step runs the model eagerly, one Python launch per
-    # kernel: on the H200 an 8B step of 192-512 prompt tokens took 19-28 ms that way and
-    # 5.8-11.3 ms replayed; a prompt admitted beside 32-96 decodes 24-29 ms against 11-15 ms
-    # (benchmarks/capture_size.py). vLLM's limit is min(2 x max_num_seqs, 512); 512 here
-    # whatever the batch, since an arrival's prompt chunk is what it replays. Larger values
-    # capture more buckets at start-up (64 tokens apart above 256)
+    # the largest step (tokens) replayed from CUDA graphs; None = max_num_batched_tokens,
+    # every step. A larger step runs the model eagerly, one Python launch per kernel, at the
+    # host's pace: on the H200 an 8B step of 192-512 prompt tokens took 19-28 ms that way and
+    # 5.8-11.3 ms replayed, and a 2048-token Qwen3-0.6B prefill 29.5 ms, all of it the host's
+    # (benchmarks/capture_size.py, eager_host.py). Buckets are 16 tokens apart to 256, 64 to
+    # 512, then four per doubling (cuda_graphs.buckets); steps above full_graph_tokens replay
+    # L + 1 pieces with attention launched between them. vLLM stops at 512 and runs larger
+    # steps through torch.compile's code; this engine has no compiler, so its graphs go on
     max_cudagraph_capture_size: int | None = None
     # schedule and launch step N + 1 before step N's tokens reach the host (hides the host's
     # work under the GPU's); None = on for CUDA, off on the CPU. Off with speculative decoding
@@ -169,9 +170,15 @@ class EngineConfig:
     @property
     def graph_tokens(self) -> int:
         """The largest step replayed from CUDA graphs (the top capture bucket), in tokens."""
-        top = self.max_cudagraph_capture_size or max(DEFAULT_CAPTURE_TOKENS,
-                                                     self.max_num_seqs * (1 + self.num_speculative_tokens))
-        return min(self.max_num_batched_tokens, top)
+        return min(self.max_num_batched_tokens, self.max_cudagraph_capture_size or self.max_num_batched_tokens)
+
+    @property
+    def full_graph_tokens(self) -> int:
+        """The largest bucket that also gets whole-forward graphs (decode attention inside, one
+        replay a step): the larger of 512 and max_num_seqs x (1 + k), the largest decode /
+        verification step, at most graph_tokens."""
+        return min(self.graph_tokens, max(DEFAULT_CAPTURE_TOKENS,
+                                          self.max_num_seqs * (1 + self.num_speculative_tokens)))
 
     @property
     def has_host_tier(self) -> bool:

@@ -149,3 +149,32 @@ def test_observed_cuda_steps_carry_their_gpu_time(tiny_llama_dir):
     assert all(0 < g < 1.0 for g in timed), timed
     waited = [r.wait_time for r in recs if r.wait_time is not None]    # the host's wait for tokens
     assert len(waited) >= len(recs) - 1 and all(0 <= w < 1.0 for w in waited), waited
+
+
+def test_prefill_steps_past_the_decode_buckets_replay_pieces(tiny_llama_dir, hf_greedy):
+    """Steps of 513-2048 tokens replay piecewise graphs (by default every step of the budget
+    does; whole-forward graphs stop at 512) whose buckets share one attention output and let
+    q's memory go back to the pool: steps of several such buckets, one after another, give
+    HF's greedy tokens, and nothing compiles inside generate."""
+    import random
+
+    from toolkit.testing import triton_compiles
+
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(150, 450))] for _ in range(14)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    expected = hf_greedy(tiny_llama_dir, prompts, 6)
+    with LLM(tiny_llama_dir, dtype="float32", device="cuda", attention="triton", max_num_seqs=16,
+             max_num_batched_tokens=2048) as llm:
+        graphs = llm.engine.runner.graphs
+        assert graphs.sizes[-1] == 2048 and graphs.full_tokens == 512
+        assert not any(graphs.graphs[b].full for b in graphs.graphs if b > 512)
+        before = graphs.num_piecewise_replays
+        with triton_compiles() as seen:
+            got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert graphs.num_piecewise_replays > before
+        # every layer and bucket writes one attention output
+        outs = {out.data_ptr() for g in graphs.graphs.values() for _, _, out in g.calls}
+        assert outs == {graphs._out.data_ptr()}
+    assert got == expected
+    assert not seen, f"kernels compiled inside generate (the warm-up missed them): {seen}"

@@ -170,8 +170,10 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
 
         runner.host_kv = HostKVCache.like(kv_cache, host_tier.num_slots)
         log.info("host tier: %r", runner.host_kv)
-    if cfg.cuda_graphs and runner.enable_cuda_graphs(cfg.graph_tokens, cfg.max_num_seqs):
-        log.info("steps of up to %d tokens replay piecewise CUDA graphs", cfg.graph_tokens)
+    if cfg.cuda_graphs and runner.enable_cuda_graphs(cfg.graph_tokens, cfg.max_num_seqs,
+                                                     full_tokens=cfg.full_graph_tokens):
+        log.info("steps of up to %d tokens replay CUDA graphs (whole-forward graphs up to %d)",
+                 cfg.graph_tokens, cfg.full_graph_tokens)
     eos = model.eos_token_ids[0] if getattr(model, "eos_token_ids", None) else (
         getattr(tokenizer, "eos_token_id", None))
     proposer = proposer if proposer is not None else cfg.speculative

@@ -13,6 +13,17 @@ write_kv launches the cache writer on a static slot buffer (so it is captured), 
 run() ends the current graph, remembers (layer, q, out) and begins the next graph. Replay:
 graph 0, attention(0), graph 1, ..., attention(L-1), graph L.
 
+Memory: every bucket's pieces are captured into one pool, and what a piece allocates and
+drops is reused by the pieces and buckets captured after it (they never replay at the same
+time). Two per-layer tensors outlive their piece: q, which attention reads after the piece,
+and attention's output, which the next piece reads. Kept as they were (one of each per layer
+per bucket), they cost 28 layers x 8 KiB a token for Qwen3-0.6B, 3 GiB for buckets to 8192
+tokens; on the 8B, graphs to 1024 tokens took 8.4 GiB more than to 512 (RESULTS, engine core
+(n)). So each attention output is a view of one buffer shared by every layer and bucket (a
+piece has read it before the next attention writes it), and the call keeps a weak view of q
+(`weak_view`): its memory goes back to the pool once the piece is captured, for what later
+pieces allocate after attention has read it.
+
 Full graphs: a backend that declares `supports_static_decode` (Triton) can also run a decode
 step's attention over fixed-capacity tables (attention/static_plan.py), so each bucket gets
 a second capture of the whole forward, attention included: one replay per step. A step uses
@@ -58,11 +69,31 @@ def capture_graph(fn, pool) -> tuple[torch.cuda.CUDAGraph, object]:
     return graph, out
 
 
+def weak_view(t: torch.Tensor) -> torch.Tensor:
+    """A CUDA tensor over t's memory that does not keep that memory allocated (what vLLM's
+    piecewise graphs call a weak-ref tensor), made through the CUDA array interface, which
+    wraps a device pointer without owning it. t: contiguous. Use it only while something
+    else guarantees the memory's contents: here, the replay order of one stream."""
+    if not t.is_cuda or not t.is_contiguous():
+        raise ValueError(f"weak_view needs a contiguous CUDA tensor, got {t.device} with strides {t.stride()}")
+
+    class _Memory:                      # the interface's owner object: a pointer and a size
+        __cuda_array_interface__ = {"shape": (t.numel() * t.element_size(),), "typestr": "|u1",
+                                    "data": (t.data_ptr(), False), "version": 2}
+
+    return torch.as_tensor(_Memory(), device=t.device).view(t.dtype).view(t.shape)
+
+
 def buckets(max_tokens: int) -> list[int]:
-    """Token-count buckets: fine steps where decode batches live, coarser above 256."""
-    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(320, max_tokens + 1, 64))
-    sizes = [b for b in sizes if b < max_tokens] + [max_tokens]
-    return sorted(set(sizes))
+    """Token-count buckets: fine steps where decode batches live (16 apart to 256, 64 apart to
+    512), then four a doubling (a step pads by at most a quarter of its size below 512 more
+    tokens: 1024 + 256 k to 2048, 2048 + 512 k to 4096, ...), and max_tokens itself."""
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(320, 513, 64))
+    lo = 512
+    while lo < max_tokens:
+        sizes += list(range(lo + lo // 4, 2 * lo + 1, lo // 4))
+        lo *= 2
+    return sorted({b for b in sizes if b < max_tokens} | {max_tokens})
 
 
 @dataclass
@@ -79,10 +110,11 @@ class _Graph:
 
 
 class _CaptureProxy:
-    """Stands in for the attention backend while the forward is being captured."""
+    """Stands in for the attention backend while the forward is being captured. shared_out(q):
+    the view of the attention output every layer and bucket shares (module doc)."""
 
-    def __init__(self, real, graph: _Graph, pool) -> None:
-        self.real, self.graph, self.pool = real, graph, pool
+    def __init__(self, real, graph: _Graph, pool, shared_out) -> None:
+        self.real, self.graph, self.pool, self.shared_out = real, graph, pool, shared_out
         for name in ("num_heads", "num_kv_heads", "head_dim", "scale", "sliding_window", "soft_cap"):
             setattr(self, name, getattr(real, name))
         self.current = torch.cuda.CUDAGraph()
@@ -94,8 +126,9 @@ class _CaptureProxy:
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         self.current.capture_end()
         self.graph.pieces.append(self.current)
-        out = torch.empty_like(q)          # outside any capture: an ordinary static buffer
-        self.graph.calls.append((layer, q, out))
+        out = self.shared_out(q)
+        # q's memory goes back to the pool when the model drops q, right after this call
+        self.graph.calls.append((layer, weak_view(q), out))
         self.current = torch.cuda.CUDAGraph()
         self.current.capture_begin(pool=self.pool)
         return out
@@ -133,16 +166,23 @@ class _FullProxy:
 
 
 class StepGraphs:
-    def __init__(self, model, attention, max_tokens: int, device: torch.device) -> None:
+    def __init__(self, model, attention, max_tokens: int, device: torch.device,
+                 full_tokens: int | None = None) -> None:
+        """Buckets up to max_tokens; whole-forward graphs (decode attention inside) for the
+        buckets up to full_tokens (None: all of them). A bucket above the largest decode
+        step never holds a step whose every sequence decodes: pieces alone there."""
         self.model, self.attention, self.device = model, attention, device
         self.sizes = buckets(max_tokens)
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()      # buckets whose capture raised: they run eagerly
         self.pool = torch.cuda.graph_pool_handle()
-        # decode attention inside the graph: tables for every bucket, allocated before any
-        # capture (a graph bakes in their addresses); None: the backend cannot
-        self.static = (attention.static_decode_plans(self.sizes)
-                       if getattr(attention, "supports_static_decode", False) else None)
+        # decode attention inside the graph: tables for the whole-forward buckets, allocated
+        # before any capture (a graph bakes in their addresses); None: the backend cannot
+        full = [b for b in self.sizes if full_tokens is None or b <= full_tokens]
+        self.full_tokens = full[-1] if full else 0     # the decode-sized buckets end here
+        self.static = (attention.static_decode_plans(full)
+                       if full and getattr(attention, "supports_static_decode", False) else None)
+        self._out: torch.Tensor | None = None    # [max_tokens, H, D], made at the first capture
         self.num_full_replays = 0          # steps that replayed a whole-forward graph
         self.num_piecewise_replays = 0
         self.capture_s = 0.0               # seconds in capture(), its kernel compiles excluded
@@ -175,7 +215,7 @@ class StepGraphs:
         with torch.cuda.stream(stream):
             proxy = None
             try:
-                proxy = _CaptureProxy(self.attention, g, self.pool)
+                proxy = _CaptureProxy(self.attention, g, self.pool, self._shared_out)
                 hidden = self.model.forward(g.ids, g.positions, proxy)
                 proxy.finish(hidden)
             except Exception as e:   # a model op that cannot be captured: stay eager, say why
@@ -191,12 +231,23 @@ class StepGraphs:
         torch.cuda.synchronize()
         if bp in self.failed:
             return
-        if self.static is not None:
+        if self.static is not None and bp in self.static.buckets:
             for mode in ("direct", "split"):
                 self._capture_full(bp, g, mode)
         self.graphs[bp] = g
         log.info("captured CUDA graphs for %d-token steps (%d pieces; whole: %s)", bp,
                  len(g.pieces), ", ".join(g.full) or "none")
+
+    def _shared_out(self, q: torch.Tensor) -> torch.Tensor:
+        """q's rows of the attention output every layer of every bucket writes (module doc):
+        [T, H, D] of one [max_tokens, H, D] buffer, made for the first q captured."""
+        if self._out is None:
+            self._out = torch.empty(self.sizes[-1], *q.shape[1:], dtype=q.dtype, device=self.device)
+        out = self._out[: q.shape[0]]
+        if out.shape != q.shape or out.dtype != q.dtype:
+            raise RuntimeError(f"the shared attention output is {tuple(self._out.shape)} "
+                               f"{self._out.dtype}; this capture's q is {tuple(q.shape)} {q.dtype}")
+        return out
 
     def _capture_full(self, bp: int, g: _Graph, mode: str) -> None:
         """The whole forward of bucket bp, attention over its static tables in launch shape

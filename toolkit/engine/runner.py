@@ -82,18 +82,20 @@ class Runner:
         those steps apart)."""
         return self.graphs.sizes[-1] if self.graphs is not None else None
 
-    def enable_cuda_graphs(self, max_tokens: int, max_sample_rows: int | None = None) -> bool:
-        """Replay steps of up to max_tokens tokens (decodes, draft verification, small prefill
-        chunks) from piecewise CUDA graphs (CUDA + a backend with run(out=)), and the LM head
-        and sampling of plain steps of up to max_sample_rows sampling rows (max_num_seqs)."""
+    def enable_cuda_graphs(self, max_tokens: int, max_sample_rows: int | None = None,
+                           full_tokens: int | None = None) -> bool:
+        """Replay steps of up to max_tokens tokens from CUDA graphs (CUDA + a backend with
+        run(out=)): piecewise graphs, and whole-forward graphs for decode steps of up to
+        full_tokens (None: every bucket); and the LM head and sampling of plain steps of up
+        to max_sample_rows sampling rows (max_num_seqs)."""
         from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
 
         if self.executor is not None:     # every rank captures its own (NCCL calls inside)
-            self.graphs = self.executor.enable_cuda_graphs(max_tokens)
+            self.graphs = self.executor.enable_cuda_graphs(max_tokens, full_tokens)
             return self.graphs is not None
         if self.device.type != "cuda" or not supports_graphs(self.attention):
             return False
-        self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device)
+        self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device, full_tokens)
         # a sampler that declares graph_tail (samplers/base.py) gets its plain steps captured
         if callable(getattr(self.sampler, "graph_tail", None)):
             from toolkit.engine.sample_graphs import SampleGraphs

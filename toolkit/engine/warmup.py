@@ -1,8 +1,10 @@
 """Warm-up: compile the kernels and capture the CUDA graphs inside `LLM(...)`, so that none of
 it happens inside the user's first `generate` (20-25 s on a fresh machine otherwise).
 
-Dummy steps for each CUDA-graph bucket (a decode batch of that many tokens: the first, eager
-run compiles, then the bucket is captured), with sampling rows of each kind (greedy;
+Dummy steps for each CUDA-graph bucket (the first, eager run compiles, then the bucket is
+captured): a decode batch of that many tokens for the buckets with whole-forward graphs, one
+prompt of that many tokens for the larger ones (pieces only; a bucket whose prompt would not
+fit the cache is captured on first use), with sampling rows of each kind (greedy;
 temperature alone, whose LM head and fused tail are captured per bucket too,
 engine/sample_graphs.py; temperature with top-k / top-p; all three mixed), then one prefill and one chunked prefill
 over a cached prefix (the prefill attention kernels), then penalised rows (the penalty
@@ -37,6 +39,11 @@ def _decode(i: int, params: SamplingParams) -> ScheduledRequest:
     return ScheduledRequest(Request(f"warmup-{i}", [0], params), 0, 1, [0])
 
 
+def _prompt(name: str, n: int, block_size: int) -> ScheduledRequest:
+    """A whole n-token prompt over blocks 0, 1, ..."""
+    return ScheduledRequest(Request(name, [0] * n, _GREEDY), 0, n, list(range(-(-n // block_size))))
+
+
 @torch.inference_mode()
 def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks: int,
             show_progress: bool = True) -> dict[str, float]:
@@ -55,21 +62,26 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
 
 def _warm_up(runner, max_num_batched_tokens: int, block_size: int, num_blocks: int,
              show_progress: bool) -> None:
-    sizes = list(runner.graphs.sizes) if runner.graphs is not None else [1, 16]
+    graphs = runner.graphs
+    sizes = list(graphs.sizes) if graphs is not None else [1, 16]
     prefill = min(512, max_num_batched_tokens, (num_blocks - 1) * block_size)
     with progress_bar(total=len(sizes) + 2, enabled=show_progress,
                       desc="compiling kernels, capturing CUDA graphs") as bar:
         for b in sizes:
-            for kind in (_GREEDY, _SAMPLED, _TEMPERATURE, None):    # None: the rows mixed
-                _step(runner, [_decode(i, kind or _KINDS[i % 3]) for i in range(b)])
+            if graphs is None or b <= graphs.full_tokens:
+                for kind in (_GREEDY, _SAMPLED, _TEMPERATURE, None):    # None: the rows mixed
+                    _step(runner, [_decode(i, kind or _KINDS[i % 3]) for i in range(b)])
+            elif b <= (num_blocks - 1) * block_size:     # eager and captured, then replayed
+                for _ in range(2):                        # (its paged prefill tiles compile)
+                    _step(runner, [_prompt("warmup-b", b, block_size)])
             bar.update(1)
-        blocks = list(range(-(-prefill // block_size)))
-        _step(runner, [ScheduledRequest(Request("warmup-p", [0] * prefill, _GREEDY), 0, prefill, blocks)])
+        _step(runner, [_prompt("warmup-p", prefill, block_size)])
         bar.update(1)
         if prefill > block_size:              # a chunk after a cached prefix, next to a decode
             req = Request("warmup-c", [0] * prefill, _SAMPLED)
             _step(runner, [_decode(0, _GREEDY),
-                           ScheduledRequest(req, block_size, prefill - block_size, blocks)])
+                           ScheduledRequest(req, block_size, prefill - block_size,
+                                            list(range(-(-prefill // block_size))))])
         bar.update(1)
         # the penalty kernels: every row penalised, and some (their row-list variant)
         _step(runner, [_decode(0, _PENALISED)])

@@ -189,13 +189,13 @@ class TPExecutor:
                 raise self.error from e
             raise                            # Ctrl-C stays Ctrl-C (the workers are stopped)
 
-    def enable_cuda_graphs(self, max_tokens: int) -> Any:
+    def enable_cuda_graphs(self, max_tokens: int, full_tokens: int | None = None) -> Any:
         """Every rank captures its piecewise graphs (NCCL calls inside); rank 0's StepGraphs
         (the Runner pads steps to its buckets) or None where graphs do not apply."""
         self._check_alive()
         for conn in self.conns:
-            conn.send(("graphs", max_tokens))
-        return self.shard.graphs if self.shard.enable_cuda_graphs(max_tokens) else None
+            conn.send(("graphs", max_tokens, full_tokens))
+        return self.shard.graphs if self.shard.enable_cuda_graphs(max_tokens, full_tokens) else None
 
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 600.0) -> list[Any]:
         """fn(ShardStep, *args) on every rank (fn picklable: a module-level function), the

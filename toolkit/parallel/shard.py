@@ -55,13 +55,13 @@ class ShardStep:
         self.group, self.device = group, device
         self.graphs = None
 
-    def enable_cuda_graphs(self, max_tokens: int) -> bool:
+    def enable_cuda_graphs(self, max_tokens: int, full_tokens: int | None = None) -> bool:
         """Piecewise CUDA graphs of this rank's forward (its all-reduces captured with it)."""
         from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
 
         if self.device.type != "cuda" or not supports_graphs(self.attention):
             return False
-        self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device)
+        self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device, full_tokens)
         return True
 
     @torch.inference_mode()

@@ -2,7 +2,7 @@
 
     hello -> join the process group -> build the shard -> ("loaded", blocks that fit)
     <- ("kv", num_blocks) -> KV cache + attention -> ("ready")
-    then, until ("stop") or the pipe closes: ("step", StepMsg) | ("graphs", max_tokens) |
+    then, until ("stop") or the pipe closes: ("step", StepMsg) | ("graphs", max_tokens, full_tokens) |
     ("call", fn, args) -> ("reply", ok, value)
 
 Steps get no reply (rank 0 waits on the collectives, not on the pipe). Any exception is
@@ -83,7 +83,7 @@ def worker_main(rank: int, size: int, port: int, conn: Any, spec: WorkerSpec) ->
             if msg[0] == "step":
                 step.run(msg[1], msg[1].layout_on(device))
             elif msg[0] == "graphs":
-                step.enable_cuda_graphs(msg[1])
+                step.enable_cuda_graphs(*msg[1:])
             elif msg[0] == "call":               # fn(step, *args) on every rank
                 try:
                     reply = ("reply", True, msg[1](step, *msg[2]))
