@@ -144,3 +144,37 @@ def test_run_on_engine_refreezes_as_requests_arrive_and_every_256_steps(monkeypa
     gaps = [b - a for a, b in zip(refrozen, refrozen[1:])]
     assert any(g < 256 for g in gaps), refrozen       # the later arrival's admission
     assert 256 in gaps and max(gaps) == 256, refrozen    # and every 256 steps since the last
+
+
+def test_young_passes_rarer_inside_and_thresholds_restored_after() -> None:
+    from toolkit.engine.gc_freeze import YOUNG_THRESHOLD
+
+    before = gc.get_threshold()
+    with frozen_heap():
+        assert gc.get_threshold() == (max(before[0], YOUNG_THRESHOLD), *before[1:])
+        with GcPassCounter() as passes:
+            junk = [[] for _ in range(YOUNG_THRESHOLD // 2)]     # tracked containers
+        assert passes.young == 0
+        del junk
+    assert gc.get_threshold() == before
+    with GcPassCounter() as passes:
+        junk = [[] for _ in range(YOUNG_THRESHOLD // 2)]
+    assert passes.young > 0                                      # the default 700 again
+    del junk
+
+
+class GcPassCounter:
+    def __init__(self) -> None:
+        self.young = 0
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start" and info.get("generation") == 0:
+            self.young += 1
+
+    def __enter__(self) -> "GcPassCounter":
+        gc.collect()
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
