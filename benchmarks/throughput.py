@@ -177,8 +177,12 @@ def main() -> None:
     ap.add_argument("--penalty-ab", action="store_true",
                     help="also time the warm runs with the penalised rows' token lists rebuilt each step "
                          "(no PenaltyHistory: the engine before 2026-12-02), same process")
+    ap.add_argument("--blas", default=None, choices=["cublas", "cublaslt"],
+                    help="torch.backends.cuda.preferred_blas_library for the whole run (default: torch's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.blas:
+        torch.backends.cuda.preferred_blas_library(args.blas)
     seqs, tokens = (256, 8192) if args.workload == "random" else (1024, 16384)
     args.max_num_seqs = args.max_num_seqs or seqs
     args.max_num_batched_tokens = args.max_num_batched_tokens or tokens
@@ -191,7 +195,7 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d"), "temperature": args.temperature,
            "repetition_penalty": args.repetition_penalty,
            "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-           "toolkit": run_toolkit(cfg, reqs, args)}
+           "blas": torch.backends.cuda.preferred_blas_library().name, "toolkit": run_toolkit(cfg, reqs, args)}
     if args.hf_num:
         res["hf"] = run_hf(cfg, reqs[: args.hf_num], args.temperature, args.repetition_penalty)
         tk = res["toolkit"].get("hf_subset", res["toolkit"]["all"])
