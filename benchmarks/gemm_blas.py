@@ -3,9 +3,11 @@
 At batch 256 the Qwen3-0.6B decode step spends 0.92 ms in its 113 GEMMs against a floor of
 0.40 ms (RESULTS, "A decode step against its roofline" (g)): each GEMM reads 2-13 MB of
 weights, 0.5-3 us at the copy bandwidth, and runs several times that. This times the
-model's four projection shapes per layer the way a step runs them: every layer its own
+model's four projection shapes per layer the way a step runs them (floor: max(bytes / copy
+bandwidth, FLOPs / matmul peak)): every layer its own
 weights (nothing stays in L2), all layers in one CUDA graph, per GEMM; once with torch's
-default BLAS library and once with cuBLASLt (`torch.backends.cuda.preferred_blas_library`).
+default BLAS library, once with cuBLASLt (`torch.backends.cuda.preferred_blas_library`), and
+once with the toolkit's split-K kernel for few rows (`kernels/skinny_gemm.py`) at every size.
 
     python -m benchmarks.gemm_blas --shape qwen3 --batches 16,64,128,256
 """
@@ -31,14 +33,14 @@ def projections(shape: str) -> dict[str, tuple[int, int]]:
     return {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * i), "down": (i, h)}
 
 
-def time_layers(m: int, n_in: int, n_out: int, layers: int, reps: int = 20) -> float:
+def time_layers(m: int, n_in: int, n_out: int, layers: int, reps: int = 20, op=F.linear) -> float:
     """Median us of one [m, n_in] x [n_in, n_out] GEMM, `layers` of them (own weights) in one graph."""
     ws = [torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
     x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
     outs = []
 
     def run() -> None:                 # F.linear, as the model's Linear calls it
-        outs[:] = [F.linear(x, w) for w in ws]
+        outs[:] = [op(x, w) for w in ws]
 
     run()
     torch.cuda.synchronize()
@@ -69,21 +71,30 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3")
     ap.add_argument("--batches", default="16,64,128,256")
     ap.add_argument("--copy-bw", type=float, default=4.2e12, help="bytes/s (the H200's measured copy)")
+    ap.add_argument("--matmul-flops", type=float, default=790e12, help="FLOP/s (the H200's measured bf16 matmul)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     layers = SHAPES[args.shape][-1]
     libs = ["default", "cublaslt"]
+    try:                              # the toolkit's split-K kernel for few rows, at every size here
+        from toolkit.kernels.skinny_gemm import SkinnyLinear
+
+        skinny = SkinnyLinear(max_rows=1 << 30)
+        libs.append("skinny")
+    except ImportError:               # an older checkout
+        skinny = None
     rows = []
     for m in [int(b) for b in args.batches.split(",")]:
         for name, (n_in, n_out) in projections(args.shape).items():
-            floor_us = (n_in * n_out + m * (n_in + n_out)) * 2 / args.copy_bw * 1e6
+            floor_us = max((n_in * n_out + m * (n_in + n_out)) * 2 / args.copy_bw,
+                           2 * m * n_in * n_out / args.matmul_flops) * 1e6
             row = dict(batch=m, proj=name, n_in=n_in, n_out=n_out, floor_us=floor_us)
             for lib in libs:
                 before = torch.backends.cuda.preferred_blas_library()
-                if lib != "default":
+                if lib == "cublaslt":
                     torch.backends.cuda.preferred_blas_library(lib)
                 try:
-                    row[lib] = time_layers(m, n_in, n_out, layers)
+                    row[lib] = time_layers(m, n_in, n_out, layers, op=skinny if lib == "skinny" else F.linear)
                 finally:
                     torch.backends.cuda.preferred_blas_library(before)
             rows.append(row)
