@@ -58,7 +58,7 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
     else:
         tile = pid_m * tl.num_programs(0) + pid_n
         mn = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]               # [BM, BN] in [M, N]
-        tl.store(part_ptr + pid_k * M * N + mn, acc, mask=o_mask)
+        tl.store(part_ptr + pid_k.to(tl.int64) * M * N + mn, acc, mask=o_mask)
         # every thread's partial is stored before one thread's release; acquire for the loads
         tl.debug_barrier()
         done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
