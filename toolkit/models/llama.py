@@ -67,12 +67,8 @@ class Linear(nn.Module):
             else None
         )
 
-    # (x, weight, bias) -> x @ weight^T + bias: F.linear, or the model's ModelOps.linear, which
-    # the model sets on each of its Linear layers (on CUDA a split-K kernel for few rows)
-    op = staticmethod(F.linear)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         n_out, n_in = self.weight.shape
@@ -238,9 +234,6 @@ class LlamaForCausalLM(nn.Module):
         )
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else _eos_ids(config)
         self._ops = model_ops(device)
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.op = self._ops.linear
 
     # ------------------------------------------------------------------ interface
     num_layers = property(lambda self: self.geometry.num_layers)

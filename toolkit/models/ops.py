@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 KERNELS = ("auto", "triton", "cpu", "torch")
 
@@ -25,9 +24,6 @@ class ModelOps:
     silu_and_mul: Callable[..., torch.Tensor]
     # (hidden [N, H], weight [V, H]) -> float32 logits [N, V]; one GEMM with an fp32 output on CUDA
     lm_head_logits: Callable[..., torch.Tensor]
-    # (x [T, K], weight [N, K], bias) -> [T, N]: F.linear; on CUDA the split-K kernel for steps
-    # of few tokens (kernels/skinny_gemm.py), cuBLAS above
-    linear: Callable[..., torch.Tensor] = F.linear
 
 
 def model_ops(device: torch.device | str, kernels: str = "auto") -> ModelOps:
@@ -38,15 +34,11 @@ def model_ops(device: torch.device | str, kernels: str = "auto") -> ModelOps:
 
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
-    linear = F.linear
     if kernels == "triton" or (kernels == "auto" and torch.device(device).type == "cuda"):
         from toolkit.kernels.lm_head import lm_head_logits as logits
         from toolkit.kernels.rms_norm import rms_norm
         from toolkit.kernels.rotary import qk_norm_rotary, rotary
         from toolkit.kernels.silu_and_mul import silu_and_mul
-        from toolkit.kernels.skinny_gemm import SkinnyLinear
-
-        linear = SkinnyLinear()       # one per model: it holds its split tiles' counters
     elif kernels == "torch":
         from toolkit.kernels.reference_model import qk_norm_rotary, rms_norm, rotary, silu_and_mul
         logits = ref.lm_head_logits
@@ -54,4 +46,4 @@ def model_ops(device: torch.device | str, kernels: str = "auto") -> ModelOps:
         from toolkit.models.cpu_ops import qk_norm_rotary, rms_norm, rotary, silu_and_mul
         logits = ref.lm_head_logits
     return ModelOps(rms_norm=rms_norm, rotary=rotary, qk_norm_rotary=qk_norm_rotary,
-                    silu_and_mul=silu_and_mul, lm_head_logits=logits, linear=linear)
+                    silu_and_mul=silu_and_mul, lm_head_logits=logits)
