@@ -700,8 +700,9 @@ def main() -> None:
     ap.add_argument("--saturation", type=float, default=0.0,
                     help="req/s taken as saturation instead of the ladder's (an earlier run's; saves its minute)")
     ap.add_argument("--capture-tokens", type=int, default=0,
-                    help="the engine's max_cudagraph_capture_size (0: its default, 512 here): steps past it run "
-                         "eagerly, one host launch per kernel, and take what the host's pace makes them")
+                    help="the engine's max_cudagraph_capture_size (0: its default, max_num_batched_tokens since "
+                         "2026-12-02 (p); the cost models stored before were fitted with graphs to 512): "
+                         "steps past it run eagerly, one host launch per kernel, at the host's pace")
     ap.add_argument("--run-limit", type=float, default=90.0, help="seconds one engine run may take")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-runs", type=int, default=1,

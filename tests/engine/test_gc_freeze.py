@@ -178,3 +178,17 @@ class GcPassCounter:
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self._cb)
+
+
+def test_overlapping_blocks_never_leave_the_threshold_raised() -> None:
+    """Two loops in one process (a server's engine thread and a generate) whose blocks end in
+    the order they began: the second restores what it saw, the raised value, but the first has
+    put the original back by then, so nothing is left raised once both end."""
+    before = gc.get_threshold()
+    first, second = frozen_heap(), frozen_heap()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert gc.get_threshold() == before
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == before

@@ -13,9 +13,9 @@ write_kv launches the cache writer on a static slot buffer (so it is captured), 
 run() ends the current graph, remembers (layer, q, out) and begins the next graph. Replay:
 graph 0, attention(0), graph 1, ..., attention(L-1), graph L.
 
-Memory: every bucket's pieces are captured into one pool, and what a piece allocates and
-drops is reused by the pieces and buckets captured after it (they never replay at the same
-time). Two per-layer tensors outlive their piece: q, which attention reads after the piece,
+Memory: every bucket's pieces are captured into one pool, on one side stream, and what a
+piece allocates and drops is reused by the pieces and buckets captured after it (they never
+replay at the same time). Two per-layer tensors outlive their piece: q, which attention reads after the piece,
 and attention's output, which the next piece reads. Kept as they were (one of each per layer
 per bucket), they cost 28 layers x 8 KiB a token for Qwen3-0.6B, 3 GiB for buckets to 8192
 tokens; on the 8B, graphs to 1024 tokens took 8.4 GiB more than to 512 (RESULTS, engine core
@@ -48,13 +48,13 @@ def supports_graphs(attention) -> bool:
     return bool(getattr(attention, "supports_run_out", False))
 
 
-def capture_graph(fn, pool) -> tuple[torch.cuda.CUDAGraph, object]:
-    """fn() captured as one CUDA graph in `pool`, on a side stream, synchronized before and
-    after; returns (the graph, what fn returned: its static outputs). Raises what the
-    capture raised (the side stream is joined either way)."""
+def capture_graph(fn, pool, stream: torch.cuda.Stream | None = None) -> tuple[torch.cuda.CUDAGraph, object]:
+    """fn() captured as one CUDA graph in `pool`, on a side stream (`stream`, or a new one),
+    synchronized before and after; returns (the graph, what fn returned: its static outputs).
+    Raises what the capture raised (the side stream is joined either way)."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
+    stream = stream if stream is not None else torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     try:
         with torch.cuda.stream(stream):
@@ -94,6 +94,13 @@ def buckets(max_tokens: int) -> list[int]:
         sizes += list(range(lo + lo // 4, 2 * lo + 1, lo // 4))
         lo *= 2
     return sorted({b for b in sizes if b < max_tokens} | {max_tokens})
+
+
+def whole_forward_buckets(sizes: list[int], full_tokens: int | None) -> list[int]:
+    """The buckets that get whole-forward graphs: up to the first that holds full_tokens (a
+    decode step of full_tokens tokens pads into it), all of them for None."""
+    last = sizes[-1] if full_tokens is None else next((b for b in sizes if b >= full_tokens), sizes[-1])
+    return [b for b in sizes if b <= last]
 
 
 @dataclass
@@ -169,16 +176,21 @@ class StepGraphs:
     def __init__(self, model, attention, max_tokens: int, device: torch.device,
                  full_tokens: int | None = None) -> None:
         """Buckets up to max_tokens; whole-forward graphs (decode attention inside) for the
-        buckets up to full_tokens (None: all of them). A bucket above the largest decode
-        step never holds a step whose every sequence decodes: pieces alone there."""
+        buckets up to the first that holds full_tokens (None: all of them). A bucket above
+        the largest decode step never holds a step whose every sequence decodes: pieces alone
+        there."""
         self.model, self.attention, self.device = model, attention, device
         self.sizes = buckets(max_tokens)
         self.graphs: dict[int, _Graph] = {}
         self.failed: set[int] = set()      # buckets whose capture raised: they run eagerly
         self.pool = torch.cuda.graph_pool_handle()
+        # every capture on one side stream: the caching allocator hands a freed block of the
+        # pool again only to allocations on the stream that freed it (torch.cuda.graph, too,
+        # captures on one stream)
+        self.stream = torch.cuda.Stream()
         # decode attention inside the graph: tables for the whole-forward buckets, allocated
         # before any capture (a graph bakes in their addresses); None: the backend cannot
-        full = [b for b in self.sizes if full_tokens is None or b <= full_tokens]
+        full = whole_forward_buckets(self.sizes, full_tokens)
         self.full_tokens = full[-1] if full else 0     # the decode-sized buckets end here
         self.static = (attention.static_decode_plans(full)
                        if full and getattr(attention, "supports_static_decode", False) else None)
@@ -210,7 +222,7 @@ class StepGraphs:
         z = dict(dtype=torch.int64, device=self.device)
         g = _Graph(torch.zeros(bp, **z), torch.zeros(bp, **z), torch.full((bp,), -1, **z))
         torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
+        stream = self.stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             proxy = None
@@ -259,7 +271,7 @@ class StepGraphs:
         h.run_static(0, q, torch.empty_like(q), self.static, bp, mode)   # compiles outside the capture
         try:
             g.full[mode] = capture_graph(lambda: self.model.forward(
-                g.ids, g.positions, _FullProxy(h, g, self.static, bp, mode)), self.pool)
+                g.ids, g.positions, _FullProxy(h, g, self.static, bp, mode)), self.pool, self.stream)
         except Exception as e:            # stay piecewise, say why
             log.warning("whole-forward CUDA-graph capture (%s) of a %d-token step failed (%s); "
                         "its decode steps replay the pieces", mode, bp, e)

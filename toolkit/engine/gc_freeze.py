@@ -60,21 +60,24 @@ def frozen_heap(enabled: bool = True) -> Iterator[FrozenHeap]:
     nothing and the full passes walked 470k objects). Unfreezing at the end also unfreezes
     those; freezing only changes how often objects are looked at, never what is collected
     eventually, so that costs nothing but their freeze's speed-up. The young generation's
-    threshold is raised to YOUNG_THRESHOLD inside (never lowered) and restored at the end.
+    threshold is raised to YOUNG_THRESHOLD inside (never lowered) and restored at the end,
+    unless it was changed meanwhile.
     Not reentrant: the first block to end unfreezes (a nested loop is not something the
     engine runs)."""
     if not enabled or not gc.isenabled():
         yield FrozenHeap(False)
         return
     thresholds = gc.get_threshold()
+    raised = (max(thresholds[0], YOUNG_THRESHOLD), *thresholds[1:])
     gc.freeze()
-    gc.set_threshold(max(thresholds[0], YOUNG_THRESHOLD), *thresholds[1:])
+    gc.set_threshold(*raised)
     heap = FrozenHeap(True)
     try:
         yield heap
     finally:
         heap.active = False
-        gc.set_threshold(*thresholds)
+        if gc.get_threshold() == raised:   # not if someone changed it since (another block that
+            gc.set_threshold(*thresholds)  # overlaps this one: never leave it raised for good)
         gc.unfreeze()
 
 

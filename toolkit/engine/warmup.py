@@ -2,9 +2,9 @@
 it happens inside the user's first `generate` (20-25 s on a fresh machine otherwise).
 
 Dummy steps for each CUDA-graph bucket (the first, eager run compiles, then the bucket is
-captured): a decode batch of that many tokens for the buckets with whole-forward graphs, one
-prompt of that many tokens for the larger ones (pieces only; a bucket whose prompt would not
-fit the cache is captured on first use), with sampling rows of each kind (greedy;
+captured): a decode batch of that many tokens for the buckets with whole-forward graphs, that
+many prompt tokens for the larger ones (pieces only), in prompts no longer than the model's
+positions or the cache (they share their blocks), with sampling rows of each kind (greedy;
 temperature alone, whose LM head and fused tail are captured per bucket too,
 engine/sample_graphs.py; temperature with top-k / top-p; all three mixed), then one prefill and one chunked prefill
 over a cached prefix (the prefill attention kernels), then penalised rows (the penalty
@@ -39,20 +39,28 @@ def _decode(i: int, params: SamplingParams) -> ScheduledRequest:
     return ScheduledRequest(Request(f"warmup-{i}", [0], params), 0, 1, [0])
 
 
-def _prompt(name: str, n: int, block_size: int) -> ScheduledRequest:
-    """A whole n-token prompt over blocks 0, 1, ..."""
-    return ScheduledRequest(Request(name, [0] * n, _GREEDY), 0, n, list(range(-(-n // block_size))))
+def _prompts(name: str, n: int, block_size: int, longest: int) -> list[ScheduledRequest]:
+    """n prompt tokens as whole prompts of at most `longest` tokens, each over blocks 0, 1, ...
+    (positions past the model's would read past its rotary table)."""
+    out = []
+    for i, start in enumerate(range(0, n, longest)):
+        m = min(longest, n - start)
+        out.append(ScheduledRequest(Request(f"{name}-{i}", [0] * m, _GREEDY), 0, m,
+                                    list(range(-(-m // block_size)))))
+    return out
 
 
 @torch.inference_mode()
 def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks: int,
-            show_progress: bool = True) -> dict[str, float]:
+            max_model_len: int | None = None, show_progress: bool = True) -> dict[str, float]:
     """Run the dummy steps; returns seconds: warmup_s in all, of which compile_s in Triton
     compiles (kernels_compiled of them) and capture_s in CUDA-graph captures; the rest ran the
-    dummy steps."""
+    dummy steps. max_model_len: the longest dummy prompt (None: the model's max_model_len)."""
+    cache = (num_blocks - 1) * block_size
+    longest = min(max_model_len or getattr(runner.model, "max_model_len", cache), cache)
     with triton_compiles(strict=False) as compiled:
         start = time.perf_counter()
-        _warm_up(runner, max_num_batched_tokens, block_size, num_blocks, show_progress)
+        _warm_up(runner, max_num_batched_tokens, block_size, max(1, longest), show_progress)
         total = time.perf_counter() - start
     return {"warmup_s": total, "compile_s": sum(s for _, s in compiled.values()),
             "kernels_compiled": sum(n for n, _ in compiled.values()),
@@ -60,22 +68,22 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
             + (runner.sample_graphs.capture_s if runner.sample_graphs is not None else 0.0)}
 
 
-def _warm_up(runner, max_num_batched_tokens: int, block_size: int, num_blocks: int,
+def _warm_up(runner, max_num_batched_tokens: int, block_size: int, longest: int,
              show_progress: bool) -> None:
     graphs = runner.graphs
     sizes = list(graphs.sizes) if graphs is not None else [1, 16]
-    prefill = min(512, max_num_batched_tokens, (num_blocks - 1) * block_size)
+    prefill = min(512, max_num_batched_tokens, longest)
     with progress_bar(total=len(sizes) + 2, enabled=show_progress,
                       desc="compiling kernels, capturing CUDA graphs") as bar:
         for b in sizes:
             if graphs is None or b <= graphs.full_tokens:
                 for kind in (_GREEDY, _SAMPLED, _TEMPERATURE, None):    # None: the rows mixed
                     _step(runner, [_decode(i, kind or _KINDS[i % 3]) for i in range(b)])
-            elif b <= (num_blocks - 1) * block_size:     # eager and captured, then replayed
+            else:                                         # eager and captured, then replayed
                 for _ in range(2):                        # (its paged prefill tiles compile)
-                    _step(runner, [_prompt("warmup-b", b, block_size)])
+                    _step(runner, _prompts("warmup-b", b, block_size, longest))
             bar.update(1)
-        _step(runner, [_prompt("warmup-p", prefill, block_size)])
+        _step(runner, _prompts("warmup-p", prefill, block_size, longest))
         bar.update(1)
         if prefill > block_size:              # a chunk after a cached prefix, next to a decode
             req = Request("warmup-c", [0] * prefill, _SAMPLED)
