@@ -15,14 +15,16 @@ graph 0, attention(0), graph 1, ..., attention(L-1), graph L.
 
 Memory: every bucket's pieces are captured into one pool, on one side stream, and what a
 piece allocates and drops is reused by the pieces and buckets captured after it (they never
-replay at the same time). Two per-layer tensors outlive their piece: q, which attention reads after the piece,
-and attention's output, which the next piece reads. Kept as they were (one of each per layer
-per bucket), they cost 28 layers x 8 KiB a token for Qwen3-0.6B, 3 GiB for buckets to 8192
-tokens; on the 8B, graphs to 1024 tokens took 8.4 GiB more than to 512 (RESULTS, engine core
-(n)). So each attention output is a view of one buffer shared by every layer and bucket (a
-piece has read it before the next attention writes it), and the call keeps a weak view of q
-(`weak_view`): its memory goes back to the pool once the piece is captured, for what later
-pieces allocate after attention has read it.
+replay at the same time). Two per-layer tensors outlive their piece: q, which attention reads
+after the piece, and attention's output, which the next piece reads. Kept as they were (one
+of each per layer per bucket), they would cost 224 KiB a token of every bucket for
+Qwen3-0.6B (28 layers x 8 KiB): 0.8 GiB for the buckets to 512 tokens, 11.5 GiB to 8192;
+on the 8B, graphs to 1024 tokens took 8.4 GiB more than to 512 (RESULTS, engine core (n)).
+So each attention output is a view of one buffer shared by every layer and bucket (a piece
+has read it before the next attention writes it), and the call keeps a weak view of q
+(`weak_view`): its memory goes back to the pool once the model drops q (inside the next
+piece's capture), for what is allocated after that, which runs after attention has read it.
+Graphs to 8192 tokens reserved 0.5 GiB more than graphs to 512 (RESULTS, engine core (p)).
 
 Full graphs: a backend that declares `supports_static_decode` (Triton) can also run a decode
 step's attention over fixed-capacity tables (attention/static_plan.py), so each bucket gets
@@ -75,7 +77,8 @@ def weak_view(t: torch.Tensor) -> torch.Tensor:
     wraps a device pointer without owning it. t: contiguous. Use it only while something
     else guarantees the memory's contents: here, the replay order of one stream."""
     if not t.is_cuda or not t.is_contiguous():
-        raise ValueError(f"weak_view needs a contiguous CUDA tensor, got {t.device} with strides {t.stride()}")
+        raise ValueError(f"weak_view needs a contiguous CUDA tensor, got {t.device} with strides "
+                         f"{t.stride()}")
 
     class _Memory:                      # the interface's owner object: a pointer and a size
         __cuda_array_interface__ = {"shape": (t.numel() * t.element_size(),), "typestr": "|u1",
@@ -134,7 +137,8 @@ class _CaptureProxy:
         self.current.capture_end()
         self.graph.pieces.append(self.current)
         out = self.shared_out(q)
-        # q's memory goes back to the pool when the model drops q, right after this call
+        # q's memory goes back to the pool when the model drops q (its attention layer returns,
+        # inside the next piece's capture); attention reads it before that piece replays
         self.graph.calls.append((layer, weak_view(q), out))
         self.current = torch.cuda.CUDAGraph()
         self.current.capture_begin(pool=self.pool)
