@@ -174,9 +174,10 @@ class EngineConfig:
 
     @property
     def full_graph_tokens(self) -> int:
-        """The largest bucket that also gets whole-forward graphs (decode attention inside, one
-        replay a step): the larger of 512 and max_num_seqs x (1 + k), the largest decode /
-        verification step, at most graph_tokens."""
+        """The largest decode step that replays a whole-forward graph (decode attention inside,
+        one replay a step; the buckets up to the first that holds it get one): the larger of
+        512 and max_num_seqs x (1 + k), the largest decode / verification step, at most
+        graph_tokens."""
         return min(self.graph_tokens, max(DEFAULT_CAPTURE_TOKENS,
                                           self.max_num_seqs * (1 + self.num_speculative_tokens)))
 
