@@ -102,3 +102,7 @@ def _warm_up(runner, max_num_batched_tokens: int, block_size: int, longest: int,
         attention_warm_up(runner.model.dtype)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+        # the eager runs' activations (up to the largest bucket's) sit in the caching
+        # allocator, unused: a replayed step's live in the graphs' pool (an eager step, past
+        # max_cudagraph_capture_size, allocates again)
+        torch.cuda.empty_cache()
