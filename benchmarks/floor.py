@@ -64,14 +64,23 @@ def prefill_work(g: Any, prompts: list[int], act_bytes: int = 2,
                 + [gemm(hid, g.vocab_size, rows=len(prompts))],
         "attention": [(t * kv * 2 * kv_bytes + t * q * b * 2, 4.0 * pairs * q)] * n,
         "kv_write": [(t * kv * 2 * (b + kv_bytes), 0.0)] * n,
-        "other": [(8.0 * t * hid * b + 2.0 * t * (q + kv) * b + 3.0 * t * inter * b, 0.0)] * n,
+        # norms, rotary and the activation together (a decode step's norm / rotary / activation)
+        "small": [(8.0 * t * hid * b + 2.0 * t * (q + kv) * b + 3.0 * t * inter * b, 0.0)] * n,
     }
 
 
 def _ms(work: dict[str, list[tuple[float, float]]], copy_bw: float, matmul_flops: float,
-        essential: bool) -> float:
-    return sum(roofline.floor_ms(ops, copy_bw, matmul_flops) for kind, ops in work.items()
-               if not essential or kind in ESSENTIAL)
+        essential: bool, by_kind: dict[str, float] | None = None) -> float:
+    """The floor (ms) of `work`; by_kind, when given, gets each kind's share added."""
+    total = 0.0
+    for kind, ops in work.items():
+        if essential and kind not in ESSENTIAL:
+            continue
+        ms = roofline.floor_ms(ops, copy_bw, matmul_flops)
+        total += ms
+        if by_kind is not None:
+            by_kind[kind] = by_kind.get(kind, 0.0) + ms
+    return total
 
 
 def workload_floor(g: Any, requests: list[tuple[int, int]], max_num_seqs: int,
@@ -88,18 +97,19 @@ def workload_floor(g: Any, requests: list[tuple[int, int]], max_num_seqs: int,
     running: list[list[int]] = []          # [context including the newest token, tokens still to make]
     prefill_ms = decode_ms = 0.0
     steps = 0
+    by_kind: dict[str, float] = {}         # ms of floor per kind of op, prefill and decode together
     while waiting or running:
         admitted = []                      # admitted together: one prefill, makes token 1
         while waiting and len(running) + len(admitted) < max_num_seqs:
             admitted.append(waiting.popleft())
         if admitted:
             prefill_ms += _ms(prefill_work(g, [p for p, _ in admitted]), copy_bw, matmul_flops,
-                              essential)
+                              essential, by_kind)
             running += [[p + 1, o - 1] for p, o in admitted if o > 1]
         if not running:
             continue
         decode_ms += _ms(roofline.decode_step_work(g, [c for c, _ in running]), copy_bw,
-                         matmul_flops, essential)
+                         matmul_flops, essential, by_kind)
         steps += 1
         running = [[c + 1, left - 1] for c, left in running if left > 1]
     seconds = (prefill_ms + decode_ms) / 1e3
@@ -107,6 +117,7 @@ def workload_floor(g: Any, requests: list[tuple[int, int]], max_num_seqs: int,
     # the decode steps alone bound even an engine that hid every prefill inside them
     return dict(seconds=seconds, prefill_s=prefill_ms / 1e3, decode_s=decode_ms / 1e3,
                 decode_steps=steps, output_tokens=out_tokens, tok_s=out_tokens / seconds,
+                by_kind_s={k: v / 1e3 for k, v in by_kind.items()},
                 decode_only_tok_s=out_tokens / (decode_ms / 1e3) if decode_ms else float("inf"))
 
 

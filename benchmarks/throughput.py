@@ -106,6 +106,18 @@ def run_toolkit(cfg, reqs, args) -> dict:
     if args.repeats > 1:
         print(f"toolkit[all]: median of {args.repeats} warm runs {results['all']['tok_s']:.0f} tok/s "
               f"(range {warm[0]['tok_s']:.0f}-{warm[-1]['tok_s']:.0f})", flush=True)
+    if args.kinds:           # one more run under the profiler: GPU time by kind against the floor
+        from benchmarks import floor, run_kinds
+        from toolkit.models.llama import Geometry
+
+        fl = floor.workload_floor(Geometry(cfg), [(len(p), n) for p, n in reqs], args.max_num_seqs)
+        params = [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True,
+                                 repetition_penalty=args.repetition_penalty) for _, n in reqs]
+        prof = run_kinds.profile_kinds(lambda: llm.generate([p for p, _ in reqs], params, use_tqdm=False))
+        print(run_kinds.table(prof["kinds_ms"], fl["by_kind_s"], results["all"]["seconds"]), flush=True)
+        for name, count, ms in prof["top"]:
+            print(f"  {ms / 1e3:7.3f} s {count:>8d} x  {name}", flush=True)
+        results["kinds"] = dict(prof, floor_by_kind_s=fl["by_kind_s"], floor_s=fl["seconds"])
     if args.penalty_ab:      # the same runs with the penalised rows' lists rebuilt per step (and sync steps)
         history = eng.runner.penalty_history
         eng.runner.penalty_history = None
@@ -177,6 +189,9 @@ def main() -> None:
     ap.add_argument("--penalty-ab", action="store_true",
                     help="also time the warm runs with the penalised rows' token lists rebuilt each step "
                          "(no PenaltyHistory: the engine before 2026-12-02), same process")
+    ap.add_argument("--kinds", action="store_true",
+                    help="one more run under torch.profiler: GPU time by kind of kernel against the "
+                         "workload's floor (benchmarks/run_kinds.py)")
     ap.add_argument("--blas", default=None, choices=["cublas", "cublaslt"],
                     help="torch.backends.cuda.preferred_blas_library for the whole run (default: torch's)")
     ap.add_argument("--out", default=None)
