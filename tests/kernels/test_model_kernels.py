@@ -227,6 +227,69 @@ def test_silu_and_mul_values_and_errors():
             fn(torch.randn(2, 5, device=DEVICE))
 
 
+# ---------------------------------------------------------------- rotary + the cache write
+def _check_rotary_kv(t: int, h: int, h_kv: int, d: int, dtype: torch.dtype, norm: bool, fp8: bool,
+                     seed: int, block_size: int = 4, num_blocks: int = 5) -> None:
+    """rotary / qk_norm_rotary with a KVWrite: q and k as without it, and the cache holds exactly
+    what write_kv stores from the kernel's own rotated k and v; every other slot is untouched."""
+    from toolkit.kernels import reference
+
+    g = gen(seed)
+    cos_sin = cos_sin_cache(64, d)
+    positions = torch.randint(0, 64, (t,), generator=g).to(DEVICE)
+    qkv = (torch.randn(t, (h + 2 * h_kv) * d, generator=g) * 3).to(DEVICE, dtype)
+    q, k, v = qkv.split([h * d, h_kv * d, h_kv * d], dim=-1)      # views of one projection
+    q, k, v = q.view(t, h, d), k.view(t, h_kv, d), v.view(t, h_kv, d)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:t]
+    slots[torch.rand(t, generator=g) < 0.25] = -1                 # padding rows: not stored
+    slots = slots.to(DEVICE)
+    cache_dtype = reference.FP8_DTYPE if fp8 else dtype
+    before = torch.randn(2, num_blocks, block_size, h_kv, d, generator=g).to(DEVICE).to(cache_dtype)
+    scales = (0.03, 0.05) if fp8 else (1.0, 1.0)
+    args = ((torch.rand(d, generator=g) + 0.5).to(DEVICE, dtype),             # q, k weights, eps
+            (torch.rand(d, generator=g) + 0.5).to(DEVICE, dtype), 1e-6) if norm else ()
+    fast, twin = (qk_norm_rotary, ref.qk_norm_rotary) if norm else (rotary, ref.rotary)
+    cache = before.clone()
+    out = (poison(q.shape, dtype), poison(k.shape, dtype))
+    got_q, got_k = fast(positions, q, k, cos_sin, *args, out=out, kv=ref.KVWrite(v, cache, slots, *scales))
+    want_q, want_k = twin(positions, q.clone(), k.clone(), cos_sin, *args)     # no cache write
+    close(got_q, want_q, dtype)
+    close(got_k, want_k, dtype)
+    expect = before.clone()
+    reference.write_kv(got_k, v, expect, slots, *scales)
+    bits = (lambda x: x.view(torch.uint8)) if fp8 else (lambda x: x)            # noqa: E731
+    assert torch.equal(bits(cache), bits(expect)), "the cache differs from write_kv of the rotated k and v"
+    twin_cache = before.clone()                                   # the twin's own write, same rule
+    twin(positions, q.clone(), k.clone(), cos_sin, *args, out=(torch.empty_like(q), torch.empty_like(k)),
+         kv=ref.KVWrite(v, twin_cache, slots, *scales))
+    if not fp8:
+        close(twin_cache, cache, dtype)
+
+
+@given(t=st.integers(1, 7), h=st.integers(1, 5), h_kv=st.integers(1, 3), d=st.sampled_from([2, 6, 16]),
+       dtype=DTYPES, norm=st.booleans(), fp8=st.booleans(), seed=st.integers(0, 2**16))
+def test_rotary_with_cache_write_matches_write_kv(t, h, h_kv, d, dtype, norm, fp8, seed):
+    _check_rotary_kv(t, h, h_kv, d, dtype, norm, fp8, seed)
+
+
+def test_rotary_cache_write_rejects_bad_targets():
+    from toolkit.kernels import reference
+
+    cos_sin, pos = cos_sin_cache(8, 6), torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    q, k = torch.randn(2, 2, 6, device=DEVICE), torch.randn(2, 1, 6, device=DEVICE)
+    cache = torch.zeros(2, 3, 4, 1, 6, device=DEVICE)
+    slots = torch.tensor([0, 5], device=DEVICE)
+    for fn in (rotary, ref.rotary):
+        with pytest.raises(ValueError, match="kv.v must be"):
+            fn(pos, q, k, cos_sin, kv=ref.KVWrite(torch.randn(2, 2, 6, device=DEVICE), cache, slots))
+        with pytest.raises(ValueError, match="kv.cache must be"):
+            fn(pos, q, k, cos_sin, kv=ref.KVWrite(k.clone(), cache[:, :, :, :, :4], slots))
+        with pytest.raises(ValueError, match="kv.slots must be"):
+            fn(pos, q, k, cos_sin, kv=ref.KVWrite(k.clone(), cache, slots.float()))
+        with pytest.raises(ValueError, match="scale"):
+            fn(pos, q, k, cos_sin, kv=ref.KVWrite(k.clone(), cache.to(reference.FP8_DTYPE), slots, 0.0, 1.0))
+
+
 # ---------------------------------------------------------------- real shapes on the GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("with_residual", [False, True])
@@ -244,6 +307,12 @@ def test_rotary_gpu_bf16(inplace):
 @pytest.mark.parametrize("inplace", [False, True])
 def test_qk_norm_rotary_gpu_bf16(inplace):
     _check_qk_norm_rotary(1000, 16, 8, 128, torch.bfloat16, inplace, 0, strided=not inplace)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("norm, fp8", [(False, False), (True, False), (True, True)])
+def test_rotary_with_cache_write_gpu_bf16(norm, fp8):
+    _check_rotary_kv(1000, 16, 8, 128, torch.bfloat16, norm, fp8, 0, block_size=16, num_blocks=80)
 
 
 @pytest.mark.gpu

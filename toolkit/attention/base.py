@@ -8,7 +8,10 @@ at `layout.slot_mapping`; `run` returns attention of the step's queries over the
 Declared capabilities, with their defaults (the engine reads them when it is assembled;
 docs/interfaces.md): `supports_run_out = False` (True: `run(layer, q, out=)` writes into a
 given [T, H, D] buffer, which CUDA graphs need), `supports_static_decode = False` (the
-whole-forward decode graphs' fixed tables), and `warm_up(dtype)` (absent: nothing to compile).
+whole-forward decode graphs' fixed tables), `supports_fused_kv_write = False` (True:
+`kv_target(layer, v) -> KVWrite` hands the model the layer's cache and slots, its rotary launch
+stores the step's K/V there, and `kv_written(layer, k, v)` replaces `write_kv`), and
+`warm_up(dtype)` (absent: nothing to compile).
 """
 
 from __future__ import annotations

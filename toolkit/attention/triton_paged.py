@@ -23,6 +23,7 @@ from toolkit.attention.static_plan import StaticDecodePlans
 from toolkit.attention.tuning import KernelConfig, default_config
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
+from toolkit.kernels.reference_model import KVWrite
 from toolkit.kernels import dispatch as kernel_dispatch
 from toolkit.kernels import reference_attention
 from toolkit.transfer import to_device
@@ -181,6 +182,24 @@ class TritonPagedAttention:
         kernel_dispatch.write_kv(k, v, self.kv_cache[layer], self.layout.slot_mapping,
                                  *self.kv_cache.scales(layer))
         if self._self_rows is not None:   # this step's own K/V, for the no-prefix prefills' TMA tiles
+            self._fresh_kv = (layer, self._plan_id, k, v)
+
+    # declared capability (AttentionBackend: default False): the model's rotary launch may store
+    # this step's K/V itself, at the slots kv_target hands out, and then calls kv_written
+    supports_fused_kv_write = True
+
+    def kv_target(self, layer: int, v: torch.Tensor) -> KVWrite:
+        """Where this step's K/V go: layer `layer`'s cache at the step's slots, with v [T, H_kv, D]
+        (the rotary kernel stores the rotated k and v there in its own launch)."""
+        if self.layout is None:
+            raise RuntimeError("call plan(layout) before kv_target()")
+        check_qkv(None, v, self.kv_cache[layer], self.num_heads, self.layout.num_tokens)
+        return KVWrite(v, self.kv_cache[layer], self.layout.slot_mapping, *self.kv_cache.scales(layer))
+
+    def kv_written(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The step's K/V of `layer` are in the cache (a KVWrite from kv_target): what write_kv
+        keeps besides the write, this step's own k / v for the prefills' TMA tiles."""
+        if self._self_rows is not None:
             self._fresh_kv = (layer, self._plan_id, k, v)
 
     supports_run_out = True            # declared capability: run(out=) (AttentionBackend: default False)

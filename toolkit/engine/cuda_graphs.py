@@ -130,8 +130,16 @@ class _CaptureProxy:
         self.current = torch.cuda.CUDAGraph()
         self.current.capture_begin(pool=pool)
 
+    supports_fused_kv_write = True     # rotary stores K/V at the graph's static slots
+
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         _write_kv(self.real, self.graph, layer, k, v)
+
+    def kv_target(self, layer: int, v: torch.Tensor):
+        return _kv_target(self.real, self.graph, layer, v)
+
+    def kv_written(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        pass                           # the pieces' attention reads the cache only
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         self.current.capture_end()
@@ -158,6 +166,14 @@ def _write_kv(attention, graph: _Graph, layer: int, k: torch.Tensor, v: torch.Te
     dispatch.write_kv(k, v, cache[layer], graph.slots, *cache.scales(layer))
 
 
+def _kv_target(attention, graph: _Graph, layer: int, v: torch.Tensor):
+    """_write_kv's cache and static slots as a KVWrite, for the rotary launch that stores K/V."""
+    from toolkit.kernels.reference_model import KVWrite
+
+    cache = attention.kv_cache
+    return KVWrite(v, cache[layer], graph.slots, *cache.scales(layer))
+
+
 class _FullProxy:
     """Stands in for the attention backend while a whole forward is captured: attention over
     the bucket's static decode tables, captured like every other kernel."""
@@ -167,8 +183,16 @@ class _FullProxy:
         for name in ("num_heads", "num_kv_heads", "head_dim", "scale", "sliding_window", "soft_cap"):
             setattr(self, name, getattr(real, name))
 
+    supports_fused_kv_write = True
+
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         _write_kv(self.real, self.graph, layer, k, v)
+
+    def kv_target(self, layer: int, v: torch.Tensor):
+        return _kv_target(self.real, self.graph, layer, v)
+
+    def kv_written(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        pass
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)

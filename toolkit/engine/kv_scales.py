@@ -146,6 +146,9 @@ class _AmaxRecorder:
         self.k_amax: list[torch.Tensor | None] = [None] * num_layers
         self.v_amax: list[torch.Tensor | None] = [None] * num_layers
 
+    # it must see every K/V: not the backend's fused write (rotary storing them itself)
+    supports_fused_kv_write = False
+
     def __getattr__(self, name: str) -> Any:       # num_heads, scale, ...: the backend's
         return getattr(self.backend, name)
 

@@ -6,8 +6,37 @@ Hugging Face Llama's order of operations and roundings, so in fp32 they equal it
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from toolkit.kernels import reference
+
+
+@dataclass(frozen=True)
+class KVWrite:
+    """Where rotary also stores this step's K/V (the rotated k, and v as given): the cache
+    writer's arguments (`write_kv`), so one launch rotates and writes. An attention backend
+    that takes such a write hands it out (AttentionBackend.kv_target, docs/interfaces.md)."""
+
+    v: torch.Tensor                 # [T, H_kv, D]
+    cache: torch.Tensor             # [2, num_blocks, block_size, H_kv, D] (fp8: e4m3 of x / scale)
+    slots: torch.Tensor             # int [T]; -1: not stored
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
+def check_kv_write(k: torch.Tensor, kv: KVWrite) -> None:
+    """The argument checks of rotary's cache write (k: the rotated keys' shape)."""
+    t, h, d = k.shape
+    if kv.v.shape != k.shape:
+        raise ValueError(f"kv.v must be [T={t}, H_kv={h}, D={d}] like k, got {tuple(kv.v.shape)}")
+    if kv.cache.dim() != 5 or kv.cache.shape[0] != 2 or kv.cache.shape[3:] != (h, d):
+        raise ValueError(f"kv.cache must be [2, num_blocks, block_size, {h}, {d}], got {tuple(kv.cache.shape)}")
+    if kv.slots.shape != (t,) or kv.slots.dtype.is_floating_point:
+        raise ValueError(f"kv.slots must be an integer tensor [T={t}], got {kv.slots.dtype} {tuple(kv.slots.shape)}")
+    reference.check_scales(kv.cache, kv.k_scale, kv.v_scale)
 
 
 def _into(buf: torch.Tensor | None, value: torch.Tensor, name: str) -> torch.Tensor:
@@ -98,12 +127,16 @@ def rotary(
     cos_sin_cache: torch.Tensor,
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kv: KVWrite | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions int64 [T], q [T, H, D], k [T, H_kv, D], cos_sin_cache fp32 [P, D] -> (q, k) rotated.
 
-    In place (the returned tensors are q and k) unless `out` = (q_out, k_out) is given.
+    In place (the returned tensors are q and k) unless `out` = (q_out, k_out) is given; with
+    `kv`, the rotated k and kv.v are also stored in kv.cache at kv.slots (`write_kv`).
     """
     q_out, k_out = check_rotary(positions, q, k, cos_sin_cache, out)
+    if kv is not None:
+        check_kv_write(k, kv)
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
     cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
 
@@ -112,7 +145,10 @@ def rotary(
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
     q_rot, k_rot = rot(q), rot(k)
-    return q_out.copy_(q_rot), k_out.copy_(k_rot)
+    q_out, k_out = q_out.copy_(q_rot), k_out.copy_(k_rot)
+    if kv is not None:
+        reference.write_kv(k_out, kv.v, kv.cache, kv.slots, kv.k_scale, kv.v_scale)
+    return q_out, k_out
 
 
 def qk_norm_rotary(
@@ -125,14 +161,15 @@ def qk_norm_rotary(
     eps: float,
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kv: KVWrite | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over each head of q [T, H, D] and k [T, H_kv, D] (weights [D]), then `rotary`
-    (Qwen3's order). In place unless `out` = (q_out, k_out) is given."""
+    (Qwen3's order). In place unless `out` = (q_out, k_out) is given; `kv` as `rotary`'s."""
     q_out, k_out = check_rotary(positions, q, k, cos_sin_cache, out)
     check_qk_norm(q, q_weight, k_weight)
     q_normed, _ = rms_norm(q, q_weight, eps)
     k_normed, _ = rms_norm(k, k_weight, eps)
-    return rotary(positions, q_normed, k_normed, cos_sin_cache, out=(q_out, k_out))
+    return rotary(positions, q_normed, k_normed, cos_sin_cache, out=(q_out, k_out), kv=kv)
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

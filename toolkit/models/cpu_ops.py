@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from toolkit.kernels import reference
 from toolkit.kernels import reference_model as ref
 
 
@@ -45,12 +46,16 @@ def rotary(
     cos_sin_cache: torch.Tensor,
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kv: ref.KVWrite | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions int64 [T], q [T, H, D], k [T, H_kv, D], cos_sin_cache fp32 [P, D] -> (q, k)
-    rotated (neox halves); in place unless `out` = (q_out, k_out)."""
+    rotated (neox halves); in place unless `out` = (q_out, k_out); with `kv`, the rotated k
+    and kv.v also stored in the cache (the twins' `KVWrite`)."""
     if q.dtype != torch.float32 or k.dtype != torch.float32:
-        return ref.rotary(positions, q, k, cos_sin_cache, out=out)
+        return ref.rotary(positions, q, k, cos_sin_cache, out=out, kv=kv)
     q_out, k_out = ref.check_rotary(positions, q, k, cos_sin_cache, out)
+    if kv is not None:
+        ref.check_kv_write(k, kv)
     half = cos_sin_cache.shape[-1] // 2
     cs = cos_sin_cache.index_select(0, positions)[:, None, :]      # [T, 1, D]: cos | sin
     cos, sin = cs[..., :half], cs[..., half:]                      # [T, 1, D/2] each
@@ -60,6 +65,8 @@ def rotary(
         o1, o2 = o[..., :half], o[..., half:]
         torch.mul(x1, cos, out=o1).sub_(s2)                        # x1 cos - x2 sin
         torch.mul(x2, cos, out=o2).add_(s1)                        # x2 cos + x1 sin
+    if kv is not None:
+        reference.write_kv(k_out, kv.v, kv.cache, kv.slots, kv.k_scale, kv.v_scale)
     return q_out, k_out
 
 
@@ -73,13 +80,15 @@ def qk_norm_rotary(
     eps: float,
     *,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kv: ref.KVWrite | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm over each head of q [T, H, D] and k [T, H_kv, D], then `rotary`; in place unless `out`."""
+    """RMSNorm over each head of q [T, H, D] and k [T, H_kv, D], then `rotary` (its `kv` too);
+    in place unless `out`."""
     out = ref.check_rotary(positions, q, k, cos_sin_cache, out)
     ref.check_qk_norm(q, q_weight, k_weight)
     q_normed, _ = rms_norm(q, q_weight, eps)
     k_normed, _ = rms_norm(k, k_weight, eps)
-    return rotary(positions, q_normed, k_normed, cos_sin_cache, out=out)
+    return rotary(positions, q_normed, k_normed, cos_sin_cache, out=out, kv=kv)
 
 
 def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:

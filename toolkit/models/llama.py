@@ -7,7 +7,9 @@ q/k/v and gate/up are merged into one matmul each: the loader writes the checkpo
 separate tensors into row ranges of the merged weight (`load_weights`).
 
 K/V go through the attention backend into the paged cache: per layer, q, k, v are
-computed, rotated, `attention.write_kv(layer, k, v)`, then `attention.run(layer, q)`.
+computed, rotated, `attention.write_kv(layer, k, v)`, then `attention.run(layer, q)`. A
+backend that declares `supports_fused_kv_write` hands out the layer's cache slots instead
+(`kv_target`), and the rotary launch stores K/V there itself (one launch a layer fewer).
 """
 
 from __future__ import annotations
@@ -109,12 +111,18 @@ class Attention(nn.Module):
         # rotate out of place into contiguous q [T, H, D], k [T, Hkv, D]
         fresh = torch.contiguous_format
         out = (torch.empty_like(q, memory_format=fresh), torch.empty_like(k, memory_format=fresh))
+        # the rotary launch also stores K/V where the backend hands out their slots (a declared
+        # capability, docs/interfaces.md); otherwise the backend's write_kv does
+        kv = attention.kv_target(layer, v) if getattr(attention, "supports_fused_kv_write", False) else None
         if g.qk_norm:  # Qwen3: RMSNorm over each head before rotary (one kernel on CUDA)
             q, k = ops.qk_norm_rotary(positions, q, k, cache, self.q_norm.weight, self.k_norm.weight,
-                                      g.eps, out=out)
+                                      g.eps, out=out, kv=kv)
         else:
-            q, k = ops.rotary(positions, q, k, cache, out=out)
-        attention.write_kv(layer, k, v)
+            q, k = ops.rotary(positions, q, k, cache, out=out, kv=kv)
+        if kv is None:
+            attention.write_kv(layer, k, v)
+        else:
+            attention.kv_written(layer, k, v)
         out = attention.run(layer, q)  # [T, H, D]
         return self.o_proj(out.reshape(t, h * d))
 
