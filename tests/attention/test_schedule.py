@@ -73,6 +73,8 @@ def test_numpy_schedule_equals_the_reference_row_for_row(runs, window, target, b
     assert fast.prefill.tolist() == ref.prefill
     assert fast.merge_rows.tolist() == ref.merge_rows
     assert fast.num_splits == ref.num_splits
+    keys = [w[7] - w[4] for w in ref.decode]                  # the most keys first (stable)
+    assert keys == sorted(keys, reverse=True)
 
 
 @given(runs=st.lists(st.tuples(st.integers(1, 8), st.integers(0, 3000)), min_size=1, max_size=12),

@@ -133,6 +133,10 @@ def build_schedule_reference(
         sched.merge_rows.extend([qo_indptr[b] + i, s1 - s0 + 1] for i in range(q_lens[b]))
         sched.num_splits = max(sched.num_splits, s1 - s0 + 1)
         part_row += q_lens[b]
+    # most keys first: the grid runs a row's programs (one a KV head) together, rows in order,
+    # so the longest work starts first and short rows fill the last wave (ragged contexts
+    # otherwise leave a tail of long programs); stable, so ties keep sequence order
+    sched.decode.sort(key=lambda w: w[7] - w[4], reverse=True)
 
     for b in seqs:
         if q_lens[b] <= decode.block_q:
@@ -202,8 +206,8 @@ def build_schedule(
         full_hi = np.where(empty, start, full_hi)
         part = np.cumsum(qs) - qs                                          # [S] first partial row
         b = short[seq]
-        sched.decode = np.stack([qo[b], q[b], f, kvp[b], start, full_lo, full_hi, k_hi,
-                                 part[seq], j], axis=1).astype(np.int32)
+        rows = np.stack([qo[b], q[b], f, kvp[b], start, full_lo, full_hi, k_hi, part[seq], j], axis=1)
+        sched.decode = rows[np.argsort(start - k_hi, kind="stable")].astype(np.int32)   # most keys first
         tok_seq = np.repeat(np.arange(short.size), qs)                     # [R] owner of each token
         tok = qo[short][tok_seq] + np.arange(tok_seq.size) - np.repeat(part, qs)
         sched.merge_rows = np.stack([tok, n[tok_seq]], axis=1).astype(np.int32)

@@ -152,8 +152,10 @@ def _paged_attention_kernel(
     FUSE_MERGE: tl.constexpr, S_CHUNK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
-    w = tl.program_id(0)
-    kvh = tl.program_id(1)
+    # KV heads on the grid's fast axis: a work row's programs start together and rows start in
+    # table order (the schedule puts the most keys first)
+    kvh = tl.program_id(0)
+    w = tl.program_id(1)
     item = work_ptr + w * WORK_COLS
     q_start = tl.load(item + 0)
     n_q = tl.load(item + 1)
@@ -209,7 +211,7 @@ def _paged_attention_kernel(
         tl.store(part_lse_ptr + prow * stride_lr + head * stride_lh + split, lse, mask=row_ok)
         if FUSE_MERGE:
             if n_q > 0:                                   # zero rows: a fixed table's padding
-                count = counter_ptr + part_row * tl.num_programs(1) + kvh
+                count = counter_ptr + part_row * tl.num_programs(0) + kvh
                 # every thread's partials are stored before one thread's release (CUTLASS's
                 # semaphore: bar.sync, then a gpu-scope release); acquire for the merge's loads
                 tl.debug_barrier()
@@ -262,7 +264,9 @@ def paged_attention(
     po = part_out if split else out                                        # placeholders when unused
     pl = part_lse if split else out
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _paged_attention_kernel[(n_work, h_kv)](
+    if n_work > 65535:
+        raise ValueError(f"{n_work} work rows exceed the grid's 65535 (larger prefill tiles would fit)")
+    _paged_attention_kernel[(h_kv, n_work)](
         q, k_cache, v_cache, kv_indices, work, out, po, pl,
         merge_rows if fuse else work, counters if fuse else work,      # placeholders when unused
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
