@@ -7,8 +7,9 @@ model's four projection shapes per layer the way a step runs them (floor: max(by
 bandwidth, FLOPs / matmul peak)): every layer its own
 weights (nothing stays in L2), all layers in one CUDA graph, per GEMM; once with torch's
 default BLAS library, once with cuBLASLt (`torch.backends.cuda.preferred_blas_library`), and
-once with the split-K kernel for few rows (`toolkit/kernels/skinny_gemm.py`, on branch
-skinny-gemm: measured slower than cuBLAS but for two shapes at 16 rows) when the checkout has it.
+once with the split-K kernel for few rows (`toolkit/kernels/skinny_gemm.py`, in commit 501e6f2
+with its tiling sweep `benchmarks/skinny_sweep.py`: 0.65-1.22x cuBLAS, not on main) when the
+checkout has it.
 
     python -m benchmarks.gemm_blas --shape qwen3 --batches 16,64,128,256
 """
