@@ -242,19 +242,28 @@ def prefill_variants(base: KernelConfig, group: int) -> dict[str, KernelConfig]:
     return out
 
 
+def ragged_lens(batch: int, ctx: int) -> list[int]:
+    """`batch` contexts uniform in [ctx / 4, 7 ctx / 4] (mean about ctx), fixed per (batch, ctx):
+    the spread a running batch has (nano: prompts and outputs uniform in 100-1024), which a
+    launch of equal contexts never shows (RESULTS engine core (q): its tail of long programs)."""
+    rng = random.Random(batch * 7919 + ctx)
+    return [rng.randint(max(1, ctx // 4), max(1, ctx * 7 // 4)) for _ in range(batch)]
+
+
 def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batches, contexts,
-               names: set[str] | None = None) -> None:
+               names: set[str] | None = None, ragged: bool = False) -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for model, (h, h_kv, d) in MODELS.items():
         for batch in batches:
             for ctx in contexts:
-                kv_bytes = 2 * batch * ctx * h_kv * d * 2
+                lens = ragged_lens(batch, ctx) if ragged else [ctx] * batch
+                kv_bytes = 2 * sum(lens) * h_kv * d * 2
                 free, _ = torch.cuda.mem_get_info()
                 if 2.2 * kv_bytes > free:
                     print(f"  skip {model} b{batch} c{ctx}: {kv_bytes / 2**30:.1f} GiB x2 does not fit")
                     continue
                 n_layers = num_layers_for(kv_bytes)
-                cache, layout, q, tables = paged_case(h, h_kv, d, [ctx] * batch, [1] * batch, batch * ctx,
+                cache, layout, q, tables = paged_case(h, h_kv, d, lens, [1] * batch, batch * ctx,
                                                       num_layers=n_layers)
                 scale = d ** -0.5
                 moved = kv_bytes + 2 * q.numel() * q.element_size()
@@ -267,17 +276,19 @@ def run_decode(results: dict, copy_bw: float, sweep: bool, deadline: float, batc
                     if time.time() > deadline and name != "default":
                         break
                     ms, (attn, out, eager) = time_paged(cache, layout, q, h, d, cfg)
-                    err = check_against_reference(out, q, cache, tables, [ctx] * batch, [1] * batch, scale)
+                    err = check_against_reference(out, q, cache, tables, lens, [1] * batch, scale)
                     times[name] = {"ms": ms, "layers_ms": time_paged_layers(attn, q, out), "eager_ms": eager,
                                    "splits": attn.schedule.num_splits, "err": err}
                 del cache, layout, attn, out         # the paged cache's last references
-                ks = torch.randn(n_layers, batch, h_kv, ctx, d, device=DEVICE, dtype=DTYPE)
-                vs = torch.randn_like(ks)
-                q4 = q.view(batch, 1, h, d).transpose(1, 2)
-                peers = time_sdpa(q4, ks[0], vs[0], causal=False)
-                peers_layers = time_sdpa_layers(q4, ks, vs)
-                del ks, vs
-                row = {"model": model, "batch": batch, "ctx": ctx, "bytes": moved, "copy_bw": copy_bw,
+                peers, peers_layers = {}, {}         # ragged: SDPA would pad every sequence, so none
+                if not ragged:
+                    ks = torch.randn(n_layers, batch, h_kv, ctx, d, device=DEVICE, dtype=DTYPE)
+                    vs = torch.randn_like(ks)
+                    q4 = q.view(batch, 1, h, d).transpose(1, 2)
+                    peers = time_sdpa(q4, ks[0], vs[0], causal=False)
+                    peers_layers = time_sdpa_layers(q4, ks, vs)
+                    del ks, vs
+                row = {"model": model, "batch": batch, "ctx": ctx, "ragged": ragged, "bytes": moved, "copy_bw": copy_bw,
                        "layers": n_layers, "toolkit_ms": times["default"]["ms"],
                        "toolkit_layers_ms": times["default"]["layers_ms"], "splits": times["default"]["splits"],
                        "err": times["default"]["err"], "peers_ms": peers, "peers_layers_ms": peers_layers,
@@ -439,6 +450,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=200.0, help="stop config sweeps after this long")
     ap.add_argument("--decode-batches", default=None, help="comma list of decode batch sizes (default: all)")
     ap.add_argument("--decode-contexts", default=None, help="comma list of decode contexts (default: all)")
+    ap.add_argument("--ragged", action="store_true",
+                    help="decode contexts uniform in [c/4, 7c/4] instead of all c (toolkit only: no peers)")
     ap.add_argument("--variants", default=None, help="comma list of decode variant names to sweep (default: all)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -472,7 +485,7 @@ def main() -> None:
         if args.decode_contexts:
             contexts = [int(x) for x in args.decode_contexts.split(",")]
         names = set(args.variants.split(",")) if args.variants else None
-        run_decode(results, copy_bw, not args.no_sweep, deadline, batches, contexts, names)
+        run_decode(results, copy_bw, not args.no_sweep, deadline, batches, contexts, names, ragged=args.ragged)
     results["wall_s"] = time.time() - t0
     out.write_text(json.dumps(results, indent=1))
     print(f"wrote {out} ({results['wall_s']:.0f} s)")
