@@ -280,11 +280,11 @@ def test_rotary_cache_write_rejects_bad_targets():
     cache = torch.zeros(2, 3, 4, 1, 6, device=DEVICE)
     slots = torch.tensor([0, 5], device=DEVICE)
     for fn in (rotary, ref.rotary):
-        with pytest.raises(ValueError, match="kv.v must be"):
+        with pytest.raises(ValueError, match="k and v must both be"):
             fn(pos, q, k, cos_sin, kv=ref.KVWrite(torch.randn(2, 2, 6, device=DEVICE), cache, slots))
-        with pytest.raises(ValueError, match="kv.cache must be"):
+        with pytest.raises(ValueError, match="kv_cache must be"):
             fn(pos, q, k, cos_sin, kv=ref.KVWrite(k.clone(), cache[:, :, :, :, :4], slots))
-        with pytest.raises(ValueError, match="kv.slots must be"):
+        with pytest.raises(ValueError, match="slot_mapping must be"):
             fn(pos, q, k, cos_sin, kv=ref.KVWrite(k.clone(), cache, slots.float()))
         with pytest.raises(ValueError, match="scale"):
             fn(pos, q, k, cos_sin, kv=ref.KVWrite(k.clone(), cache.to(reference.FP8_DTYPE), slots, 0.0, 1.0))

@@ -23,9 +23,9 @@ from toolkit.attention.static_plan import StaticDecodePlans
 from toolkit.attention.tuning import KernelConfig, default_config
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
-from toolkit.kernels.reference_model import KVWrite
 from toolkit.kernels import dispatch as kernel_dispatch
 from toolkit.kernels import reference_attention
+from toolkit.kernels.reference_model import KVWrite
 from toolkit.transfer import to_device
 
 

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolkit.kernels.reference_model import KVWrite
+
 log = logging.getLogger(__name__)
 
 
@@ -119,7 +121,29 @@ class _Graph:
     full: dict = field(default_factory=dict)
 
 
-class _CaptureProxy:
+class _StaticSlots:
+    """The cache writes of a capture proxy (self.real: the backend, self.graph: the _Graph): on
+    the graph's static slot buffer, through write_kv or the rotary launch (an fp8 cache: with
+    the layer's scales). The captured attention reads the cache only, so kv_written keeps
+    nothing."""
+
+    supports_fused_kv_write = True
+
+    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        from toolkit.kernels import dispatch
+
+        cache = self.real.kv_cache
+        dispatch.write_kv(k, v, cache[layer], self.graph.slots, *cache.scales(layer))
+
+    def kv_target(self, layer: int, v: torch.Tensor) -> KVWrite:
+        cache = self.real.kv_cache
+        return KVWrite(v, cache[layer], self.graph.slots, *cache.scales(layer))
+
+    def kv_written(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        pass
+
+
+class _CaptureProxy(_StaticSlots):
     """Stands in for the attention backend while the forward is being captured. shared_out(q):
     the view of the attention output every layer and bucket shares (module doc)."""
 
@@ -129,17 +153,6 @@ class _CaptureProxy:
             setattr(self, name, getattr(real, name))
         self.current = torch.cuda.CUDAGraph()
         self.current.capture_begin(pool=pool)
-
-    supports_fused_kv_write = True     # rotary stores K/V at the graph's static slots
-
-    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        _write_kv(self.real, self.graph, layer, k, v)
-
-    def kv_target(self, layer: int, v: torch.Tensor):
-        return _kv_target(self.real, self.graph, layer, v)
-
-    def kv_written(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        pass                           # the pieces' attention reads the cache only
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         self.current.capture_end()
@@ -158,23 +171,7 @@ class _CaptureProxy:
         self.graph.hidden = hidden
 
 
-def _write_kv(attention, graph: _Graph, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-    """The cache writer on the graph's static slots (an fp8 cache: with the layer's scales)."""
-    from toolkit.kernels import dispatch
-
-    cache = attention.kv_cache
-    dispatch.write_kv(k, v, cache[layer], graph.slots, *cache.scales(layer))
-
-
-def _kv_target(attention, graph: _Graph, layer: int, v: torch.Tensor):
-    """_write_kv's cache and static slots as a KVWrite, for the rotary launch that stores K/V."""
-    from toolkit.kernels.reference_model import KVWrite
-
-    cache = attention.kv_cache
-    return KVWrite(v, cache[layer], graph.slots, *cache.scales(layer))
-
-
-class _FullProxy:
+class _FullProxy(_StaticSlots):
     """Stands in for the attention backend while a whole forward is captured: attention over
     the bucket's static decode tables, captured like every other kernel."""
 
@@ -182,17 +179,6 @@ class _FullProxy:
         self.real, self.graph, self.plans, self.bucket, self.mode = real, graph, plans, bucket, mode
         for name in ("num_heads", "num_kv_heads", "head_dim", "scale", "sliding_window", "soft_cap"):
             setattr(self, name, getattr(real, name))
-
-    supports_fused_kv_write = True
-
-    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        _write_kv(self.real, self.graph, layer, k, v)
-
-    def kv_target(self, layer: int, v: torch.Tensor):
-        return _kv_target(self.real, self.graph, layer, v)
-
-    def kv_written(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        pass
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)

@@ -29,6 +29,18 @@ def dequantize(cache: torch.Tensor, scale: float) -> torch.Tensor:
     return cache.float()
 
 
+def check_write_kv_args(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                        slot_mapping: torch.Tensor) -> None:
+    if k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"k and v must both be [T, H_kv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or kv_cache.shape[3:] != k.shape[1:]:
+        raise ValueError(f"kv_cache must be [2, num_blocks, block_size, {k.shape[1]}, {k.shape[2]}], "
+                         f"got {tuple(kv_cache.shape)}")
+    if slot_mapping.shape != (k.shape[0],) or slot_mapping.dtype.is_floating_point:
+        raise ValueError(f"slot_mapping must be an integer tensor [T={k.shape[0]}], got "
+                         f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
+
+
 def check_scales(kv_cache: torch.Tensor, k_scale: float, v_scale: float) -> None:
     if kv_cache.dtype == FP8_DTYPE:
         if not (k_scale > 0 and v_scale > 0) or not math.isfinite(k_scale * v_scale):

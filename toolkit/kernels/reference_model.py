@@ -28,14 +28,8 @@ class KVWrite:
 
 
 def check_kv_write(k: torch.Tensor, kv: KVWrite) -> None:
-    """The argument checks of rotary's cache write (k: the rotated keys' shape)."""
-    t, h, d = k.shape
-    if kv.v.shape != k.shape:
-        raise ValueError(f"kv.v must be [T={t}, H_kv={h}, D={d}] like k, got {tuple(kv.v.shape)}")
-    if kv.cache.dim() != 5 or kv.cache.shape[0] != 2 or kv.cache.shape[3:] != (h, d):
-        raise ValueError(f"kv.cache must be [2, num_blocks, block_size, {h}, {d}], got {tuple(kv.cache.shape)}")
-    if kv.slots.shape != (t,) or kv.slots.dtype.is_floating_point:
-        raise ValueError(f"kv.slots must be an integer tensor [T={t}], got {kv.slots.dtype} {tuple(kv.slots.shape)}")
+    """The argument checks of rotary's cache write (k: the rotated keys): write_kv's."""
+    reference.check_write_kv_args(k, kv.v, kv.cache, kv.slots)
     reference.check_scales(kv.cache, kv.k_scale, kv.v_scale)
 
 

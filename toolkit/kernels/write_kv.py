@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.kernels.reference import FP8_DTYPE, check_scales
+from toolkit.kernels.reference import FP8_DTYPE, check_scales, check_write_kv_args
 
 
 @triton.jit
@@ -62,18 +62,6 @@ def _write_kv_kernel(
         v = _e4m3_bits(tl.div_rn(v.to(tl.float32), v_scale))
     tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + stride_c0, v.to(cache_ptr.dtype.element_ty), mask=mask)
-
-
-def check_write_kv_args(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor) -> None:
-    if k.dim() != 3 or v.shape != k.shape:
-        raise ValueError(f"k and v must both be [T, H_kv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or kv_cache.shape[3:] != k.shape[1:]:
-        raise ValueError(f"kv_cache must be [2, num_blocks, block_size, {k.shape[1]}, {k.shape[2]}], "
-                         f"got {tuple(kv_cache.shape)}")
-    if slot_mapping.shape != (k.shape[0],) or slot_mapping.dtype.is_floating_point:
-        raise ValueError(f"slot_mapping must be an integer tensor [T={k.shape[0]}], got "
-                         f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
