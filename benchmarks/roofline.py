@@ -38,32 +38,43 @@ def kind_of(kernel_name: str) -> str:
     return "other"
 
 
-def decode_step_work(g: Any, context_lens: list[int], act_bytes: int = 2,
-                     kv_bytes: int = 2) -> dict[str, list[tuple[float, float]]]:
-    """{kind: [(bytes, flops) of each op]} of one decode step: one new token for each
-    sequence, whose context (this token included) is context_lens[i]. `g` is the model's
-    Geometry (hidden, num_heads, num_kv_heads, head_dim, intermediate, num_layers,
-    vocab_size)."""
-    t, b = len(context_lens), act_bytes
+def step_work(g: Any, chunks: list[tuple[int, int]], num_sampled: int | None = None,
+              act_bytes: int = 2, kv_bytes: int = 2) -> dict[str, list[tuple[float, float]]]:
+    """{kind: [(bytes, flops) of each op]} of one step that runs `chunks` [(start, n)]: n new
+    tokens of a sequence whose first `start` tokens are in the cache (a decode row is (context
+    - 1, 1); a prompt's chunk after a cached prefix has start > 0). Each chunk reads its whole
+    context's KV once and attends causally; the LM head runs for the num_sampled rows (default:
+    one a chunk). `g` is the model's Geometry (hidden, num_heads, num_kv_heads, head_dim,
+    intermediate, num_layers, vocab_size)."""
+    t, b = sum(n for _, n in chunks), act_bytes
+    rows = len(chunks) if num_sampled is None else num_sampled
     q, kv, hid, inter = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim, g.hidden, g.intermediate
-    ctx = float(sum(context_lens))
+    ctx = float(sum(s + n for s, n in chunks))                 # KV read: every visible token once
+    pairs = float(sum(n * s + n * (n + 1) / 2 for s, n in chunks))   # causal query-key pairs
 
-    def gemm(n_in: int, n_out: int) -> tuple[float, float]:     # weights + activations in and out
-        return (n_in * n_out * b + t * (n_in + n_out) * b, 2.0 * t * n_in * n_out)
+    def gemm(n_in: int, n_out: int, m: int = t) -> tuple[float, float]:   # weights + activations in and out
+        return (n_in * n_out * b + m * (n_in + n_out) * b, 2.0 * m * n_in * n_out)
 
     layer = {
         "gemm": [gemm(hid, q + 2 * kv), gemm(q, hid), gemm(hid, 2 * inter), gemm(inter, hid)],
-        "attention": [(ctx * kv * 2 * kv_bytes + t * q * b * 2, 4.0 * ctx * q)],
+        "attention": [(ctx * kv * 2 * kv_bytes + t * q * b * 2, 4.0 * pairs * q)],
         "norm": [(4.0 * t * hid * b, 0.0)] * 2,                   # x, residual in; out, residual out
         "rotary": [(2.0 * t * (q + kv) * b, 0.0)],                # q, k in and out
         "kv_write": [(t * kv * 2 * (b + kv_bytes), 0.0)],         # k, v in; the cache's slots out
         "activation": [(3.0 * t * inter * b, 0.0)],               # gate | up in, out
     }
     work = {k: v * g.num_layers for k, v in layer.items()}
-    work["gemm"] = work["gemm"] + [gemm(hid, g.vocab_size)]       # the LM head
-    work["norm"] = work["norm"] + [(3.0 * t * hid * b, 0.0)]      # the final norm
-    work["other"] = [(t * g.vocab_size * 4.0 + 2.0 * t * hid * b, 0.0)]   # fp32 logits read, embedding
+    work["gemm"] = work["gemm"] + [gemm(hid, g.vocab_size, rows)]   # the LM head
+    work["norm"] = work["norm"] + [(3.0 * rows * hid * b, 0.0)]    # the final norm
+    work["other"] = [(rows * g.vocab_size * 4.0 + 2.0 * t * hid * b, 0.0)]   # fp32 logits read, embedding
     return work
+
+
+def decode_step_work(g: Any, context_lens: list[int], act_bytes: int = 2,
+                     kv_bytes: int = 2) -> dict[str, list[tuple[float, float]]]:
+    """step_work of one decode step: one new token for each sequence, whose context (this
+    token included) is context_lens[i]."""
+    return step_work(g, [(c - 1, 1) for c in context_lens], act_bytes=act_bytes, kv_bytes=kv_bytes)
 
 
 def floor_ms(ops: list[tuple[float, float]], copy_bw: float, matmul_flops: float) -> float:

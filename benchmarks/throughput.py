@@ -22,6 +22,7 @@ instead of 425 prefill steps spread over the run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import random
@@ -118,6 +119,15 @@ def run_toolkit(cfg, reqs, args) -> dict:
         for name, count, ms in prof["top"]:
             print(f"  {ms / 1e3:7.3f} s {count:>8d} x  {name}", flush=True)
         results["kinds"] = dict(prof, floor_by_kind_s=fl["by_kind_s"], floor_s=fl["seconds"])
+    if args.bands:           # and one stepped by hand: the same against each step's floor, by decode batch
+        from benchmarks import floor, step_floor
+
+        params = [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True,
+                                 repetition_penalty=args.repetition_penalty) for _, n in reqs]
+        bands = step_floor.profile_by_band(eng, [(p, sp) for (p, _), sp in zip(reqs, params)],
+                                           eng.runner.model.geometry, floor.H200_COPY_BW, floor.H200_MATMUL)
+        print(step_floor.table(bands), flush=True)
+        results["bands"] = [dataclasses.asdict(b) for b in bands]
     if args.penalty_ab:      # the same runs with the penalised rows' lists rebuilt per step (and sync steps)
         history = eng.runner.penalty_history
         eng.runner.penalty_history = None
@@ -192,6 +202,9 @@ def main() -> None:
     ap.add_argument("--kinds", action="store_true",
                     help="one more run under torch.profiler: GPU time by kind of kernel against the "
                          "workload's floor (benchmarks/run_kinds.py)")
+    ap.add_argument("--bands", action="store_true",
+                    help="one more run stepped by hand under torch.profiler: GPU time by kind against "
+                         "each step's floor, by decode batch band (benchmarks/step_floor.py)")
     ap.add_argument("--blas", default=None, choices=["cublas", "cublaslt"],
                     help="torch.backends.cuda.preferred_blas_library for the whole run (default: torch's)")
     ap.add_argument("--out", default=None)
