@@ -15,8 +15,10 @@ steps' overlap is broken there only.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from benchmarks import roofline, run_kinds
 from toolkit.engine.recorder import StepRecorder
@@ -71,18 +73,9 @@ def profile_by_band(engine: Any, requests: Sequence[tuple[Any, Any]], g: Any, co
         while engine.has_unfinished():
             last = recorder.records[-1] if recorder.records else None
             name = "admitting" if last is None else band_of(last.num_running, last.num_waiting, edges)
-
-            def segment() -> None:             # the steps while the band holds
-                while engine.has_unfinished():
-                    now = recorder.records[-1] if recorder.records else None
-                    if now is not last and now is not None and \
-                            band_of(now.num_running, now.num_waiting, edges) != name:
-                        return
-                    launched.append(name)
-                    engine.step()
-
             band = bands.setdefault(name, Band(name))
-            for kind, ms in profile(segment)["kinds_ms"].items():
+            run = functools.partial(_steps_in_band, engine, recorder, last, name, edges, launched)
+            for kind, ms in profile(run)["kinds_ms"].items():
                 band.gpu_ms[kind] += ms
     finally:
         recorder.detach()
@@ -95,6 +88,17 @@ def profile_by_band(engine: Any, requests: Sequence[tuple[Any, Any]], g: Any, co
         for kind, ms in step_floor_ms(g, rec.scheduler_output, copy_bw, matmul_flops).items():
             band.floor_ms[kind] += ms
     return list(bands.values())
+
+
+def _steps_in_band(engine: Any, recorder: StepRecorder, last: Any, name: str, edges: Sequence[int],
+                   launched: list[str]) -> None:
+    """Step `engine` while the last landed step's band is `name` (at least once)."""
+    while engine.has_unfinished():
+        now = recorder.records[-1] if recorder.records else None
+        if now is not last and now is not None and band_of(now.num_running, now.num_waiting, edges) != name:
+            return
+        launched.append(name)
+        engine.step()
 
 
 def table(bands: list[Band]) -> str:
