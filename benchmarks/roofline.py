@@ -22,7 +22,7 @@ from typing import Any
 
 KINDS = ("gemm", "attention", "norm", "rotary", "kv_write", "activation", "other")
 _NAMES = (("gemm", ("nvjet", "gemm", "cutlass", "splitkreduce", "xmma", "cublas")),
-          ("attention", ("_paged_attention_kernel", "_merge_attention_states_kernel")),
+          ("attention", ("_paged_attention_kernel", "_merge_attention_states_kernel", "_self_attention_kernel")),
           ("norm", ("_rms_norm_kernel",)),
           ("rotary", ("_rotary_kernel",)),
           ("kv_write", ("_write_kv_kernel",)),
