@@ -24,34 +24,25 @@ def group(kind: str) -> str:
 
 
 def profile_kinds(fn: Callable[[], Any], top: int = 12) -> dict:
-    """GPU ms by kind of one call of fn, its `top` costliest kernels [(name, launches, ms)], and
-    the device's busy and idle ms between its first and last kernel (busy: the union of the
-    kernels' and copies' intervals; the profiler's launch cost may widen the idle a little)."""
+    """GPU ms by kind of one call of fn, and its `top` costliest kernels [(name, launches, ms)]."""
     import torch
     from torch.autograd import DeviceType
-
-    from benchmarks.step_gaps import busy_seconds, is_annotation
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     kinds: dict[str, float] = dict.fromkeys(ORDER, 0.0)
     kernels: dict[str, list[float]] = {}
-    spans: list[tuple[float, float]] = []          # us
     for e in prof.events():
-        if e.device_type != DeviceType.CUDA or is_annotation(e):
+        if e.device_type != DeviceType.CUDA:
             continue
         ms = e.time_range.elapsed_us() / 1e3
-        spans.append((e.time_range.start, e.time_range.end))
         kinds[group(roofline.kind_of(e.name))] += ms
         k = kernels.setdefault(e.name[:80], [0, 0.0])
         k[0] += 1
         k[1] += ms
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
-    busy = busy_seconds(spans) / 1e3
-    span = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 if spans else 0.0
-    return dict(kinds_ms=kinds, top=[(n, int(c), ms) for n, (c, ms) in ranked], busy_ms=busy,
-                idle_ms=span - busy)
+    return dict(kinds_ms=kinds, top=[(n, int(c), ms) for n, (c, ms) in ranked])
 
 
 def table(measured_ms: dict[str, float], floor_s: dict[str, float], wall_s: float) -> str:

@@ -35,7 +35,6 @@ class Band:
     tokens: int = 0            # tokens run (prompt chunks and decode rows)
     gpu_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(run_kinds.ORDER, 0.0))
     floor_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(run_kinds.ORDER, 0.0))
-    idle_ms: float = 0.0       # the device idle between the band's kernels (waiting on the host)
 
 
 def band_of(num_running: int, num_waiting: int, edges: Sequence[int] = EDGES) -> str:
@@ -76,10 +75,8 @@ def profile_by_band(engine: Any, requests: Sequence[tuple[Any, Any]], g: Any, co
             name = "admitting" if last is None else band_of(last.num_running, last.num_waiting, edges)
             band = bands.setdefault(name, Band(name))
             run = functools.partial(_steps_in_band, engine, recorder, last, name, edges, launched)
-            prof = profile(run)
-            for kind, ms in prof["kinds_ms"].items():
+            for kind, ms in profile(run)["kinds_ms"].items():
                 band.gpu_ms[kind] += ms
-            band.idle_ms += prof.get("idle_ms", 0.0)
     finally:
         recorder.detach()
     if len(recorder.records) != len(launched):
@@ -107,14 +104,14 @@ def _steps_in_band(engine: Any, recorder: StepRecorder, last: Any, name: str, ed
 def table(bands: list[Band]) -> str:
     """Markdown: per band, steps, GPU s against floor s for each kind and in all."""
     head = "| band | steps | tokens | " + " | ".join(f"{k} GPU / floor s" for k in run_kinds.ORDER) + \
-        " | total GPU / floor s | ratio | over the floor, s | GPU idle s |"
+        " | total GPU / floor s | ratio | over the floor, s |"
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for b in bands + [_sum(bands)]:
         g, f = sum(b.gpu_ms.values()) / 1e3, sum(b.floor_ms.values()) / 1e3
         cells = [f"{b.gpu_ms[k] / 1e3:.3f} / {b.floor_ms[k] / 1e3:.3f}" for k in run_kinds.ORDER]
         ratio = f"{g / f:.2f}x" if f > 0 else "-"
         rows.append(f"| {b.name} | {b.steps} | {b.tokens} | " + " | ".join(cells) +
-                    f" | {g:.3f} / {f:.3f} | {ratio} | {g - f:.3f} | {b.idle_ms / 1e3:.3f} |")
+                    f" | {g:.3f} / {f:.3f} | {ratio} | {g - f:.3f} |")
     return "\n".join(rows)
 
 
@@ -123,7 +120,6 @@ def _sum(bands: list[Band]) -> Band:
     for b in bands:
         total.steps += b.steps
         total.tokens += b.tokens
-        total.idle_ms += b.idle_ms
         for k in run_kinds.ORDER:
             total.gpu_ms[k] += b.gpu_ms[k]
             total.floor_ms[k] += b.floor_ms[k]
