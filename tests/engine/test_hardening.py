@@ -110,6 +110,27 @@ def test_arrays_and_tensors_are_prompts(llm):
         llm.generate(np.asarray([1.0, 2.0]), GREEDY, use_tqdm=False)
 
 
+@pytest.mark.parametrize("ids, want", [
+    ([5, 6, 7], [5, 6, 7]), ((5, 6), [5, 6]), ([], []),
+    ([np.int64(5), 6], [5, 6]),                       # a numpy scalar among ints: the general path
+    ([np.int32(5), np.uint8(6)], [5, 6]),
+])
+def test_token_id_list_accepts_integers_of_any_kind(ids, want):
+    from toolkit.types import token_id_list
+
+    out = token_id_list(ids)
+    assert out == want and all(type(t) is int for t in out)
+    assert out is not ids                             # a copy: the caller's list may change later
+
+
+@pytest.mark.parametrize("ids", [[1, True], [False], [1, 2.0], (1, None), [1, "2"], [1, np.float32(2)]])
+def test_token_id_list_refuses_what_is_not_an_integer(ids):
+    from toolkit.types import token_id_list
+
+    with pytest.raises(TypeError, match="integer token ids"):
+        token_id_list(ids)
+
+
 def test_engine_add_request_fans_out_n(llm):
     e = llm.engine
     rid = e.add_request([5, 6, 7], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=5,
