@@ -114,6 +114,7 @@ def test_arrays_and_tensors_are_prompts(llm):
     ([5, 6, 7], [5, 6, 7]), ((5, 6), [5, 6]), ([], []),
     ([np.int64(5), 6], [5, 6]),                       # a numpy scalar among ints: the general path
     ([np.int32(5), np.uint8(6)], [5, 6]),
+    (np.asarray([5, 6], dtype=np.uint16), [5, 6]), (torch.tensor([5, 6]), [5, 6]),   # arrays: tolist()
 ])
 def test_token_id_list_accepts_integers_of_any_kind(ids, want):
     from toolkit.types import token_id_list
