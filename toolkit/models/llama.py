@@ -25,6 +25,7 @@ FAMILY_FLAGS: dict[str, dict[str, bool]] = {
     "mistral": {},
     "qwen2": {"qkv_bias": True, "o_bias": False},
     "qwen3": {"qk_norm": True},
+    "phi3": {},
 }
 
 STACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -97,9 +98,9 @@ class LlamaForCausalLM(CausalLM):
     """A Llama-family causal LM attending through an AttentionBackend over a paged cache."""
     stacked = STACKED
 
-    def __init__(self, config: Any, **kw: Any) -> None:
+    def __init__(self, config: Any, family: str | None = None, **kw: Any) -> None:
         super().__init__(config, **kw)
-        model_type = getattr(config, "model_type", "llama")
+        model_type = family or getattr(config, "model_type", "llama")
         if model_type not in FAMILY_FLAGS:
             raise ValueError(f"model_type {model_type!r} is not a Llama-family model; supported: "
                              f"{sorted(FAMILY_FLAGS)}")

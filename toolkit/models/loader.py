@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from toolkit import registry
+from toolkit.models.registry import resolve, supported_architectures
 from toolkit.models.weights import iterate_weights, resolve_format
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -24,20 +24,20 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def model_class(config: Any) -> type:
     """The registered class for the config's architectures; ValueError listing the supported ones."""
-    table = registry.REGISTRY.get("model", {})
     archs = list(getattr(config, "architectures", None) or [])
     if not archs:  # a config built in code: the causal-LM class transformers maps its model_type to
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
         archs = [arch] if isinstance(arch, str) else []
-    for arch in archs:
-        if arch in table:
-            return registry.lookup("model", arch)
-    raise ValueError(
-        f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
-        f"supported config.architectures: {sorted(table)}"
-    )
+    cls = resolve(archs)
+    if cls is None:
+        raise ValueError(
+            f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
+            f"supported config.architectures: {supported_architectures()} (add one with "
+            f"toolkit.models.register_model or a 'toolkit.models' entry point)"
+        )
+    return cls
 
 
 def load_config(folder: str | os.PathLike) -> Any:
