@@ -63,7 +63,7 @@ def scale_embedding(model, factor: float) -> None:
 
 
 def scale_shard_embedding(shard, factor: float) -> None:
-    """On every rank, through TPExecutor.call(fn, ...): fn gets the rank's ShardStep."""
+    """On every rank, through TPExecutor.call(fn, ...): fn gets the rank's ModelRunner."""
     scale_embedding(shard.model, factor)
 
 

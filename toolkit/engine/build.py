@@ -169,6 +169,10 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed
         sampler.generator = generator
+    if executor is None:                  # the model in this process: one ModelRunner here
+        from toolkit.worker.executor import LocalExecutor
+
+        executor = LocalExecutor(model, attention, kv_cache, device)
     runner = Runner(model, attention, sampler, kv_cache, device, generator, executor=executor)
     if host_tier is not None:
         from toolkit.blocks.host_kv import HostKVCache

@@ -1,7 +1,9 @@
 """Engine: the step loop. It is the only place where the parts meet.
 
     out = scheduler.schedule()                     # who runs how many tokens
-    launched = runner.launch(out, structured, prev)  # forward + sample; tokens stay on the device
+    fwd = runner.execute_model(out, prev)          # prepare + launch the forward (executor)
+    ended = structured.advance(...)                # grammars take last tokens while the GPU runs
+    launched = runner.sample_tokens(fwd, grammars, ended)   # bitmasks + sampling; tokens on device
     -- land the step before (async) or this one (sync): --
     result = launched.result()                     # the one host wait -> StepResult
     finished = scheduler.update(out, result)       # (async: resolve_placeholders) stops, free blocks
@@ -242,7 +244,11 @@ class Engine:
 
     def _launch(self, out: SchedulerOutput, landed: list[RequestOutput]):
         try:
-            return self.runner.launch(out, self.structured, self._inflight and self._inflight.launched)
+            fwd = self.runner.execute_model(out, self._inflight and self._inflight.launched)
+            # the grammars take the last step's tokens while the GPU runs this step's forward;
+            # the bitmasks they give are applied when it samples
+            ended = self.structured.advance(fwd.batch.sampling) if fwd.batch is not None else {}
+            return self.runner.sample_tokens(fwd, self.structured.grammars, ended)
         except BaseException:
             self._undelivered += landed              # already landed: the next step returns them
             raise

@@ -31,6 +31,15 @@ from toolkit.types import PLACEHOLDER, Request, SchedulerOutput, StepResult
 
 
 @dataclass
+class Forwarded:
+    """A step whose forward is launched and not yet sampled (batch None: nothing ran)."""
+    batch: "Batch | None"
+    x: torch.Tensor | None           # logits [N, V], or hidden [T, H] when graphed
+    graphed: bool                    # sampled from SampleGraphs, which start at the hidden states
+    gpu_start: object = None         # a CUDA event recorded before the step's work
+
+
+@dataclass
 class Batch:
     input_ids: torch.Tensor          # int64 [T]
     positions: torch.Tensor          # int64 [T]
@@ -54,12 +63,14 @@ class Batch:
 class Runner:
     def __init__(self, model, attention, sampler, kv_cache: KVCache, device: torch.device,
                  generator: torch.Generator | None = None, executor=None) -> None:
+        from toolkit.worker.executor import LocalExecutor
+
         self.model, self.attention, self.sampler = model, attention, sampler
         self.kv_cache, self.device = kv_cache, device
         self.generator = generator
-        # tensor parallel (toolkit/parallel/executor.py): every rank runs the forward, the
-        # logits come back here; None: this process runs the whole model
-        self.executor = executor
+        # where the forward runs: this process (LocalExecutor) or N tensor-parallel ranks
+        # (toolkit/parallel/executor.py), one ModelRunner each
+        self.executor = executor if executor is not None else LocalExecutor(model, attention, kv_cache, device)
         self._rejection = None
         self.graphs = None               # StepGraphs (CUDA graphs of small steps), see enable_cuda_graphs()
         self.sample_graphs = None        # SampleGraphs (LM head + the sampler's fused tail), likewise
@@ -88,14 +99,11 @@ class Runner:
         run(out=)): piecewise graphs, and whole-forward graphs for decode steps of up to
         full_tokens (None: every bucket); and the LM head and sampling of plain steps of up
         to max_sample_rows sampling rows (max_num_seqs)."""
-        from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
-
-        if self.executor is not None:     # every rank captures its own (NCCL calls inside)
-            self.graphs = self.executor.enable_cuda_graphs(max_tokens, full_tokens)
-            return self.graphs is not None
-        if self.device.type != "cuda" or not supports_graphs(self.attention):
+        self.graphs = self.executor.enable_cuda_graphs(max_tokens, full_tokens)   # every rank's
+        if self.graphs is None:
             return False
-        self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device, full_tokens)
+        if not self.executor.supports_hidden:       # tensor parallel: the logits come gathered
+            return True
         # a sampler that declares graph_tail (samplers/base.py) gets its plain steps captured
         if callable(getattr(self.sampler, "graph_tail", None)):
             from toolkit.engine.sample_graphs import SampleGraphs
@@ -105,11 +113,10 @@ class Runner:
         return True
 
     @torch.inference_mode()
-    def launch(self, out: SchedulerOutput, structured=None, prev: Launched | None = None) -> Launched:
-        """One step: prepare, launch the forward, let the grammars take last step's tokens
-        while the GPU runs it, sample. Plain steps leave their tokens on the device (copied
-        to the host in the background); `prev` is the launched step whose tokens this one's
-        placeholder inputs come from. `structured`: the engine's StructuredOutputManager."""
+    def execute_model(self, out: SchedulerOutput, prev: Launched | None = None) -> Forwarded:
+        """Prepare the step and launch its forward (vLLM V1's execute_model); sampling follows
+        in sample_tokens, so the engine can advance the grammars while the GPU runs. `prev` is
+        the launched step whose tokens this one's placeholder inputs come from."""
         gpu_start = None
         if self.time_gpu and self.device.type == "cuda" and out.scheduled:
             gpu_start = torch.cuda.Event(enable_timing=True)
@@ -117,13 +124,23 @@ class Runner:
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             self.swap(out)                # first: before this step reads or writes any block
         if not out.scheduled:
-            return Launched.done(StepResult())
+            return Forwarded(None, None, False, gpu_start)
         batch = self.prepare(out, prev)
         # plain rows may sample from a graph that starts at the hidden states (its LM head inside)
         graphed = self.sample_graphs is not None and not any(batch.drafts)
         x = self.hidden(batch) if graphed else self.forward(batch)   # hidden [T, H] | logits [N, V]
-        ended = structured.advance(batch.sampling) if structured is not None else {}
-        grammars = structured.grammars if structured is not None else None
+        return Forwarded(batch, x, graphed, gpu_start)
+
+    @torch.inference_mode()
+    def sample_tokens(self, f: Forwarded, grammars: Mapping[str, object] | None = None,
+                      ended: Mapping[str, str] | None = None) -> Launched:
+        """Sample a launched step (grammars: the structured-output manager's, their bitmasks
+        applied here; ended: requests whose grammar ended, from its advance()). Plain steps
+        leave their tokens on the device (copied to the host in the background)."""
+        batch, x, graphed, gpu_start = f.batch, f.x, f.graphed, f.gpu_start
+        if batch is None:
+            return Launched.done(StepResult())
+        ended = dict(ended or {})
         prompt_lps = {rid: (start, batch.prompt_logprobs[rid]) for rid, start, _, _ in batch.prompt_owner or ()}
         if any(batch.drafts):
             result = self.sample(batch, x, grammars)
@@ -135,6 +152,13 @@ class Runner:
             self.penalty_history.note_sampled(batch.sampling, s.token_ids)
         return Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended, prompt_lps,
                                 gpu_start)
+
+    def launch(self, out: SchedulerOutput, structured=None, prev: Launched | None = None) -> Launched:
+        """execute_model then sample_tokens, with the grammars advanced between them (what the
+        engine's step does; for loops of one's own and the warm-up)."""
+        f = self.execute_model(out, prev)
+        ended = structured.advance(f.batch.sampling) if structured is not None and f.batch else {}
+        return self.sample_tokens(f, structured.grammars if structured is not None else None, ended)
 
     @torch.inference_mode()
     def swap(self, out: SchedulerOutput) -> None:
@@ -254,36 +278,21 @@ class Runner:
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Logits [N, V] (float32) of the rows that sample."""
-        if self.executor is not None:    # tensor parallel: block copies, forward, logits on every rank
-            logits, prompt_logits = self.executor.forward(batch)
-            if batch.prompt_rows:
-                batch.prompt_logprobs = self._prompt_logprobs(batch, prompt_logits)
-            return logits
-        return self.model.compute_logits(self.hidden(batch)[batch.logits_indices])       # [N, V]
+        """Logits [N, V] (float32) of the rows that sample, from the executor (this process's
+        model, or N tensor-parallel ranks); prompt logprobs are taken here."""
+        out = self.executor.execute(batch)
+        if batch.prompt_rows:
+            batch.prompt_logprobs = self._prompt_logprobs(batch, out.prompt_logits)
+        return out.logits
 
     @torch.inference_mode()
     def hidden(self, batch: Batch) -> torch.Tensor:
-        """The model's hidden states [T, hidden] of the step's tokens (this process runs the
-        model: no executor); prompt logprobs are taken here."""
-        if batch.blocks_to_copy:          # shared blocks the step writes to: private copies first
-            from toolkit.kernels.dispatch import copy_blocks
-
-            src, dst = zip(*batch.blocks_to_copy)
-            copy_blocks(self.kv_cache.layers, _to(np.asarray(src, dtype=np.int64), self.device),
-                        _to(np.asarray(dst, dtype=np.int64), self.device))
-        self.attention.plan(batch.layout)
-        bp = batch.graph_batch
-        if bp is not None and self.graphs.captured(bp):
-            hidden = self.graphs.replay(bp, batch.input_ids, batch.positions, batch.layout.slot_mapping)
-        else:
-            hidden = self.model.forward(batch.input_ids, batch.positions, self.attention)  # [T, hidden]
-            if bp is not None:
-                self.graphs.capture(bp)   # the eager run above compiled every kernel of this shape
+        """The hidden states [T, hidden] of the step's tokens (an executor that declares
+        supports_hidden), for a sampler graph that runs the LM head itself."""
+        out = self.executor.execute(batch, hidden=True)
         if batch.prompt_rows:
-            rows = torch.tensor(batch.prompt_rows, device=hidden.device)
-            batch.prompt_logprobs = self._prompt_logprobs(batch, self.model.compute_logits(hidden[rows]))
-        return hidden
+            batch.prompt_logprobs = self._prompt_logprobs(batch, out.prompt_logits)
+        return out.hidden
 
     def _prompt_logprobs(self, batch: Batch, logits: torch.Tensor) -> dict[str, list[dict[int, float]]]:
         """{request id: [{next prompt token and top-N: logprob}] for this step's positions},
@@ -399,8 +408,7 @@ class Runner:
         """Free the KV cache (and the host tier's pinned pool); stop the tensor-parallel workers."""
         self.kv_cache.close()
         self.host_kv = None
-        if self.executor is not None:
-            self.executor.close()
+        self.executor.close()
 
     def _mask_slots(self, batch: Batch, grammars: Mapping[str, object]) -> list[int] | None:
         """Each logits row's slot in the device table of grammar mask rows (None: no row of

@@ -5,7 +5,8 @@
     sharding.py  which tensor-parallel sizes a model allows
     model.py     build_shard: the model class TP=1 builds, with this rank's Group (its layers,
                  toolkit/models/layers/, hold and load the rank's slices)
-    shard.py     ShardStep: one rank's part of an engine step (the same code on every rank)
+    shard.py     StepMsg and run_rank: what reaches a rank each step; every rank runs the
+                 ModelRunner TP=1 runs (toolkit/worker/model_runner.py)
     worker.py    the worker process (ranks 1..N-1): build, then run the steps it is sent
     executor.py  TPExecutor: rank 0 in the engine's process; starts and watches the workers
 """

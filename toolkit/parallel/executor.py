@@ -13,9 +13,9 @@ takes part in the collectives, so a dead worker must never leave it blocked in o
 fails the collective as soon as a peer's socket closes; for NCCL a monitor thread aborts the
 communicator (`Group.abort`) when a worker's process ends, and the next step raises.
 
-One step: the Runner prepares the batch as at TP=1 (rank 0's device); `forward` sends each
+One step: the Runner prepares the batch as at TP=1 (rank 0's device); `execute` sends each
 worker a `StepMsg` (layout host arrays, row counts, CUDA-graph bucket, block copies) and
-then every rank runs `ShardStep.run` in lockstep (broadcast of ids / positions / rows, the
+then every rank runs `run_rank` (the ModelRunner TP=1 runs) in lockstep (broadcast of ids / positions / rows, the
 forward with two all-reduces a layer, the logits gather). With async scheduling, step N + 1's
 message goes out while the GPUs still run step N: rank 0's launch returns before its kernels
 end, and the workers queue theirs just as early.
@@ -59,8 +59,10 @@ from typing import Any, Callable
 
 import torch
 
-from toolkit.parallel.shard import ShardStep, StepMsg, kv_blocks_fit, make_kv_and_attention
+from toolkit.parallel.shard import StepMsg, kv_blocks_fit, make_kv_and_attention, run_rank
 from toolkit.parallel.worker import WorkerSpec, worker_main
+from toolkit.worker.executor import ForwardOutput
+from toolkit.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -167,13 +169,21 @@ class TPExecutor:
                                                               spec.block_size, spec.dtype, self.device)
         for rank in range(1, self.size):
             self._expect(rank, "ready", startup_timeout)
-        self.shard = ShardStep(self.model, self.attention, self.kv_cache, self.group, self.device)
+        self.runner = ModelRunner(self.model, self.attention, self.kv_cache, self.device)
         log.info("tensor parallel: %d ranks over %s, %d KV blocks each", self.size, self.group.backend,
                  num_blocks)
 
-    # -- the Runner's side --
-    def forward(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits [N, V], prompt-logprob rows' logits [P, V] or None) of a prepared Batch."""
+    # -- the Executor contract (toolkit/worker/executor.py) --
+    supports_hidden = False            # the logits are gathered; hidden states stay on the ranks
+
+    @property
+    def graphs(self) -> Any:
+        return self.runner.graphs
+
+    def execute(self, batch: Any, hidden: bool = False) -> ForwardOutput:
+        """The logits [N, V] and the prompt-logprob rows' logits [P, V] of a prepared Batch."""
+        if hidden:
+            raise ValueError("a tensor-parallel step returns logits, not hidden states")
         self._check_alive()
         try:
             msg = StepMsg.of(batch)
@@ -182,7 +192,7 @@ class TPExecutor:
             rows = batch.prompt_rows or []
             prompt_rows = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
             packed = torch.cat([batch.input_ids, batch.positions, batch.logits_indices, prompt_rows])
-            return self.shard.run(msg, batch.layout, packed)
+            return ForwardOutput(*run_rank(self.runner, self.group, msg, batch.layout, packed))
         except BaseException as e:
             self._fail(e)
             if isinstance(e, Exception):
@@ -195,15 +205,15 @@ class TPExecutor:
         self._check_alive()
         for conn in self.conns:
             conn.send(("graphs", max_tokens, full_tokens))
-        return self.shard.graphs if self.shard.enable_cuda_graphs(max_tokens, full_tokens) else None
+        return self.runner.graphs if self.runner.enable_cuda_graphs(max_tokens, full_tokens) else None
 
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 600.0) -> list[Any]:
-        """fn(ShardStep, *args) on every rank (fn picklable: a module-level function), the
+        """fn(ModelRunner, *args) on every rank (fn picklable: a module-level function), the
         results in rank order; a rank's exception raises RuntimeError naming it."""
         self._check_alive()
         for conn in self.conns:
             conn.send(("call", fn, args))
-        results = [fn(self.shard, *args)]
+        results = [fn(self.runner, *args)]
         for rank in range(1, self.size):
             _, ok, value = self._expect(rank, "reply", timeout)
             if not ok:

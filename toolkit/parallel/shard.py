@@ -1,13 +1,13 @@
-"""ShardStep: one rank's part of an engine step, the same code on every rank.
+"""One rank's part of an engine step under tensor parallelism: what reaches it, and `run_rank`.
 
 Rank 0 (the engine's process) sends each worker a `StepMsg` over its pipe: the step's
 PagedKVLayout (host arrays), how many rows sample, the CUDA-graph bucket and the
 copy-on-write block pairs. The token ids, positions and row indices travel by one collective
 broadcast from rank 0's device instead, because with async scheduling some input ids exist
-only there (gathered on the device from the last step's tokens). Then every rank copies its
-blocks, plans attention over its KV heads, runs its shard of the forward (eager, or replaying
-its CUDA graphs, which hold the NCCL all-reduces), and joins the gather of the logits rows;
-rank 0 gets the logits [N, V].
+only there (gathered on the device from the last step's tokens). Then every rank runs the
+ModelRunner TP=1 runs (toolkit/worker/model_runner.py: block copies, attention planned over its
+KV heads, its shard of the forward, eager or from CUDA graphs that hold the NCCL all-reduces)
+and joins the gather of the logits rows; rank 0 gets the logits [N, V].
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
 from toolkit.parallel.group import Group
+from toolkit.worker.model_runner import ForwardInputs, ModelRunner
 
 
 @dataclass
@@ -49,52 +50,18 @@ class StepMsg:
         return host if device.type == "cpu" else host.to(device)   # .to keeps the host copy
 
 
-class ShardStep:
-    def __init__(self, model: Any, attention: Any, kv_cache: KVCache, group: Group,
-                 device: torch.device) -> None:
-        self.model, self.attention, self.kv_cache = model, attention, kv_cache
-        self.group, self.device = group, device
-        self.graphs = None
-
-    def enable_cuda_graphs(self, max_tokens: int, full_tokens: int | None = None) -> bool:
-        """Piecewise CUDA graphs of this rank's forward (its all-reduces captured with it)."""
-        from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
-
-        if self.device.type != "cuda" or not supports_graphs(self.attention):
-            return False
-        self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device, full_tokens)
-        return True
-
-    @torch.inference_mode()
-    def run(self, msg: StepMsg, layout: PagedKVLayout, packed: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(logits [N, V], prompt logits [P, V] or None) on rank 0; (None, None) elsewhere.
-        packed: rank 0's int64 [2T + N + P] = input ids, positions, logits rows, prompt rows."""
-        t, n, p = layout.num_tokens, msg.num_rows, msg.num_prompt_rows
-        if msg.blocks_to_copy:            # copy-on-write of shared blocks: every rank's KV heads
-            from toolkit.kernels.dispatch import copy_blocks
-
-            src, dst = (torch.tensor(x, dtype=torch.int64, device=self.device) for x in zip(*msg.blocks_to_copy))
-            copy_blocks(self.kv_cache.layers, src, dst)
-        if packed is None:
-            packed = torch.empty(2 * t + n + p, dtype=torch.int64, device=self.device)
-        self.group.broadcast(packed, 0)
-        ids, positions, rows, prompt_rows = packed.split([t, t, n, p])
-        self.attention.plan(layout)
-        bp, graphs = msg.graph_batch, self.graphs
-        if bp is not None and graphs is not None and graphs.captured(bp):
-            hidden = graphs.replay(bp, ids, positions, layout.slot_mapping)
-        else:
-            hidden = self.model.forward(ids, positions, self.attention)        # [T, hidden]
-            if bp is not None and graphs is not None:
-                graphs.capture(bp)       # every rank captures the same buckets at the same step
-        prompt_logits = self.model.compute_logits(hidden[prompt_rows]) if p else None
-        if n:
-            logits = self.model.compute_logits(hidden[rows])                    # [N, V] on rank 0
-        else:                             # no collective: every rank knows N = 0
-            logits = (torch.empty(0, self.model.spec.vocab_size, dtype=torch.float32, device=self.device)
-                      if self.group.rank == 0 else None)
-        return logits, prompt_logits
+def run_rank(runner: ModelRunner, group: Group, msg: StepMsg, layout: PagedKVLayout,
+             packed: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One rank's part of a step: the broadcast of the step's ids, then the ModelRunner every
+    rank (and TP=1) runs. (logits [N, V], prompt logits [P, V] or None) on rank 0; (None, None)
+    elsewhere. packed: rank 0's int64 [2T + N + P] = input ids, positions, logits rows, prompt rows."""
+    t, n, p = layout.num_tokens, msg.num_rows, msg.num_prompt_rows
+    if packed is None:
+        packed = torch.empty(2 * t + n + p, dtype=torch.int64, device=runner.device)
+    group.broadcast(packed, 0)
+    ids, positions, rows, prompt_rows = packed.split([t, t, n, p])
+    hidden = runner.forward(ForwardInputs(layout, ids, positions, msg.graph_batch, msg.blocks_to_copy))
+    return runner.logits(hidden, rows, prompt_rows if p else None)
 
 
 def kv_blocks_fit(model: Any, block_size: int, dtype: torch.dtype, device: torch.device, *,

@@ -66,7 +66,8 @@ def worker_main(rank: int, size: int, port: int, conn: Any, spec: WorkerSpec) ->
             torch.set_num_threads(spec.threads)
         conn.send(("hello", os.getpid()))
         group, model = setup_rank(spec, rank, size, port)
-        from toolkit.parallel.shard import ShardStep, kv_blocks_fit, make_kv_and_attention
+        from toolkit.parallel.shard import kv_blocks_fit, make_kv_and_attention, run_rank
+        from toolkit.worker.model_runner import ModelRunner
 
         device = spec.device(rank)
         conn.send(("loaded", kv_blocks_fit(model, spec.block_size, spec.dtype, device,
@@ -76,12 +77,12 @@ def worker_main(rank: int, size: int, port: int, conn: Any, spec: WorkerSpec) ->
         kind, num_blocks = conn.recv()
         kv, attention = make_kv_and_attention(model, spec.attention, num_blocks, spec.block_size,
                                               spec.dtype, device)
-        step = ShardStep(model, attention, kv, group, device)
+        step = ModelRunner(model, attention, kv, device)
         conn.send(("ready", None))
         while True:
             msg = conn.recv()
             if msg[0] == "step":
-                step.run(msg[1], msg[1].layout_on(device))
+                run_rank(step, group, msg[1], msg[1].layout_on(device))
             elif msg[0] == "graphs":
                 step.enable_cuda_graphs(*msg[1:])
             elif msg[0] == "call":               # fn(step, *args) on every rank
