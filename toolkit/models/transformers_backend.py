@@ -1,0 +1,189 @@
+"""The Transformers backend: any causal LM transformers implements, on the toolkit's paged KV
+cache, scheduler and samplers (vLLM's model_impl="transformers" design).
+
+transformers builds the model with attn_implementation="toolkit"; every attention module then
+calls toolkit_attention_forward (transformers/attention.py), which writes the layer's K/V
+into the paged cache and returns the step's AttentionBackend output. Everything else (norms,
+MLPs, rotary variants, embeddings) is transformers' own code, so a family the toolkit has
+no model file for runs unchanged. The batch is one flattened sequence [1, T] with the
+engine's positions as position_ids and no transformers KV cache.
+
+Families whose attention does not go through transformers' attention-function interface
+(`_supports_attention_backend` False, e.g. StableLM, Falcon, Bloom) are refused by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from toolkit.models.base import ModelSpec, WeightReport
+from toolkit.models.transformers.attention import (
+    ATTN_IMPLEMENTATION, CONTEXT_KWARG, StepContext, register_toolkit_attention)
+from toolkit.models.transformers.spec import LogitTransform, model_spec
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _causal_lm_class(config: Any) -> type:
+    """transformers' causal-LM class for the config; ValueError when it has none or when its
+    attention does not use the attention-function interface."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        cls = AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        raise ValueError(f"transformers has no causal-LM class for model_type "
+                         f"{getattr(config, 'model_type', None)!r} ({type(config).__name__}); the "
+                         "Transformers backend runs AutoModelForCausalLM models") from None
+    if not getattr(cls, "_supports_attention_backend", False):
+        raise ValueError(f"{cls.__name__} (model_type {config.model_type!r}) does not route its "
+                         "attention through transformers' attention-function interface "
+                         "(_supports_attention_backend is False), so the Transformers backend "
+                         "cannot run it on the paged KV cache; use a native model file, or a "
+                         "family whose transformers class supports attention backends")
+    return cls
+
+
+class TransformersForCausalLM(nn.Module):
+    """A transformers causal LM meeting the toolkit's Model contract (toolkit/models/base.py)."""
+
+    def __init__(self, config: Any, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", eos_token_ids: list[int] | None = None) -> None:
+        super().__init__()
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        cls = _causal_lm_class(config)
+        register_toolkit_attention()
+        device = torch.device(device)
+        # a copy: transformers records attn_implementation on the config object it is given, and
+        # the caller's config must not switch other models built from it to "toolkit"
+        config = copy.deepcopy(config)
+        with torch.device(device):
+            self.hf = cls._from_config(config, attn_implementation=ATTN_IMPLEMENTATION, dtype=dtype)
+        self.hf.eval().requires_grad_(False)
+        self.config = self.hf.config
+        self.dtype, self.device = dtype, device
+        self.spec: ModelSpec = model_spec(self.config, self.hf, dtype, eos_token_ids)
+        self.logit_transform = LogitTransform.from_config(self.config)
+        head = self.hf.get_output_embeddings()
+        if not isinstance(head, nn.Linear) and not hasattr(head, "weight"):
+            raise ValueError(f"{type(self.hf).__name__} has no output embedding (lm_head) to "
+                             "compute logits with")
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return (f"transformers={type(self.hf).__name__}, layers={s.num_layers}, heads="
+                f"{s.num_heads}/{s.num_kv_heads} (q/kv) x {s.head_dim}, vocab={s.vocab_size}, "
+                f"dtype={self.dtype}")
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:
+        """input_ids, positions int64 [T] -> hidden [T, D] (after the final norm).
+
+        `attention` is the step's backend, planned with the batch's layout; it reaches each
+        layer's attention call through transformers' kwargs, for this call only."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(f"input_ids and positions must be [T] each, got "
+                             f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
+        step = StepContext(backend=attention, layers=self.spec.layers)
+        out = self.hf.base_model(input_ids=input_ids[None], position_ids=positions[None],
+                                 use_cache=False, **{CONTEXT_KWARG: step})
+        return out.last_hidden_state[0]                                  # [T, D]
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] -> float32 logits [N, V], with the family's scaling / soft cap."""
+        logits = self.hf.get_output_embeddings()(hidden).float()         # [N, V]
+        return self.logit_transform(logits)
+
+    # ------------------------------------------------------------------ loading
+    def expected_weights(self) -> dict[str, int]:
+        """Checkpoint (state-dict) name -> 1 for each parameter (tied ones once)."""
+        return {name: 1 for name, _ in self.hf.named_parameters()}
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[tuple[str, int]]:
+        """Copy checkpoint tensors (transformers state-dict names) into the model, converting
+        dtype and device; returns the (name, 0) pairs written. A tied output head's tensor is
+        skipped (it is the embedding). ValueError on an unknown name or a shape mismatch."""
+        state = self.hf.state_dict(keep_vars=True)                       # params + persistent buffers
+        tied = _tied_names(self.hf)
+        loaded: set[tuple[str, int]] = set()
+        for name, tensor in weights:
+            if name in tied or name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name not in state:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in "
+                                 f"{type(self.hf).__name__}; is it the right architecture?")
+            dest = state[name].data
+            if tuple(tensor.shape) != tuple(dest.shape):
+                raise ValueError(f"shape mismatch for {name!r}: checkpoint has {tuple(tensor.shape)}, "
+                                 f"the model expects {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            loaded.add((name, 0))
+        return loaded
+
+    @torch.no_grad()
+    def init_random(self, std: float = 0.02, seed: int = 0) -> None:
+        """loader.init_random's rule: matrices and embeddings N(0, std), biases 0, norm weights
+        1 (a norm is a module whose class name contains "Norm"); fixed seed."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        for mod in self.hf.modules():
+            is_norm = "Norm" in type(mod).__name__
+            for pname, p in mod.named_parameters(recurse=False):
+                if is_norm:
+                    p.fill_(1.0 if pname == "weight" else 0.0)
+                elif pname == "bias" or pname.endswith("_bias"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, std, generator=gen)
+
+
+def _tied_names(hf: nn.Module) -> set[str]:
+    """State-dict names that are the same tensor as an earlier one (a tied lm_head)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, t in hf.state_dict(keep_vars=True).items():
+        key = t.data_ptr()
+        if key in seen and t.numel():
+            tied.add(name)
+        seen.setdefault(key, name)
+    return tied
+
+
+def load_transformers_model(source: Any, *, dtype: torch.dtype = torch.float32,
+                            device: torch.device | str = "cpu",
+                            load_format: str = "auto") -> TransformersForCausalLM:
+    """A TransformersForCausalLM from a local HF folder or a transformers config (random
+    weights, as with load_format="dummy"); mirrors toolkit.models.loader.load_model."""
+    from toolkit.models.loader import _eos_token_ids, load_config
+    from toolkit.models.weights import iterate_weights, resolve_format
+
+    folder = None
+    if isinstance(source, (str, os.PathLike)):
+        folder = Path(source)
+        config = load_config(folder)
+    elif hasattr(source, "to_dict") and hasattr(source, "model_type"):
+        config, load_format = source, "dummy"
+    else:
+        raise ValueError(f"source must be a local model folder or a transformers config, got "
+                         f"{type(source).__name__}")
+    fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
+    model = TransformersForCausalLM(config, dtype=dtype, device=device,
+                                    eos_token_ids=_eos_token_ids(folder, config))
+    if fmt == "dummy":
+        model.init_random()
+    else:
+        loaded = model.load_weights(iterate_weights(folder, fmt))
+        missing = WeightReport(model.expected_weights()).missing(loaded)
+        if missing:
+            raise ValueError(f"checkpoint in {folder} lacks {len(missing)} tensor(s) the model "
+                             f"needs: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    return model.eval()
