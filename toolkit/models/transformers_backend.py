@@ -27,6 +27,7 @@ from toolkit.models.base import ModelSpec, WeightReport
 from toolkit.models.transformers.attention import (
     ATTN_IMPLEMENTATION, CONTEXT_KWARG, StepContext, register_toolkit_attention)
 from toolkit.models.transformers.spec import LogitTransform, model_spec
+from toolkit.models.transformers.weights import checkpoint_renamer
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -110,24 +111,28 @@ class TransformersForCausalLM(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[tuple[str, int]]:
-        """Copy checkpoint tensors (transformers state-dict names) into the model, converting
-        dtype and device; returns the (name, 0) pairs written. A tied output head's tensor is
-        skipped (it is the embedding). ValueError on an unknown name or a shape mismatch."""
+        """Copy checkpoint tensors into the model, converting dtype and device; names are
+        renamed as transformers' loader would (transformers/weights.py). Returns the
+        (state-dict name, 0) pairs written. A tied output head's tensor is skipped (it is the
+        embedding). ValueError on an unknown name, a shape mismatch, or a tensor that needs
+        one of transformers' weight converters."""
         state = self.hf.state_dict(keep_vars=True)                       # params + persistent buffers
         tied = _tied_names(self.hf)
+        rename = checkpoint_renamer(self.hf, state)
         loaded: set[tuple[str, int]] = set()
         for name, tensor in weights:
-            if name in tied or name.endswith("rotary_emb.inv_freq"):
+            target = rename(name)
+            if target in tied or name.endswith("rotary_emb.inv_freq"):
                 continue
-            if name not in state:
+            if target not in state:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in "
                                  f"{type(self.hf).__name__}; is it the right architecture?")
-            dest = state[name].data
+            dest = state[target].data
             if tuple(tensor.shape) != tuple(dest.shape):
                 raise ValueError(f"shape mismatch for {name!r}: checkpoint has {tuple(tensor.shape)}, "
                                  f"the model expects {tuple(dest.shape)}")
             dest.copy_(tensor)
-            loaded.add((name, 0))
+            loaded.add((target, 0))
         return loaded
 
     @torch.no_grad()

@@ -26,6 +26,8 @@ from toolkit.models.base import LayerAttention
 
 ATTN_IMPLEMENTATION = "toolkit"
 CONTEXT_KWARG = "toolkit_step"
+# attention-call kwargs of features the toolkit's backends lack -> what they are
+UNSUPPORTED_KWARGS = {"s_aux": "attention sinks (gpt-oss)"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def toolkit_attention_forward(
                          f"query {tuple(query.shape)}")
     if dropout:
         raise ValueError(f"attention dropout {dropout} is a training feature; call model.eval()")
-    _check_layer(layer, step.layers[layer], scaling, kwargs, module)
+    _check_layer(layer, step.layers[layer], scaling, query.shape[-1], kwargs)
     # [1, H, T, D] -> [T, H, D]; contiguous, as the backends index rows of T
     q = query[0].transpose(0, 1).contiguous()
     k = key[0].transpose(0, 1).contiguous()
@@ -83,25 +85,26 @@ def toolkit_attention_forward(
     return out.unsqueeze(0), None                                      # [1, T, H, D]
 
 
-def _check_layer(layer: int, spec: LayerAttention, scaling: float | None,
-                 kwargs: dict[str, Any], module: torch.nn.Module) -> None:
+def _check_layer(layer: int, spec: LayerAttention, scaling: float | None, head_dim: int,
+                 kwargs: dict[str, Any]) -> None:
     """What transformers asks of this call must be what spec.layers promised the engine (the
-    engine built the layer's backend from the spec), or outputs would silently differ."""
-    head_dim = None if scaling is None else getattr(module, "head_dim", None)
-    want_scale = spec.scale if spec.scale is not None else (
-        None if head_dim is None else head_dim ** -0.5)
-    asked = {
-        "scale": (scaling, want_scale),
-        "sliding_window": (kwargs.get("sliding_window"), spec.window),
-        "soft_cap": (kwargs.get("softcap"), spec.soft_cap),
-    }
+    engine built the layer's backend from the spec), or outputs would silently differ. A
+    family leaves out what it does not use (no `softcap` kwarg: no soft cap)."""
+    asked: dict[str, tuple[Any, Any]] = {}
+    if scaling is not None:
+        asked["scale"] = (scaling, spec.scale if spec.scale is not None else head_dim ** -0.5)
+    if "sliding_window" in kwargs:
+        asked["sliding_window"] = (kwargs["sliding_window"], spec.window)
+    if "softcap" in kwargs:
+        asked["soft_cap"] = (kwargs["softcap"], spec.soft_cap)
     for name, (got, want) in asked.items():
-        if got is None or name == "scale" and want is None:
-            continue   # transformers leaves out what the layer does not use
-        if want is None or not math.isclose(float(got), float(want), rel_tol=1e-6):
+        same = got is None and want is None or (
+            got is not None and want is not None and math.isclose(float(got), float(want), rel_tol=1e-6))
+        if not same:
             raise ValueError(f"layer {layer}: transformers asks for {name}={got!r} but the model's "
                              f"spec.layers[{layer}] says {want!r}; the toolkit backend would "
                              "attend differently from the checkpoint's model")
-    if spec.kind == "sliding" and "sliding_window" in kwargs and kwargs["sliding_window"] is None:
-        raise ValueError(f"layer {layer}: spec.layers says sliding window {spec.window}, "
-                         "transformers asks for full attention")
+    for name in UNSUPPORTED_KWARGS:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"layer {layer}: the attention call passes {name!r} "
+                             f"({UNSUPPORTED_KWARGS[name]}), which the toolkit backends do not implement")
