@@ -87,7 +87,7 @@ def test_greedy_equals_transformers(arch: str, checkpoint) -> None:
     assert got == want
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "granite"])
+@pytest.mark.parametrize("arch", ["gemma2", "granite", "cohere"])
 def test_logits_match_transformers(arch: str, checkpoint) -> None:
     """One prefill step of two sequences: each one's last-token logits (with the family's
     logit scaling / soft cap) close to transformers' for the same prompt alone."""
