@@ -36,7 +36,7 @@ def one_prefill(llm, prompt: int, rng: random.Random, profile: cProfile.Profile 
     from toolkit import SamplingParams
 
     eng = llm.engine
-    vocab = eng.runner.model.vocab_size
+    vocab = eng.runner.model.spec.vocab_size
     rid = eng.add_request([rng.randrange(vocab) for _ in range(prompt)],
                           SamplingParams(max_tokens=1, temperature=0))
     out = eng.scheduler.schedule()

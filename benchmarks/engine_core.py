@@ -194,7 +194,7 @@ def run(setting: str, args, reqs) -> dict:
 
         copy_bw, mm = roofline.measure_peaks()
         lens = [r.num_computed_tokens + 1 for r in eng.scheduler.requests.values()]
-        rows = roofline.roofline_table(kernels, roofline.decode_step_work(eng.runner.model.geometry, lens),
+        rows = roofline.roofline_table(kernels, roofline.decode_step_work(roofline.Geometry.of(eng.runner.model.config), lens),
                                        copy_bw, mm)
         out["roofline"] = dict(copy_bw=copy_bw, matmul_flops=mm, batch=len(lens),
                                mean_context=sum(lens) / len(lens), rows=rows)

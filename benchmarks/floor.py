@@ -142,12 +142,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from benchmarks.sim_common import model_config
-    from toolkit.models.llama import Geometry
 
     cfg = model_config(args.shape)
     reqs = _workload(args.workload, args.num, cfg.vocab_size, args.data)
-    r = workload_floor(Geometry(cfg), reqs, args.max_num_seqs, args.copy_bw, args.matmul_flops)
-    lean = workload_floor(Geometry(cfg), reqs, args.max_num_seqs, args.copy_bw, args.matmul_flops,
+    r = workload_floor(roofline.Geometry.of(cfg), reqs, args.max_num_seqs, args.copy_bw, args.matmul_flops)
+    lean = workload_floor(roofline.Geometry.of(cfg), reqs, args.max_num_seqs, args.copy_bw, args.matmul_flops,
                           essential=True)
     r.update(essential={k: lean[k] for k in ("seconds", "prefill_s", "decode_s", "tok_s",
                                              "decode_only_tok_s")})

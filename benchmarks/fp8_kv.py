@@ -152,9 +152,11 @@ def set_headroom(llm: Any, headroom: tuple[float, float]) -> None:
     eng, r = llm.engine, llm.engine.runner
     model = r.model
     name = "triton" if r.device.type == "cuda" else "cpu"
-    k, v = calibrate(model, calibration_prompts(eng.tokenizer, model.vocab_size),
-                     lambda c: _create("attention", name, kv_cache=c, **model.attention_kwargs()),
-                     model.dtype, r.device, r.kv_cache.block_size, headroom=headroom)
+    from toolkit.attention.layerwise import build_attention
+
+    k, v = calibrate(model, calibration_prompts(eng.tokenizer, model.spec.vocab_size),
+                     lambda c: build_attention(model.spec, lambda **kw: _create("attention", name, kv_cache=c, **kw)),
+                     model.spec.dtype, r.device, r.kv_cache.block_size, headroom=headroom)
     r.kv_cache.set_scales(k, v, f"calibrated (amax x {headroom[0]:g}, {headroom[1]:g} / 448)")
 
 

@@ -55,7 +55,7 @@ def measure(llm, batch: int, steps: int, prompt: int) -> dict:
     from toolkit import SamplingParams
 
     eng = llm.engine
-    vocab = eng.runner.model.vocab_size
+    vocab = eng.runner.model.spec.vocab_size
     rng = random.Random(batch)
     sp = SamplingParams(temperature=0.6, max_tokens=10_000, ignore_eos=True)
     ids = [eng.add_request([rng.randrange(vocab) for _ in range(prompt)], sp, output_kind="final")

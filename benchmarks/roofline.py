@@ -18,7 +18,27 @@ table says which kind of kernel is how far from its floor:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The shape numbers a floor needs, from a Hugging Face config."""
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    num_layers: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, config: Any) -> "Geometry":
+        heads = config.num_attention_heads
+        return cls(config.hidden_size, heads, getattr(config, "num_key_value_heads", None) or heads,
+                   getattr(config, "head_dim", None) or config.hidden_size // heads,
+                   config.intermediate_size, config.num_hidden_layers, config.vocab_size)
 
 KINDS = ("gemm", "attention", "norm", "rotary", "kv_write", "activation", "other")
 _NAMES = (("gemm", ("nvjet", "gemm", "cutlass", "splitkreduce", "xmma", "cublas")),

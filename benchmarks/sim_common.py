@@ -65,7 +65,7 @@ def engine_settings(llm: Any) -> dict:
     return dict(num_blocks=s.allocator.num_blocks, block_size=s.block_size, max_num_seqs=s.max_num_seqs,
                 max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len,
                 enable_prefix_caching=s.enable_prefix_caching, enable_chunked_prefill=s.enable_chunked_prefill,
-                vocab_size=llm.engine.model.vocab_size, async_output=llm.engine.async_scheduling)
+                vocab_size=llm.engine.model.spec.vocab_size, async_output=llm.engine.async_scheduling)
 
 
 # step shapes swept by the calibration: (batch, context) decodes, prefill chunks (P, or k

@@ -73,7 +73,7 @@ class Phases:
         self.engine = llm.engine
         self.rec = TraceRecorder(self.engine)
         self.b, self.c, self.p, self.k = decodes, context, prompt, profile_steps
-        self.vocab = self.engine.model.vocab_size
+        self.vocab = self.engine.model.spec.vocab_size
         self.n, self.rows, self.profiles = 0, [], []
         self.epoch0 = time.time() - time.perf_counter()      # perf_counter -> epoch
 

@@ -126,7 +126,7 @@ def main() -> None:
     args = ap.parse_args()
     shape = "tiny" if args.quick else args.shape
     llm = build_llm(shape)
-    vocab = llm.engine.model.vocab_size
+    vocab = llm.engine.model.spec.vocab_size
     lengths = sharegpt_lengths(args.n, seed=0)
     lengths = scaled_lengths(lengths, 0.5, min_len=4) if args.quick else lengths
     base = multi_client_trace(lengths, {c: f * args.rate for c, f in CLIENT_SHARES.items()},

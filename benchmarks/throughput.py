@@ -109,9 +109,9 @@ def run_toolkit(cfg, reqs, args) -> dict:
               f"(range {warm[0]['tok_s']:.0f}-{warm[-1]['tok_s']:.0f})", flush=True)
     if args.kinds:           # one more run under the profiler: GPU time by kind against the floor
         from benchmarks import floor, run_kinds
-        from toolkit.models.llama import Geometry
-
-        fl = floor.workload_floor(Geometry(cfg), [(len(p), n) for p, n in reqs], args.max_num_seqs)
+        from benchmarks.roofline import Geometry
+    
+        fl = floor.workload_floor(Geometry.of(cfg), [(len(p), n) for p, n in reqs], args.max_num_seqs)
         params = [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True,
                                  repetition_penalty=args.repetition_penalty) for _, n in reqs]
         prof = run_kinds.profile_kinds(lambda: llm.generate([p for p, _ in reqs], params, use_tqdm=False))
@@ -121,11 +121,12 @@ def run_toolkit(cfg, reqs, args) -> dict:
         results["kinds"] = dict(prof, floor_by_kind_s=fl["by_kind_s"], floor_s=fl["seconds"])
     if args.bands:           # and one stepped by hand: the same against each step's floor, by decode batch
         from benchmarks import floor, step_floor
+        from benchmarks.roofline import Geometry
 
         params = [SamplingParams(max_tokens=n, temperature=args.temperature, ignore_eos=True,
                                  repetition_penalty=args.repetition_penalty) for _, n in reqs]
         bands = step_floor.profile_by_band(eng, [(p, sp) for (p, _), sp in zip(reqs, params)],
-                                           eng.runner.model.geometry, floor.H200_COPY_BW, floor.H200_MATMUL)
+                                           Geometry.of(eng.runner.model.config), floor.H200_COPY_BW, floor.H200_MATMUL)
         print(step_floor.table(bands), flush=True)
         results["bands"] = [dataclasses.asdict(b) for b in bands]
     if args.penalty_ab:      # the same runs with the penalised rows' lists rebuilt per step (and sync steps)

@@ -35,6 +35,9 @@ REGISTRY: dict[str, dict[str, str]] = {
         "MistralForCausalLM": "toolkit.models.llama:LlamaForCausalLM",
         "Qwen2ForCausalLM": "toolkit.models.llama:LlamaForCausalLM",
         "Qwen3ForCausalLM": "toolkit.models.llama:LlamaForCausalLM",
+        "Gemma2ForCausalLM": "toolkit.models.gemma:Gemma2ForCausalLM",
+        "Gemma3ForCausalLM": "toolkit.models.gemma:Gemma3ForCausalLM",
+        "Phi3ForCausalLM": "toolkit.models.phi3:Phi3ForCausalLM",
     },
     "proposer": {
         "ngram": "toolkit.samplers.speculative.ngram:NgramProposer",

@@ -46,7 +46,7 @@ def test_profile_by_band_covers_every_step_once(tiny_llama_dir):
     outs = [3, 9, 20, 40]                        # the running count falls through the bands
     with LLM(tiny_llama_dir, dtype="float32", device="cpu", block_size=4, num_blocks=128,
              max_num_seqs=2, max_num_batched_tokens=32) as llm:
-        g = llm.engine.runner.model.geometry
+        g = roofline.Geometry.of(llm.engine.runner.model.config)
         reqs = [([1 + i] * (5 + i), SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
                 for i, n in enumerate(outs)]
         bands = step_floor.profile_by_band(llm.engine, reqs, g, BW, MM, edges=(1,), profile=fake_profile)

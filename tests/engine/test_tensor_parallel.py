@@ -21,9 +21,10 @@ from toolkit import LLM, SamplingParams
 from toolkit.models import load_model
 from toolkit.parallel.executor import WorkerDiedError, check_attention_spec, check_devices
 from toolkit.parallel.group import Group
-from toolkit.parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                     even_slice, head_slice, parallel_logits)
-from toolkit.parallel.model import ShardedLlama, load_shard, random_shard
+from toolkit.models.layers import RowParallelLinear, VocabParallelEmbedding, qkv
+from toolkit.models.layers.linear import ColumnParallelLinear
+from toolkit.models.layers.parallel import even_slice, head_slice
+from toolkit.models.ops import model_ops
 from toolkit.parallel.sharding import check_tensor_parallel
 
 # ---------------------------------------------------------------- ranks as threads
@@ -89,12 +90,14 @@ def test_column_parallel_qkv_matches_full(groups, size, heads, kv, d, n_in, t, b
     q_full, k_full, v_full = full.split(rows, dim=1)
 
     def rank(r: int):
+        layer = qkv(n_in, d, heads, kv, bias, dtype=torch.float32, device="cpu", group=groups[size][r])
+        for sid, wp, bp in zip("qkv", w.split(rows), b.split(rows)):
+            layer.weight_loader(layer.weight, wp, sid)
+            if bias:
+                layer.weight_loader(layer.bias, bp, sid)
         parts = [(rows[0], head_slice(heads, d, r, size)), (rows[1], head_slice(kv, d, r, size)),
                  (rows[2], head_slice(kv, d, r, size))]
-        layer = ColumnParallelLinear(n_in, parts, bias, torch.float32, torch.device("cpu"))
-        layer.weight.data.copy_(layer.shard(w))
-        if bias:
-            layer.bias.data.copy_(layer.shard(b))
+        assert [s for _, s in layer.parts.values()] == [s for _, s in parts]
         return layer(x), parts
 
     for out, parts in _threads(size, rank):
@@ -116,10 +119,11 @@ def test_row_parallel_matches_full(groups, size, per, n_out, t, bias) -> None:
 
     def rank(r: int):
         cols = even_slice(n_in, r, size)
-        layer = RowParallelLinear(n_in, cols, n_out, bias, groups[size][r], torch.float32, torch.device("cpu"))
-        layer.weight.data.copy_(layer.shard(w))
+        layer = RowParallelLinear(n_in, n_out, bias, dtype=torch.float32, device="cpu", group=groups[size][r])
+        assert layer.cols == cols
+        layer.weight_loader(layer.weight, w)
         if bias:
-            layer.bias.data.copy_(layer.shard(b))
+            layer.weight_loader(layer.bias, b)
         return layer(cols.of(x, 1))
 
     for out in _threads(size, rank):
@@ -137,10 +141,11 @@ def test_vocab_parallel_embedding_and_logits_match_full(groups, size, vocab, hid
     h = torch.randn(t, hidden, generator=g)
 
     def rank(r: int):
-        emb = VocabParallelEmbedding(vocab, hidden, groups[size][r], torch.float32, torch.device("cpu"))
-        emb.weight.data.copy_(emb.shard(table))
+        emb = VocabParallelEmbedding(vocab, hidden, dtype=torch.float32, device="cpu", group=groups[size][r])
+        emb.weight.data.fill_(float("nan"))                     # poisoned: padding must be written
+        emb.weight_loader(emb.weight, table)
         assert not emb.weight[emb.rows.size:].any()            # padding rows are zero
-        return emb(ids), parallel_logits(h, emb.weight, groups[size][r], vocab)
+        return emb(ids), emb.logits(h, model_ops("cpu", "torch").lm_head_logits)
 
     outs = _threads(size, rank)
     for r, (x, logits) in enumerate(outs):
@@ -158,17 +163,31 @@ def _replicated_kv_config() -> LlamaConfig:
                        tie_word_embeddings=False)
 
 
+def _rank_part(module, pname: str, full: torch.Tensor) -> torch.Tensor:
+    """The slice of the TP=1 parameter `full` a rank's layer holds, computed from the layer's
+    partition (independently of its loader)."""
+    if isinstance(module, ColumnParallelLinear):
+        pieces, offset = [], 0
+        for rows, sl in module.parts.values():
+            pieces.append(full[offset + sl.start: offset + sl.start + sl.size])
+            offset += rows
+        return torch.cat(pieces)
+    if isinstance(module, RowParallelLinear):
+        return module.cols.of(full, 1) if pname == "weight" else full
+    if isinstance(module, VocabParallelEmbedding):
+        part = module.rows.of(full, 0)
+        pad = module.weight.shape[0] - part.shape[0]
+        return torch.cat([part, part.new_zeros(pad, *part.shape[1:])]) if pad else part
+    return full
+
+
 def _check_shards(full, shards) -> None:
     """Every parameter of every rank is that rank's slice of the TP=1 model's parameter."""
     ref = dict(full.named_parameters())
     for m in shards:
         for name, p in m.named_parameters():
-            module = m.get_submodule(name.rsplit(".", 1)[0])
-            want = ref[name].data
-            if hasattr(module, "shard"):
-                want = module.shard(want)
-            elif name == "lm_head.weight":
-                want = m.model.embed_tokens.shard(want)
+            mod_name, pname = name.rsplit(".", 1)
+            want = _rank_part(m.get_submodule(mod_name), pname, ref[name].data)
             torch.testing.assert_close(p.data, want, rtol=0, atol=0, msg=f"rank {m.group.rank}: {name}")
 
 
@@ -192,8 +211,7 @@ def test_random_shards_are_slices_of_the_tp1_random_model(family) -> None:
     full = load_model(cfg)
     shards = []
     for r in range(2):
-        m = ShardedLlama(cfg, Group(None, r, 2, "none"))     # loading needs no collective
-        random_shard(m)
+        m = load_model(cfg, group=Group(None, r, 2, "none"))   # loading needs no collective
         shards.append(m)
     _check_shards(full, shards)
 
@@ -203,8 +221,7 @@ def test_folder_shards_are_slices_of_the_checkpoint(tiny_llama_dir) -> None:
     full = load_model(tiny_llama_dir)
     shards = []
     for r in range(2):
-        m = ShardedLlama(full.config, Group(None, r, 2, "none"))
-        load_shard(m, __import__("pathlib").Path(tiny_llama_dir), "safetensors")
+        m = load_model(tiny_llama_dir, group=Group(None, r, 2, "none"))   # slice handles
         shards.append(m)
     _check_shards(full, shards)
 

@@ -56,3 +56,42 @@ def build_hf(family: str, seed: int = 0) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_config(family_config(family), dtype=torch.float32).eval()
     randomize(model, seed)
     return model
+
+
+def new_family_config(family: str) -> Any:
+    """Tiny configs of the families beyond Llama: windows shorter than the test prompts,
+    interleaved local and global layers, soft caps, fused checkpoint tensors."""
+    import transformers as tf
+
+    small = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 vocab_size=211, num_hidden_layers=4, intermediate_size=96, max_position_embeddings=256,
+                 rms_norm_eps=1e-6)
+    if family == "gemma2":     # local/global alternating (window 6), logit soft caps 50 / 30
+        return tf.Gemma2Config(**small, sliding_window=6, query_pre_attn_scalar=24,
+                               attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                               layer_types=["sliding_attention", "full_attention"] * 2)
+    if family == "gemma3":     # q/k norms, local layers at their own base frequency
+        return tf.Gemma3TextConfig(**small, sliding_window=5,
+                                   layer_types=["sliding_attention", "sliding_attention",
+                                                "full_attention", "sliding_attention"],
+                                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                                    "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                       "rope_theta": 10000.0}})
+    if family == "phi3":       # fused qkv / gate_up, partial rotary, a window on every layer
+        return tf.Phi3Config(**small, sliding_window=7, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                              "partial_rotary_factor": 0.5})
+    raise ValueError(family)
+
+
+NEW_FAMILIES = ["gemma2", "gemma3", "phi3"]
+
+
+def build_hf_new(family: str, seed: int = 0) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(new_family_config(family), dtype=torch.float32,
+                                             attn_implementation="eager").eval()
+    randomize(model, seed)
+    return model

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
+from toolkit.attention.layerwise import build_attention
 from toolkit.attention.torch_ref import TorchAttention
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
@@ -28,12 +30,12 @@ class PagedRunner:
     free: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        m = self.model
-        self.kv_cache = KVCache(m.num_layers, self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim,
-                                dtype=m.dtype, device=m.device)
+        m, spec = self.model, self.model.spec
+        self.kv_cache = KVCache(spec.num_layers, self.num_blocks, self.block_size, spec.num_kv_heads,
+                                spec.head_dim, dtype=spec.dtype, device=m.device)
         for layer in self.kv_cache.layers:
             layer.fill_(float("nan"))   # a read of an unwritten slot poisons the result
-        self.attention = self.backend(self.kv_cache, **m.attention_kwargs())
+        self.attention = build_attention(spec, partial(self.backend, self.kv_cache))
         self.free = list(range(self.num_blocks))
         random.Random(self.seed).shuffle(self.free)
 

@@ -31,7 +31,7 @@ def _run_schedule(model: LlamaForCausalLM, tokens: dict[str, list[int]], runner=
         seqs = [s for s, c in SCHEDULE.items() if step < len(c) and c[step] > 0]
         chunks = [tokens[s][done[s]:done[s] + SCHEDULE[s][step]] for s in seqs]
         logits = runner.step([tables[s] for s in seqs], chunks, [done[s] for s in seqs])   # [T, V]
-        assert logits.dtype == torch.float32 and logits.shape == (sum(map(len, chunks)), model.vocab_size)
+        assert logits.dtype == torch.float32 and logits.shape == (sum(map(len, chunks)), model.spec.vocab_size)
         for s, part in zip(seqs, logits.split([len(c) for c in chunks])):
             got[s].append(part)
             done[s] += SCHEDULE[s][step]
@@ -70,24 +70,27 @@ def test_greedy_32_tokens_equal_hf_generate(family, hf_checkpoint):
 
 
 def test_model_interface(hf_checkpoint):
+    from toolkit.models.base import LayerAttention, check_model
+
     _, folder = hf_checkpoint("mistral")
     model = load_model(folder)
-    assert (model.num_layers, model.num_heads, model.num_kv_heads, model.head_dim, model.vocab_size) == (2, 6, 2, 20, 517)
-    assert model.attention_kwargs() == dict(num_heads=6, head_dim=20, scale=20 ** -0.5, sliding_window=9,
-                                            soft_cap=None)
-    assert model.max_model_len == 512
-    assert model.eos_token_ids == [2]
+    spec = check_model(model)
+    assert (spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.vocab_size) == (2, 6, 2, 20, 517)
+    assert spec.layers == (LayerAttention("sliding", 9),) * 2
+    assert spec.max_model_len == 512 and spec.eos_token_ids == (2,) and spec.architecture == "MistralForCausalLM"
     # merged projections: one qkv and one gate_up matmul per layer
     names = {n for n, _ in model.named_parameters()}
     assert "model.layers.0.self_attn.qkv_proj.weight" in names and "model.layers.0.mlp.gate_up_proj.weight" in names
     assert not any(".q_proj." in n or ".gate_proj." in n for n in names)
     assert model.model.layers[0].self_attn.qkv_proj.weight.shape == ((6 + 2 * 2) * 20, 96)
+    with pytest.raises(ValueError, match="lacks"):
+        check_model(object())
 
 
 def test_tied_embeddings_share_storage(hf_checkpoint):
     _, folder = hf_checkpoint("qwen2")
     model = load_model(folder)
-    assert not hasattr(model, "lm_head")
+    assert model.lm_head is None
     h = torch.randn(3, 96)
     torch.testing.assert_close(model.compute_logits(h), h @ model.model.embed_tokens.weight.T)
 
@@ -96,11 +99,8 @@ def test_tied_embeddings_share_storage(hf_checkpoint):
 def test_triton_model_kernels_inside_the_model(family, hf_checkpoint):
     # The Triton kernels (interpreted on the CPU, fp32) on the model's real, strided inputs:
     # q/k are views of the merged qkv matmul; Qwen3 normalises them per head first.
-    from toolkit.models.ops import model_ops
-
     hf, folder = hf_checkpoint(family)
-    model = load_model(folder)
-    model._ops = model_ops("cpu", kernels="triton")
+    model = load_model(folder, kernels="triton")       # the one switch: every op of the model
     tokens = torch.randint(0, 517, (11,), generator=torch.Generator().manual_seed(3)).tolist()
     runner = PagedRunner(model, block_size=4)
     table = runner.new_table()
@@ -128,7 +128,7 @@ def test_triton_attention_with_tma_prefills_equals_the_reference(family, hf_chec
     g = torch.Generator().manual_seed(3)
     tokens = {s: torch.randint(0, 517, (sum(c),), generator=g).tolist() for s, c in SCHEDULE.items()}
     want = _run_schedule(model, tokens)
-    geo = model.geometry
+    geo = model.spec
     cfg = replace(default_config(torch.float16, geo.head_dim, geo.num_heads // geo.num_kv_heads, torch.device("cpu")),
                   self_prefill=TileConfig(block_q=16, block_n=16, num_warps=4, num_stages=1))
     fast = PagedRunner(model, block_size=4, backend=partial(TritonPagedAttention, config=cfg))

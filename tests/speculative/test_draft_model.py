@@ -3,12 +3,15 @@ whatever happened between calls (partial acceptance, rollback, preemption, a blo
 
 from __future__ import annotations
 
+from functools import partial
+
 import random
 
 import pytest
 import torch
 import transformers
 
+from toolkit.attention.layerwise import build_attention
 from toolkit.attention.torch_ref import TorchAttention
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
@@ -32,8 +35,8 @@ def target():
 def recompute_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits [V] after `tokens`, from an empty cache (no incremental state at all)."""
     n = len(tokens)
-    cache = KVCache(model.num_layers, -(-n // BS), BS, model.num_kv_heads, model.head_dim)
-    attn = TorchAttention(cache, **model.attention_kwargs())
+    cache = KVCache(model.spec.num_layers, -(-n // BS), BS, model.spec.num_kv_heads, model.spec.head_dim)
+    attn = build_attention(model.spec, partial(TorchAttention, cache))
     attn.plan(PagedKVLayout.build([list(range(cache.num_blocks))], [n], [n], BS))
     hidden = model.forward(torch.tensor(tokens), torch.arange(n), attn)
     return model.compute_logits(hidden[-1:])[0]
@@ -90,7 +93,7 @@ def test_drafts_equal_a_fresh_recompute_through_rollback_and_preemption(target, 
             r.output_token_ids += d.token_ids[:a] + [rng.randrange(V)]
             if step == 5:                         # and then a plain decode step nobody drafted for
                 r.output_token_ids.append(rng.randrange(V))
-    if num_layers == target.num_layers:           # a full-depth draft is the target itself
+    if num_layers == target.spec.num_layers:           # a full-depth draft is the target itself
         r = reqs[2]
         blocks.grow(r, r.num_tokens + k)
         assert proposer.propose([r], k)[0].token_ids == greedy_chain(target, r.all_token_ids, k)
@@ -122,8 +125,8 @@ def test_sampled_drafts_return_their_distributions(target):
 
 def test_truncated_model_shares_weights_and_leaves_the_target_whole(target):
     d = truncated_model(target, 2)
-    assert target.num_layers == 3 and len(target.model.layers) == 3
-    assert d.num_layers == 2 and len(d.model.layers) == 2
-    assert d.model.layers[1].mlp.down_proj.weight is target.model.layers[1].mlp.down_proj.weight
+    assert target.spec.num_layers == 3 and len(target.model.layers) == 3
+    assert d.spec.num_layers == 2 and d.target is target       # a view: every weight is the target's
+    assert {id(p) for p in d.parameters()} == {id(p) for p in target.parameters()}
     with pytest.raises(ValueError, match=r"num_layers must be in \[1, 3\]"):
         truncated_model(target, 4)

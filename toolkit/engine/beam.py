@@ -55,7 +55,7 @@ def beam_search(engine, prompts: list[list[int]], beam_width: int, max_tokens: i
             if not rows:
                 continue
             beams = [flat[j][1] for j in rows]
-            logprobs = torch.full((len(rows), engine.model.vocab_size), float("-inf"), dtype=torch.float64)
+            logprobs = torch.full((len(rows), engine.model.spec.vocab_size), float("-inf"), dtype=torch.float64)
             for r, j in enumerate(rows):
                 for tok, lp in lps[j].items():
                     logprobs[r, tok] = lp

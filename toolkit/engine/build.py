@@ -5,11 +5,13 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import torch
 
 from toolkit import registry
+from toolkit.attention.layerwise import build_attention
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.config import EngineConfig
 from toolkit.engine.engine import Engine
@@ -87,6 +89,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                  proposer: Any = None, draft_model: Any = None, config: EngineConfig | None = None,
                  load_format: str = "auto") -> Engine:
     from toolkit.models import default_model_path, load_model, load_tokenizer
+    from toolkit.models.base import check_model
 
     t0 = time.perf_counter()
     cfg = config or EngineConfig()
@@ -110,12 +113,13 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         model = load_model(model, dtype=dtype, device=device, load_format="dummy")
     if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
         tokenizer = load_tokenizer(tokenizer)
-    max_model_len = min(cfg.max_model_len or model.max_model_len, model.max_model_len)
+    spec = check_model(model)
+    max_model_len = min(cfg.max_model_len or spec.max_model_len, spec.max_model_len)
     loaded = time.perf_counter()
 
     # KV cache: sized after the weights are loaded
-    shape = dict(num_layers=model.num_layers, block_size=cfg.block_size,
-                 num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
+    shape = dict(num_layers=spec.num_layers, block_size=cfg.block_size,
+                 num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                  dtype=cfg.resolve_kv_cache_dtype(), device=device)   # fp8: 1 byte, twice the blocks
     if executor is not None:              # every rank's share of the KV heads, as many blocks
         kv_cache = executor.kv_cache
@@ -151,15 +155,16 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                          f"('continuous'); {type(scheduler).__name__} does not")
     if attention == "auto":
         attention = "triton" if device.type == "cuda" else "cpu"   # "torch": the slow reference
+    backend = attention                   # the name (or class) the draft model's backend reuses
     attention = (executor.attention if executor is not None else
-                 _create("attention", attention, kv_cache=kv_cache, **model.attention_kwargs()))
+                 build_attention(spec, partial(_create, "attention", attention, kv_cache=kv_cache)))
     if kv_cache.is_fp8:   # static per-layer scales, set before warm-up and CUDA-graph capture
         from toolkit.engine.kv_scales import resolve_scales
 
         default = "triton" if device.type == "cuda" else "cpu"
         resolve_scales(kv_cache, cfg.kv_scales, folder, model, tokenizer, dtype=dtype,
-                       make_attention=lambda c: _create("attention", default, kv_cache=c,
-                                                        **model.attention_kwargs()))
+                       make_attention=lambda c: build_attention(
+                           spec, partial(_create, "attention", default, kv_cache=c)))
     sampler = _create("sampler", sampler)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed
@@ -174,11 +179,12 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                                                      full_tokens=cfg.full_graph_tokens):
         log.info("steps of up to %d tokens replay CUDA graphs (whole-forward graphs up to %d)",
                  cfg.graph_tokens, cfg.full_graph_tokens)
-    eos = model.eos_token_ids[0] if getattr(model, "eos_token_ids", None) else (
-        getattr(tokenizer, "eos_token_id", None))
+    eos = spec.eos_token_ids[0] if spec.eos_token_ids else getattr(tokenizer, "eos_token_id", None)
     proposer = proposer if proposer is not None else cfg.speculative
     if proposer == "draft":
-        proposer = _draft_proposer(draft_model, model, kv_cache, attention, dtype, device)
+        proposer = _draft_proposer(draft_model, model, kv_cache,
+                                   backend if isinstance(backend, (str, type)) else type(backend),
+                                   dtype, device)
     elif proposer is not None:
         proposer = _create("proposer", proposer)
     k = cfg.num_speculative_tokens if proposer is not None else 0
@@ -256,8 +262,8 @@ def _draft_proposer(draft_model: Any, model: Any, kv_cache: KVCache, attention: 
     elif not hasattr(draft_model, "forward"):
         fmt = "auto" if isinstance(draft_model, str) or hasattr(draft_model, "__fspath__") else "dummy"
         draft_model = load_model(draft_model, dtype=dtype, device=device, load_format=fmt)
-    if draft_model.vocab_size != model.vocab_size:
-        raise ValueError(f"the draft model's vocabulary ({draft_model.vocab_size}) differs from the "
-                         f"target's ({model.vocab_size}); they must share a tokenizer")
+    if draft_model.spec.vocab_size != model.spec.vocab_size:
+        raise ValueError(f"the draft model's vocabulary ({draft_model.spec.vocab_size}) differs from the "
+                         f"target's ({model.spec.vocab_size}); they must share a tokenizer")
     return DraftModelProposer(draft_model, num_blocks=kv_cache.num_blocks, block_size=kv_cache.block_size,
-                              attention=type(attention), dtype=dtype, device=device)
+                              attention=attention, dtype=dtype, device=device)

@@ -175,7 +175,7 @@ def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
     gc.collect()
     gc.freeze()
     conn.send(("ready", dict(tokenizer=engine.tokenizer, max_model_len=engine.max_model_len,
-                             vocab_size=engine.model.vocab_size)))
+                             vocab_size=engine.model.spec.vocab_size)))
     trackers: dict[str, _Tracker] = {}
     records: list[Any] = []
     observing = False

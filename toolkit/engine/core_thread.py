@@ -35,7 +35,7 @@ class ThreadCore:
             raise ValueError("this LLM is closed; build a new one to serve")
         self.tokenizer = self.engine.tokenizer
         self.max_model_len = self.engine.max_model_len
-        self.vocab_size = self.engine.model.vocab_size
+        self.vocab_size = self.engine.model.spec.vocab_size
         self._on_outputs, self._on_error = on_outputs, on_error
         self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._lock = threading.Lock()

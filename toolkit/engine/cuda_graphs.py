@@ -149,8 +149,7 @@ class _CaptureProxy(_StaticSlots):
 
     def __init__(self, real, graph: _Graph, pool, shared_out) -> None:
         self.real, self.graph, self.pool, self.shared_out = real, graph, pool, shared_out
-        for name in ("num_heads", "num_kv_heads", "head_dim", "scale", "sliding_window", "soft_cap"):
-            setattr(self, name, getattr(real, name))
+        self.num_heads, self.num_kv_heads, self.head_dim = real.num_heads, real.num_kv_heads, real.head_dim
         self.current = torch.cuda.CUDAGraph()
         self.current.capture_begin(pool=pool)
 
@@ -177,8 +176,7 @@ class _FullProxy(_StaticSlots):
 
     def __init__(self, real, graph: _Graph, plans, bucket: int, mode: str) -> None:
         self.real, self.graph, self.plans, self.bucket, self.mode = real, graph, plans, bucket, mode
-        for name in ("num_heads", "num_kv_heads", "head_dim", "scale", "sliding_window", "soft_cap"):
-            setattr(self, name, getattr(real, name))
+        self.num_heads, self.num_kv_heads, self.head_dim = real.num_heads, real.num_kv_heads, real.head_dim
 
     def run(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)

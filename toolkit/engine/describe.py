@@ -21,9 +21,9 @@ def _html_or_repr(part: Any) -> Any:
 def engine_rows(engine: Any, html: bool) -> dict[str, Any]:
     """name -> value of an open engine: model, parts, KV cache, state, counters."""
     model = engine.model
-    cfg = getattr(model, "config", None)
-    model_desc = (f"{type(model).__name__} ({getattr(cfg, 'model_type', '?')}, {model.num_layers} layers, "
-                  f"vocab {model.vocab_size}, {getattr(model, 'dtype', '?')} on {getattr(model, 'device', '?')})")
+    spec = model.spec
+    model_desc = (f"{type(model).__name__} ({spec.architecture}, {spec.num_layers} layers, "
+                  f"vocab {spec.vocab_size}, {spec.dtype} on {getattr(model, 'device', '?')})")
     show = _html_or_repr if html else repr
     r = engine.runner
     alloc = engine.allocator

@@ -57,8 +57,8 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.output_processor = OutputProcessor(tokenizer)
         self.structured = StructuredOutputManager(
-            tokenizer, vocab_size=model.vocab_size, max_rollback=num_spec_tokens + 1,
-            eos_token_ids=list(model.eos_token_ids or [eos_token_id]))
+            tokenizer, vocab_size=model.spec.vocab_size, max_rollback=num_spec_tokens + 1,
+            eos_token_ids=list(model.spec.eos_token_ids or [eos_token_id]))
         self.siblings = SiblingQueue(scheduler)
         self.proposer, self.num_spec_tokens = proposer, num_spec_tokens
         self.observers: list[StepObserver] = []
@@ -169,7 +169,7 @@ class Engine:
     def _with_model_eos(self, params: SamplingParams) -> SamplingParams:
         """Models with several end tokens (Llama 3: <|end_of_text|>, <|eot_id|>, ...) stop on
         each: the request holds one eos id, the others stop it as stop token ids."""
-        extra = [t for t in self.model.eos_token_ids or () if t != self.eos_token_id]
+        extra = [t for t in self.model.spec.eos_token_ids or () if t != self.eos_token_id]
         have = params.stop_token_ids or []
         if not extra or params.ignore_eos or all(t in have for t in extra):
             return params
@@ -181,7 +181,7 @@ class Engine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens; with max_model_len={self.max_model_len} "
                              f"at most {self.max_model_len - 1} leave room for one output token")
-        vocab = self.model.vocab_size
+        vocab = self.model.spec.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got [{min(ids)}, {max(ids)}]")
         check_token_ids(params, vocab)         # not later, where it would fail a whole step

@@ -177,7 +177,7 @@ def calibrate(model: Any, prompts: Sequence[Sequence[int]], make_attention: Call
     if min(headroom) <= 0 or not prompts or not all(prompts):
         raise ValueError("calibration needs non-empty prompts and headrooms > 0")
     blocks = [-(-len(p) // block_size) for p in prompts]
-    cache = KVCache(model.num_layers, sum(blocks), block_size, model.num_kv_heads, model.head_dim,
+    cache = KVCache(model.spec.num_layers, sum(blocks), block_size, model.spec.num_kv_heads, model.spec.head_dim,
                     dtype, device)
     tables, start = [], 0
     for n in blocks:
@@ -185,7 +185,7 @@ def calibrate(model: Any, prompts: Sequence[Sequence[int]], make_attention: Call
         start += n
     lens = [len(p) for p in prompts]
     layout = PagedKVLayout.build(tables, lens, lens, block_size, device)
-    recorder = _AmaxRecorder(make_attention(cache), model.num_layers)
+    recorder = _AmaxRecorder(make_attention(cache), model.spec.num_layers)
     recorder.plan(layout)
     ids = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=device)
     pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lens]).to(device)
@@ -212,7 +212,7 @@ def resolve_scales(kv_cache: KVCache, kv_scales: Any, folder: str | Path | None,
         if found is not None:
             (k, v), source = found, "checkpoint"
         else:
-            prompts = calibration_prompts(tokenizer, model.vocab_size)
+            prompts = calibration_prompts(tokenizer, model.spec.vocab_size)
             k, v = calibrate(model, prompts, make_attention, dtype, kv_cache.device,
                              kv_cache.block_size)
             source = f"calibrated (amax_K / 200, amax_V / 100 over {sum(map(len, prompts))} tokens)"

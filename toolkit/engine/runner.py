@@ -66,7 +66,7 @@ class Runner:
         self._masks = None            # MaskTable: grammar mask rows on the device, made on first use
         self._rows = SamplingRows()   # the last step's sampling metadata, reused while valid
         # penalised requests' token lists on the device between steps (None: built per step)
-        self.penalty_history: PenaltyHistory | None = PenaltyHistory(model.vocab_size, device)
+        self.penalty_history: PenaltyHistory | None = PenaltyHistory(model.spec.vocab_size, device)
         # a sampler that declares can_consume_logits may process the step's own logits in place
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
         self.host_kv = None           # HostKVCache of the host tier (blocks/host_kv.py), set by build_engine
@@ -338,7 +338,7 @@ class Runner:
             def lists(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
                 return history.lists([reqs[i] for i in rows],
                                      [reqs[i].sampling_params.repetition_penalty != 1.0 for i in rows])
-        return SamplingMetadata.build(params, prompts, outputs, self.model.vocab_size, self.device,
+        return SamplingMetadata.build(params, prompts, outputs, self.model.spec.vocab_size, self.device,
                                       eos_token_ids=eos, check_ids=False,  # checked at add_request
                                       bitmask=self._masks.table if slots else None,
                                       bitmask_rows=slots, penalty_lists=lists)
@@ -371,7 +371,7 @@ class Runner:
         # a sampled draft's distribution q makes acceptance min(1, p/q); without it, one-hot q
         probs = [r.spec_token_probs[: len(d)] if r.spec_token_probs is not None and d else None
                  for r, d in zip(batch.sampling, batch.drafts)]
-        spec = SpecDecodeMetadata.build(batch.drafts, self.model.vocab_size, self.device,
+        spec = SpecDecodeMetadata.build(batch.drafts, self.model.spec.vocab_size, self.device,
                                         draft_probs=probs if any(p is not None for p in probs) else None)
         emitted = self._rejection(logits, meta, spec, self.generator).tolist()
         result = StepResult(dict(zip(ids, emitted)),
@@ -412,7 +412,7 @@ class Runner:
         if not any(g is not None for g in per_req):
             return None
         if self._masks is None:
-            self._masks = MaskTable(self.model.vocab_size, self.device)
+            self._masks = MaskTable(self.model.spec.vocab_size, self.device)
         return self._masks.rows(per_req, batch.drafts)
 
 

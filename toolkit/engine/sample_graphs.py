@@ -42,8 +42,8 @@ class SampleGraphs:
         self.model, self.sampler, self.device = model, sampler, device
         self.sizes = buckets(max_rows)
         most = self.sizes[-1]
-        self.hidden = torch.zeros(most, model.config.hidden_size, dtype=model.dtype, device=device)
-        self.logits = torch.zeros(most, model.vocab_size, dtype=torch.float32, device=device)
+        self.hidden = torch.zeros(most, model.spec.hidden_size, dtype=model.spec.dtype, device=device)
+        self.logits = torch.zeros(most, model.spec.vocab_size, dtype=torch.float32, device=device)
         self.rows: dict[str, torch.Tensor] = {}     # per-row tensor name -> static [R]
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.failed: set[tuple] = set()

@@ -57,7 +57,7 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
     compiles (kernels_compiled of them) and capture_s in CUDA-graph captures; the rest ran the
     dummy steps. max_model_len: the longest dummy prompt (None: the model's max_model_len)."""
     cache = (num_blocks - 1) * block_size
-    longest = min(max_model_len or getattr(runner.model, "max_model_len", cache), cache)
+    longest = min(max_model_len or runner.model.spec.max_model_len, cache)
     with triton_compiles(strict=False) as compiled:
         start = time.perf_counter()
         _warm_up(runner, max_num_batched_tokens, block_size, max(1, longest), show_progress)
@@ -99,7 +99,7 @@ def _warm_up(runner, max_num_batched_tokens: int, block_size: int, longest: int,
     # what the steps above cannot reach (a backend declares it; AttentionBackend: optional)
     attention_warm_up = getattr(runner.attention, "warm_up", None)
     if attention_warm_up is not None:
-        attention_warm_up(runner.model.dtype)
+        attention_warm_up(runner.model.spec.dtype)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         # the eager runs' activations (up to the largest bucket's) sit in the caching

@@ -1,6 +1,8 @@
-"""load_model / load_tokenizer: a Llama-family model from a local Hugging Face folder or a config.
+"""load_model / load_tokenizer: a model from a local Hugging Face folder or a config.
 
-The class is picked from `config.architectures` through the registry's "model" table.
+The class is picked from `config.architectures` through the registry's "model" table
+(toolkit/models/registry.py: the toolkit's files, `register_model`, and the `toolkit.models`
+entry-point group).
 Parameters are allocated once on the target device in the target dtype; real weights are
 then copied in tensor by tensor from the (memory-mapped) shards, random ones initialised
 in place, so no second full copy of the weights ever exists.
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch
 
-from toolkit import registry
+from toolkit.models.registry import resolve, supported_architectures
 from toolkit.models.weights import iterate_weights, resolve_format
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -22,20 +24,20 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def model_class(config: Any) -> type:
     """The registered class for the config's architectures; ValueError listing the supported ones."""
-    table = registry.REGISTRY.get("model", {})
     archs = list(getattr(config, "architectures", None) or [])
     if not archs:  # a config built in code: the causal-LM class transformers maps its model_type to
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
         archs = [arch] if isinstance(arch, str) else []
-    for arch in archs:
-        if arch in table:
-            return registry.lookup("model", arch)
-    raise ValueError(
-        f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
-        f"supported config.architectures: {sorted(table)}"
-    )
+    cls = resolve(archs)
+    if cls is None:
+        raise ValueError(
+            f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
+            f"supported config.architectures: {supported_architectures()} (add one with "
+            f"toolkit.models.register_model or a 'toolkit.models' entry point)"
+        )
+    return cls
 
 
 def load_config(folder: str | os.PathLike) -> Any:
@@ -58,12 +60,16 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     load_format: str = "auto",
+    group: Any = None,
+    kernels: str = "auto",
 ) -> torch.nn.Module:
     """A model from a local HF folder (safetensors, or .bin with load_format="pt") or random weights.
 
     `source` is a folder path or a transformers PretrainedConfig (random weights, as with
-    load_format="dummy"). Random weights are N(0, 0.02) with norms at 1, so activations stay
-    finite in bf16 through many layers.
+    load_format="dummy"). Random weights are N(0, 0.02) with norms at their neutral value, so
+    activations stay finite in bf16 through many layers. group: this rank's tensor-parallel
+    Group (None: one process); its layers read only their slices of each tensor. kernels:
+    "auto" | "triton" | "cpu" | "torch" (toolkit/models/ops.py).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -79,11 +85,13 @@ def load_model(
         )
     cls = model_class(config)
     fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
-    model = cls(config, dtype=dtype, device=device, eos_token_ids=_eos_token_ids(folder, config))
+    model = cls(config, dtype=dtype, device=device, group=group, kernels=kernels,
+                eos_token_ids=_eos_token_ids(folder, config))
     if fmt == "dummy":
-        init_random(model)
+        model.init_random()
     else:
-        loaded = model.load_weights(iterate_weights(folder, fmt))
+        sliced = group is not None and group.size > 1     # read only this rank's slices
+        loaded = model.load_weights(iterate_weights(folder, fmt, lazy=sliced))
         missing = [
             f"{name}" + (f" (part {i} of {n})" if n > 1 else "")
             for name, n in model.expected_weights().items()
@@ -96,19 +104,6 @@ def load_model(
                 f"{missing[:8]}{' ...' if len(missing) > 8 else ''}"
             )
     return model.eval()
-
-
-@torch.no_grad()
-def init_random(model: torch.nn.Module, std: float = 0.02, seed: int = 0) -> None:
-    """In-place random init: matrices N(0, std), biases 0, norm weights 1 (fixed seed: reproducible)."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.fill_(1.0)
-        elif name.endswith(".bias"):
-            p.zero_()
-        else:
-            p.normal_(0.0, std, generator=gen)
 
 
 def _eos_token_ids(folder: Path | None, config: Any) -> list[int]:

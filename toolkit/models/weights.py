@@ -59,15 +59,17 @@ def shard_files(folder: Path, fmt: str) -> list[Path]:
     return files
 
 
-def iterate_weights(folder: Path, fmt: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) of every tensor of the checkpoint; at most one shard resident at a time."""
+def iterate_weights(folder: Path, fmt: str, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) of every tensor of the checkpoint; at most one shard resident at a
+    time. lazy (safetensors): a slice handle instead of the tensor, from which a loader reads
+    only the rows or columns it keeps (a tensor-parallel rank's)."""
     for path in shard_files(folder, fmt):
         if fmt == "safetensors":
             from safetensors import safe_open
 
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    yield name, (f.get_slice(name) if lazy else f.get_tensor(name))
         else:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             yield from state.items()

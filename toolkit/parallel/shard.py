@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -91,7 +92,7 @@ class ShardStep:
         if n:
             logits = self.model.compute_logits(hidden[rows])                    # [N, V] on rank 0
         else:                             # no collective: every rank knows N = 0
-            logits = (torch.empty(0, self.model.vocab_size, dtype=torch.float32, device=self.device)
+            logits = (torch.empty(0, self.model.spec.vocab_size, dtype=torch.float32, device=self.device)
                       if self.group.rank == 0 else None)
         return logits, prompt_logits
 
@@ -103,8 +104,8 @@ def kv_blocks_fit(model: Any, block_size: int, dtype: torch.dtype, device: torch
     budget is per rank (per GPU), like gpu_memory_utilization."""
     if num_blocks is not None:
         return num_blocks
-    per_block = KVCache.bytes_per_block(model.num_layers, block_size, model.num_kv_heads,
-                                        model.head_dim, dtype)
+    per_block = KVCache.bytes_per_block(model.spec.num_layers, block_size, model.spec.num_kv_heads,
+                                        model.spec.head_dim, dtype)
     if budget_bytes is None:
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
@@ -120,6 +121,8 @@ def make_kv_and_attention(model: Any, attention: Any, num_blocks: int, block_siz
     attention backend (built from a registered name, class or factory: never an instance)."""
     from toolkit.engine.build import _create
 
-    kv = KVCache(model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim,
-                 dtype, device)
-    return kv, _create("attention", attention, kv_cache=kv, **model.attention_kwargs())
+    from toolkit.attention.layerwise import build_attention
+
+    spec = model.spec
+    kv = KVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype, device)
+    return kv, build_attention(spec, partial(_create, "attention", attention, kv_cache=kv))

@@ -49,7 +49,7 @@ class _Shapes:
     def __init__(self, engine: Any, steps: int, warmup: int, seed: int) -> None:
         self.engine, self.steps, self.warmup = engine, steps, warmup
         self.rng = random.Random(seed)
-        self.vocab = engine.model.vocab_size
+        self.vocab = engine.model.spec.vocab_size
         self.rec = TraceRecorder(engine)
         self.n = 0
 
@@ -145,7 +145,7 @@ def profile_admission(target: Any, *, lengths: Sequence[int] = (16, 256, 1024), 
     if engine.has_unfinished():
         raise ValueError("profile_admission needs an idle engine")
     rng = random.Random(seed)
-    vocab = engine.model.vocab_size
+    vocab = engine.model.spec.vocab_size
     params = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
     lens, secs = [], []
     for n in lengths:

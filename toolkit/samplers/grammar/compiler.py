@@ -1,6 +1,6 @@
 """`GrammarCompiler`: specs -> `CompiledGrammar`s, cached, compiled off the engine's step path.
 
-    compiler = GrammarCompiler(tokenizer, vocab_size=model.vocab_size)
+    compiler = GrammarCompiler(tokenizer, vocab_size=model.spec.vocab_size)
     future = compiler.compile_async(params.structured)  # add_request: cheap checks raise here
     ...                                                 # the request waits while not future.done()
     grammar = future.result().new_grammar()             # ValueError here: reject the request

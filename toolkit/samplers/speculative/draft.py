@@ -24,9 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from functools import partial
+
 import torch
 
 from toolkit import registry
+from toolkit.attention.layerwise import build_attention
+from toolkit.models.base import check_model
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
 from toolkit.samplers.speculative.base import Draft, draft_budget
@@ -52,20 +56,21 @@ class DraftModelProposer:
             raise ValueError(f"temperature must be >= 0 (0 = greedy drafts), got {temperature}")
         self.model, self.temperature = model, float(temperature)
         self.block_size = block_size
-        self.dtype = dtype or getattr(model, "dtype", None) or next(model.parameters()).dtype
+        spec = check_model(model)
+        self.dtype = dtype or spec.dtype
         self.device = torch.device(device or getattr(model, "device", None) or next(model.parameters()).device)
-        self.kv_cache = KVCache(model.num_layers, num_blocks, block_size, model.num_kv_heads,
-                                model.head_dim, self.dtype, self.device)
+        self.kv_cache = KVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads,
+                                spec.head_dim, self.dtype, self.device)
         cls = registry.lookup("attention", attention) if isinstance(attention, str) else attention
         if not isinstance(cls, type):
             raise ValueError(f"attention must be a backend name {sorted(registry.REGISTRY['attention'])} "
                              f"or class (it is built over the draft's own cache), got {attention!r}")
-        self.attention = cls(kv_cache=self.kv_cache, **model.attention_kwargs())
+        self.attention = build_attention(spec, partial(cls, kv_cache=self.kv_cache))
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._state: dict[str, _DraftState] = {}
 
     def __repr__(self) -> str:
-        return (f"DraftModelProposer({type(self.model).__name__}, layers={self.model.num_layers}, "
+        return (f"DraftModelProposer({type(self.model).__name__}, layers={self.model.spec.num_layers}, "
                 f"temperature={self.temperature}, tracked={len(self._state)})")
 
     def remove(self, request_ids: Sequence[str]) -> None:

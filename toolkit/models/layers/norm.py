@@ -1,0 +1,78 @@
+"""Normalisations: RMSNorm (fused with the residual add), Gemma's RMSNorm and LayerNorm.
+
+`RMSNorm(x, residual)` returns (norm(x + residual), x + residual), one kernel on CUDA, so a
+decoder layer carries its residual stream without a separate add. Gemma's checkpoints store
+w with the norm scaling by (1 + w): its loader stores 1 + w (computed in float32, then the
+model's dtype), so the same kernel runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from toolkit.models.layers.linear import mark, vector
+from toolkit.models.layers.parallel import shape_of, take
+
+
+class RMSNorm(nn.Module):
+    init = "ones"
+
+    def __init__(self, n: int, eps: float, *, ops: Any, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self.eps, self.ops = eps, ops
+        self.weight = mark(vector(n, dtype, torch.device(device)), self.weight_loader, [(None, (n,))],
+                           self.init)
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        if shape_of(loaded) != tuple(param.shape):
+            raise ValueError(f"shape mismatch for a norm: checkpoint has {shape_of(loaded)}, the "
+                             f"model expects {tuple(param.shape)}")
+        param.data.copy_(take(loaded))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, n] (+ residual [T, n]) -> (normed [T, n], the new residual [T, n])."""
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class GemmaRMSNorm(RMSNorm):
+    """x / rms(x) * (1 + w): the checkpoint's w is stored as 1 + w. Random weights draw the
+    checkpoint's w = 0 (a scale of 1), as Gemma initialises them."""
+    init = "zeros"
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        if shape_of(loaded) != tuple(param.shape):
+            raise ValueError(f"shape mismatch for a norm: checkpoint has {shape_of(loaded)}, the "
+                             f"model expects {tuple(param.shape)}")
+        param.data.copy_(take(loaded).float() + 1.0)
+
+
+class LayerNorm(nn.Module):
+    """torch's layer norm over the last dimension, with the residual add RMSNorm has."""
+    init = "ones"
+
+    def __init__(self, n: int, eps: float, *, bias: bool = True, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
+        super().__init__()
+        self.eps = eps
+        dev = torch.device(device)
+        self.weight = mark(vector(n, dtype, dev), self._load, [(None, (n,))], "ones")
+        self.bias = mark(vector(n, dtype, dev), self._load, [(None, (n,))], "zeros") if bias else None
+
+    def _load(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        if shape_of(loaded) != tuple(param.shape):
+            raise ValueError(f"shape mismatch for a layer norm: checkpoint has {shape_of(loaded)}, "
+                             f"the model expects {tuple(param.shape)}")
+        param.data.copy_(take(loaded))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps), x
