@@ -173,3 +173,20 @@ def test_random_weights_and_loading_checks(tmp_path: Path) -> None:
               str(folder / "model.safetensors"))
     with pytest.raises(ValueError, match="lacks 2 tensor.*lm_head"):
         load_transformers_model(folder)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt_neox"])
+def test_llm_greedy_equals_transformers(arch: str, checkpoint) -> None:
+    """Through toolkit.LLM with the model instance: chunked prefill (8 tokens a step), a KV
+    pool of 9 blocks of 4 for three sequences that need 13 (preemption by recompute)."""
+    from toolkit import LLM, SamplingParams
+
+    hf, folder = checkpoint(arch)
+    model = load_transformers_model(folder)
+    want = [hf_greedy(hf, p, NEW_TOKENS) for p in PROMPTS]
+    with LLM(model, dtype="float32", device="cpu", block_size=4, num_blocks=9,
+             max_num_batched_tokens=8) as llm:
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0),
+                            use_tqdm=False)
+        assert llm.engine.num_preemptions > 0
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
