@@ -155,6 +155,10 @@ def test_random_weights_and_loading_checks(tmp_path: Path) -> None:
             assert torch.all(p == 0), name
         else:
             assert 0.015 < float(p.std()) < 0.025, name
+    again = load_transformers_model(config)
+    assert all(torch.equal(a, b) for a, b in zip(model.hf.parameters(), again.hf.parameters()))
+    gemma = load_transformers_model(tiny_config("gemma2")).hf   # "1 + weight" norms: neutral 0
+    assert all(torch.all(p == 0) for n, p in gemma.named_parameters() if "norm" in n)
     logits = SpecRunner(model).step([[]], [PROMPTS[0]], [0])
     assert logits.shape == (1, V) and torch.isfinite(logits).all()
     state = model.hf.state_dict()
@@ -190,3 +194,19 @@ def test_llm_greedy_equals_transformers(arch: str, checkpoint) -> None:
                             use_tqdm=False)
         assert llm.engine.num_preemptions > 0
     assert [list(o.outputs[0].token_ids) for o in outs] == want
+
+
+def test_tensors_needing_a_converter_and_tensor_parallel_groups_are_refused(tmp_path: Path) -> None:
+    """Mixtral's checkpoint stores each expert apart; transformers fuses them on load (a
+    WeightConverter), which load_weights does not do: refused by name, not loaded wrong."""
+    import types
+
+    import transformers as tf
+
+    config = tf.MixtralConfig(**{**COMMON, "num_key_value_heads": 2}, num_local_experts=2,
+                              num_experts_per_tok=1)
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"experts\.0\.w1\.weight' needs transformers' WeightConverter"):
+        load_transformers_model(tmp_path)
+    with pytest.raises(ValueError, match="runs on one rank; got a tensor-parallel group of 2"):
+        load_transformers_model(tiny_config("llama"), group=types.SimpleNamespace(size=2))

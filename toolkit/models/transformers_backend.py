@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class TransformersForCausalLM(nn.Module):
         self.dtype, self.device = dtype, device
         self.spec: ModelSpec = model_spec(self.config, self.hf, dtype, eos_token_ids)
         self.logit_transform = LogitTransform.from_config(self.config)
+        self._norm_neutral = _norm_neutral_values(self.hf)
         head = self.hf.get_output_embeddings()
         if not isinstance(head, nn.Linear) and not hasattr(head, "weight"):
             raise ValueError(f"{type(self.hf).__name__} has no output embedding (lm_head) to "
@@ -137,18 +139,35 @@ class TransformersForCausalLM(nn.Module):
 
     @torch.no_grad()
     def init_random(self, std: float = 0.02, seed: int = 0) -> None:
-        """loader.init_random's rule: matrices and embeddings N(0, std), biases 0, norm weights
-        1 (a norm is a module whose class name contains "Norm"); fixed seed."""
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        for mod in self.hf.modules():
-            is_norm = "Norm" in type(mod).__name__
-            for pname, p in mod.named_parameters(recurse=False):
-                if is_norm:
-                    p.fill_(1.0 if pname == "weight" else 0.0)
-                elif pname == "bias" or pname.endswith("_bias"):
-                    p.zero_()
-                else:
-                    p.normal_(0.0, std, generator=gen)
+        """The toolkit's random-weight rule (causal_lm.py): matrices and embeddings N(0, std),
+        each from a generator seeded by its name, biases 0, norms at their neutral value
+        (1, or 0 for the "1 + weight" norms of the Gemma families: what transformers'
+        own init gave them when the model was built)."""
+        for name, p in self.hf.named_parameters():
+            if name in self._norm_neutral:
+                p.fill_(self._norm_neutral[name])
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                gen = torch.Generator(device=p.device).manual_seed(
+                    seed * 1_000_003 + zlib.crc32(name.encode()))
+                p.normal_(0.0, std, generator=gen)
+
+
+def _norm_neutral_values(hf: nn.Module) -> dict[str, float]:
+    """Parameter name -> its neutral value, for the parameters of norm modules (class name
+    containing "Norm"), read right after transformers initialised them: a constant tensor
+    keeps its value; anything else falls back to 1 for a weight, 0 for a bias."""
+    out: dict[str, float] = {}
+    for mod_name, mod in hf.named_modules():
+        if "Norm" not in type(mod).__name__:
+            continue
+        for pname, p in mod.named_parameters(recurse=False):
+            flat = p.detach().flatten()
+            const = flat.numel() > 0 and bool((flat == flat[0]).all())
+            out[f"{mod_name}.{pname}" if mod_name else pname] = (
+                float(flat[0]) if const else (0.0 if pname == "bias" else 1.0))
+    return out
 
 
 def _tied_names(hf: nn.Module) -> set[str]:
@@ -165,9 +184,15 @@ def _tied_names(hf: nn.Module) -> set[str]:
 
 def load_transformers_model(source: Any, *, dtype: torch.dtype = torch.float32,
                             device: torch.device | str = "cpu",
-                            load_format: str = "auto") -> TransformersForCausalLM:
+                            load_format: str = "auto", group: Any = None) -> TransformersForCausalLM:
     """A TransformersForCausalLM from a local HF folder or a transformers config (random
-    weights, as with load_format="dummy"); mirrors toolkit.models.loader.load_model."""
+    weights, as with load_format="dummy"); mirrors toolkit.models.loader.load_model.
+    group: a tensor-parallel Group; only one rank (None or size 1) is supported, as
+    transformers' modules hold whole weights."""
+    if group is not None and getattr(group, "size", 1) > 1:
+        raise ValueError(f"the Transformers backend runs on one rank; got a tensor-parallel group "
+                         f"of {group.size} (use model_impl='native' for tensor parallelism, or "
+                         "tensor_parallel_size=1)")
     from toolkit.models.loader import _eos_token_ids, load_config
     from toolkit.models.weights import iterate_weights, resolve_format
 
