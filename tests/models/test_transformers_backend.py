@@ -210,3 +210,10 @@ def test_tensors_needing_a_converter_and_tensor_parallel_groups_are_refused(tmp_
         load_transformers_model(tmp_path)
     with pytest.raises(ValueError, match="runs on one rank; got a tensor-parallel group of 2"):
         load_transformers_model(tiny_config("llama"), group=types.SimpleNamespace(size=2))
+
+
+def test_composite_configs_are_refused() -> None:
+    import transformers as tf
+
+    with pytest.raises(ValueError, match="composite .*Gemma3TextConfig"):
+        TransformersForCausalLM(tf.Gemma3Config(text_config=dict(COMMON, head_dim=16)))

@@ -36,10 +36,15 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _causal_lm_class(config: Any) -> type:
     """transformers' causal-LM class for the config; ValueError when it has none or when its
     attention does not use the attention-function interface."""
-    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    if text is not config:
+        raise ValueError(f"{type(config).__name__} is a composite (multimodal) config; the "
+                         f"Transformers backend runs text causal LMs: pass its text config "
+                         f"({type(text).__name__}) and the text model's weights")
     try:
-        cls = AutoModelForCausalLM._model_mapping[type(config)]
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError:
         raise ValueError(f"transformers has no causal-LM class for model_type "
                          f"{getattr(config, 'model_type', None)!r} ({type(config).__name__}); the "
@@ -75,8 +80,7 @@ class TransformersForCausalLM(nn.Module):
         self.spec: ModelSpec = model_spec(self.config, self.hf, dtype, eos_token_ids)
         self.logit_transform = LogitTransform.from_config(self.config)
         self._norm_neutral = _norm_neutral_values(self.hf)
-        head = self.hf.get_output_embeddings()
-        if not isinstance(head, nn.Linear) and not hasattr(head, "weight"):
+        if self.hf.get_output_embeddings() is None:
             raise ValueError(f"{type(self.hf).__name__} has no output embedding (lm_head) to "
                              "compute logits with")
 
