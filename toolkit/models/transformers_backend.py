@@ -62,10 +62,22 @@ class TransformersForCausalLM(nn.Module):
     """A transformers causal LM meeting the toolkit's Model contract (toolkit/models/base.py)."""
 
     def __init__(self, config: Any, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", eos_token_ids: list[int] | None = None) -> None:
+                 device: torch.device | str = "cpu", group: Any = None, kernels: str = "auto",
+                 eos_token_ids: list[int] | None = None) -> None:
+        """The registry's constructor signature (toolkit/models/registry.py). group: one rank
+        only (transformers' modules hold whole weights). kernels: checked, but only the
+        attention is the toolkit's; every other op is transformers' own torch code."""
         super().__init__()
+        from toolkit.models.ops import KERNELS
+
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
+        if group is not None and getattr(group, "size", 1) > 1:
+            raise ValueError(f"the Transformers backend runs on one rank; got a tensor-parallel "
+                             f"group of {group.size} (use model_impl='native' for tensor "
+                             "parallelism, or tensor_parallel_size=1)")
         cls = _causal_lm_class(config)
         register_toolkit_attention()
         device = torch.device(device)
@@ -188,15 +200,11 @@ def _tied_names(hf: nn.Module) -> set[str]:
 
 def load_transformers_model(source: Any, *, dtype: torch.dtype = torch.float32,
                             device: torch.device | str = "cpu",
-                            load_format: str = "auto", group: Any = None) -> TransformersForCausalLM:
+                            load_format: str = "auto", group: Any = None,
+                            kernels: str = "auto") -> TransformersForCausalLM:
     """A TransformersForCausalLM from a local HF folder or a transformers config (random
     weights, as with load_format="dummy"); mirrors toolkit.models.loader.load_model.
-    group: a tensor-parallel Group; only one rank (None or size 1) is supported, as
-    transformers' modules hold whole weights."""
-    if group is not None and getattr(group, "size", 1) > 1:
-        raise ValueError(f"the Transformers backend runs on one rank; got a tensor-parallel group "
-                         f"of {group.size} (use model_impl='native' for tensor parallelism, or "
-                         "tensor_parallel_size=1)")
+    group: a tensor-parallel Group; only one rank (None or size 1) is supported."""
     from toolkit.models.loader import _eos_token_ids, load_config
     from toolkit.models.weights import iterate_weights, resolve_format
 
@@ -210,7 +218,7 @@ def load_transformers_model(source: Any, *, dtype: torch.dtype = torch.float32,
         raise ValueError(f"source must be a local model folder or a transformers config, got "
                          f"{type(source).__name__}")
     fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
-    model = TransformersForCausalLM(config, dtype=dtype, device=device,
+    model = TransformersForCausalLM(config, dtype=dtype, device=device, group=group, kernels=kernels,
                                     eos_token_ids=_eos_token_ids(folder, config))
     if fmt == "dummy":
         model.init_random()
