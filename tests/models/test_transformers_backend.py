@@ -217,3 +217,16 @@ def test_composite_configs_are_refused() -> None:
 
     with pytest.raises(ValueError, match="composite .*Gemma3TextConfig"):
         TransformersForCausalLM(tf.Gemma3Config(text_config=dict(COMMON, head_dim=16)))
+
+
+def test_the_class_config_architectures_names() -> None:
+    import transformers as tf
+
+    from toolkit.models.transformers_backend import transformers_class
+
+    assert transformers_class(tf.LlamaConfig(**COMMON, architectures=["LlamaForCausalLM"])) is tf.LlamaForCausalLM
+    assert transformers_class(tf.GPTNeoXConfig(**COMMON)) is tf.GPTNeoXForCausalLM   # no architectures
+    with pytest.raises(ValueError, match="names FalconForCausalLM, whose config is FalconConfig"):
+        transformers_class(tf.LlamaConfig(**COMMON, architectures=["FalconForCausalLM"]))
+    with pytest.raises(ValueError, match="FalconForCausalLM .*attention-function interface"):
+        transformers_class(tf.FalconConfig(**COMMON))

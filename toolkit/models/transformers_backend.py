@@ -33,9 +33,12 @@ from toolkit.models.transformers.weights import checkpoint_renamer
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _causal_lm_class(config: Any) -> type:
-    """transformers' causal-LM class for the config; ValueError when it has none or when its
-    attention does not use the attention-function interface."""
+def transformers_class(config: Any) -> type:
+    """transformers' causal-LM class for the config: the class config.architectures names
+    (when transformers has it), else the one AutoModelForCausalLM maps the config type to.
+    ValueError when there is none, when the named class is for another config type, or when
+    its attention does not use the attention-function interface."""
+    import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
@@ -43,12 +46,20 @@ def _causal_lm_class(config: Any) -> type:
         raise ValueError(f"{type(config).__name__} is a composite (multimodal) config; the "
                          f"Transformers backend runs text causal LMs: pass its text config "
                          f"({type(text).__name__}) and the text model's weights")
-    try:
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except KeyError:
-        raise ValueError(f"transformers has no causal-LM class for model_type "
-                         f"{getattr(config, 'model_type', None)!r} ({type(config).__name__}); the "
-                         "Transformers backend runs AutoModelForCausalLM models") from None
+    named = [getattr(transformers, a, None) for a in getattr(config, "architectures", None) or []]
+    named = [c for c in named if isinstance(c, type) and hasattr(c, "config_class")]
+    if named:
+        cls = named[0]
+        if not isinstance(config, cls.config_class):
+            raise ValueError(f"config.architectures names {cls.__name__}, whose config is "
+                             f"{cls.config_class.__name__}, but the config is {type(config).__name__}")
+    else:
+        try:
+            cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        except KeyError:
+            raise ValueError(f"transformers has no causal-LM class for model_type "
+                             f"{getattr(config, 'model_type', None)!r} ({type(config).__name__}); the "
+                             "Transformers backend runs AutoModelForCausalLM models") from None
     if not getattr(cls, "_supports_attention_backend", False):
         raise ValueError(f"{cls.__name__} (model_type {config.model_type!r}) does not route its "
                          "attention through transformers' attention-function interface "
@@ -78,7 +89,7 @@ class TransformersForCausalLM(nn.Module):
             raise ValueError(f"the Transformers backend runs on one rank; got a tensor-parallel "
                              f"group of {group.size} (use model_impl='native' for tensor "
                              "parallelism, or tensor_parallel_size=1)")
-        cls = _causal_lm_class(config)
+        cls = transformers_class(config)
         register_toolkit_attention()
         device = torch.device(device)
         # a copy: transformers records attn_implementation on the config object it is given, and
