@@ -1,0 +1,181 @@
+"""The families beyond Llama (Gemma 2, Gemma 3, Phi-3), each saved by transformers and read by
+the toolkit's loader: logits of a ragged batch through the paged cache equal Hugging Face's
+(chunks longer than the sliding window, local and global layers interleaved), and greedy
+generation through LLM equals transformers' generate with a KV pool small enough to preempt.
+Also: the model registry takes a user's class, and the per-layer attention routing."""
+
+from __future__ import annotations
+
+import types
+from functools import partial
+
+import pytest
+import torch
+from model_configs import NEW_FAMILIES, build_hf_new
+from paged import PagedRunner
+
+from toolkit import LLM, SamplingParams
+from toolkit.attention.layerwise import LayerwiseAttention, build_attention
+from toolkit.attention.torch_ref import TorchAttention
+from toolkit.models import load_model, register_model
+from toolkit.models.base import LayerAttention
+from toolkit.models.llama import LlamaForCausalLM
+
+# sequence -> its chunks, one per step (a chunk of 1 after the prompt is a decode step)
+SCHEDULE = {"a": [13, 1, 1, 1], "b": [1, 1, 1, 1, 1], "c": [10, 9, 2, 1], "d": [7], "e": [0, 0, 5, 3]}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            hf = build_hf_new(family)
+            path = tmp_path_factory.mktemp(family)
+            hf.save_pretrained(path)
+            made[family] = (hf, str(path))
+        return made[family]
+    return get
+
+
+def _schedule_logits(model, tokens: dict[str, list[int]], runner: PagedRunner) -> dict[str, torch.Tensor]:
+    tables = {s: runner.new_table() for s in SCHEDULE}
+    done = {s: 0 for s in SCHEDULE}
+    got: dict[str, list[torch.Tensor]] = {s: [] for s in SCHEDULE}
+    for step in range(max(len(c) for c in SCHEDULE.values())):
+        seqs = [s for s, c in SCHEDULE.items() if step < len(c) and c[step] > 0]
+        chunks = [tokens[s][done[s]:done[s] + SCHEDULE[s][step]] for s in seqs]
+        logits = runner.step([tables[s] for s in seqs], chunks, [done[s] for s in seqs])
+        for s, part in zip(seqs, logits.split([len(c) for c in chunks])):
+            got[s].append(part)
+            done[s] += SCHEDULE[s][step]
+    return {s: torch.cat(v) for s, v in got.items()}
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_ragged_paged_logits_equal_hf(family, checkpoint):
+    hf, folder = checkpoint(family)
+    model = load_model(folder)
+    assert type(model).__name__ == hf.config.architectures[0]
+    g = torch.Generator().manual_seed(1)
+    tokens = {s: torch.randint(0, 211, (sum(c),), generator=g).tolist() for s, c in SCHEDULE.items()}
+    got = _schedule_logits(model, tokens, PagedRunner(model, block_size=4))
+    for s, toks in tokens.items():
+        with torch.no_grad():
+            want = hf(torch.tensor([toks])).logits[0].float()      # [S, V]
+        assert want.std() > 0.1, "logits too flat to be a meaningful comparison"
+        torch.testing.assert_close(got[s], want, rtol=1e-4, atol=1e-4, msg=lambda m, s=s: f"{family}/{s}: {m}")
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_greedy_through_llm_equals_hf_generate_under_preemption(family, checkpoint):
+    hf, folder = checkpoint(family)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 211, (n,), generator=g).tolist() for n in (14, 9, 17)]   # > every window
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    # 3 x (<= 29 tokens) need 21+ blocks of 4 at once: 12 blocks force preemption
+    with LLM(folder, dtype="float32", device="cpu", block_size=4, num_blocks=12, max_num_seqs=3,
+             max_num_batched_tokens=16, enable_prefix_caching=False) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        assert llm.engine.num_preemptions > 0
+    for p, o in zip(prompts, outs):
+        ids = torch.tensor([p])
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+        assert o.outputs[0].token_ids == want, family
+
+
+def test_layers_attend_as_the_config_says(checkpoint):
+    _, folder = checkpoint("gemma2")
+    model = load_model(folder)
+    scale = 24 ** -0.5
+    assert model.spec.layers == (LayerAttention("sliding", 6, 5.0, scale), LayerAttention("full", None, 5.0, scale)) * 2
+    runner = PagedRunner(model, block_size=4)
+    attn = runner.attention
+    assert isinstance(attn, LayerwiseAttention) and len(attn.backends) == 2
+    assert [b.sliding_window for b in attn.by_layer] == [6, None, 6, None]
+    assert all(b.soft_cap == 5.0 and b.scale == pytest.approx(scale) for b in attn.backends)
+    # a model whose layers all attend alike gets its one backend, unwrapped
+    _, phi = checkpoint("phi3")
+    m = load_model(phi)
+    assert isinstance(build_attention(m.spec, partial(TorchAttention, PagedRunner(m).kv_cache)), TorchAttention)
+
+
+def test_triton_attention_per_layer_equals_the_reference(checkpoint):
+    """Gemma 2's local and global layers through the Triton paged kernels (interpreted on the
+    CPU, fp32): the windowed and soft-capped schedules against the torch reference backend."""
+    from toolkit.attention.triton_paged import TritonPagedAttention
+
+    _, folder = checkpoint("gemma2")
+    model = load_model(folder)
+    g = torch.Generator().manual_seed(4)
+    tokens = {s: torch.randint(0, 211, (sum(c),), generator=g).tolist() for s, c in SCHEDULE.items()}
+    want = _schedule_logits(model, tokens, PagedRunner(model, block_size=4))
+    got = _schedule_logits(model, tokens, PagedRunner(model, block_size=4, backend=partial(TritonPagedAttention, impl="triton")))
+    for s in tokens:
+        torch.testing.assert_close(got[s], want[s], rtol=1e-4, atol=1e-4)
+
+
+class MyTinyForCausalLM(LlamaForCausalLM):
+    """A user's model class: Llama's layers, registered under a name of its own."""
+
+    def __init__(self, config, **kw):
+        super().__init__(config, family="llama", **kw)
+
+
+def test_a_registered_model_class_serves_its_architecture(tmp_path, monkeypatch):
+    from transformers import LlamaConfig
+
+    from toolkit import registry
+
+    monkeypatch.setitem(registry.REGISTRY, "model", dict(registry.REGISTRY["model"]))   # undone after
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=97, max_position_embeddings=64,
+                      architectures=["MyTinyForCausalLM"])
+    with pytest.raises(ValueError, match="unsupported architecture.*register_model"):
+        load_model(cfg)
+    register_model("MyTinyForCausalLM", MyTinyForCausalLM)
+    with LLM(cfg, dtype="float32", device="cpu", num_blocks=16, block_size=4) as llm:
+        assert type(llm.engine.model) is MyTinyForCausalLM
+        out = llm.generate([{"prompt_token_ids": [3, 4, 5]}], SamplingParams(temperature=0, max_tokens=3))
+        assert len(out[0].outputs[0].token_ids) == 3
+    with pytest.raises(TypeError, match="architecture must be"):
+        register_model("", MyTinyForCausalLM)
+
+
+def test_an_entry_point_plugin_serves_its_architecture(monkeypatch):
+    """The `toolkit.models` entry-point group: an installed package's class, loaded lazily."""
+    from transformers import LlamaConfig
+
+    import toolkit.models.registry as reg
+
+    loaded = []
+
+    def load():
+        loaded.append(1)
+        return MyTinyForCausalLM
+
+    ep = types.SimpleNamespace(name="PluginForCausalLM", load=load)
+    monkeypatch.setattr(reg, "entry_points", lambda group: [ep] if group == reg.ENTRY_POINT_GROUP else [])
+    assert "PluginForCausalLM" in reg.supported_architectures() and not loaded
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=97, max_position_embeddings=64,
+                      architectures=["PluginForCausalLM"])
+    assert type(load_model(cfg)) is MyTinyForCausalLM and loaded == [1]
+
+
+def test_unsupported_rope_and_refusals_name_what_is_valid():
+    from transformers import LlamaConfig, Phi3Config
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                      vocab_size=97, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="'dynamic' is not supported.*supported"):
+        load_model(cfg)
+    phi = Phi3Config(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                     vocab_size=97, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=64,
+                     original_max_position_embeddings=32,
+                     rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                                      "long_factor": [1.0] * 8})
+    with pytest.raises(ValueError, match="longrope"):
+        load_model(phi)
