@@ -41,10 +41,16 @@ def tiny_config(arch: str):
         "gemma2": lambda: tf.Gemma2Config(**COMMON, **kv, head_dim=16, sliding_window=5,  # sliding / full layers,
                                           query_pre_attn_scalar=24, attn_logit_softcapping=20.0,  # both soft caps,
                                           final_logit_softcapping=15.0),      # scale 24^-0.5
+        "olmo2": lambda: tf.Olmo2Config(**COMMON, **kv),                     # q/k norm over all heads
+        "glm": lambda: tf.GlmConfig(**COMMON, **kv, head_dim=16),            # interleaved partial rotary
+        "smollm3": lambda: tf.SmolLM3Config(**COMMON, **kv, no_rope_layers=[1, 0]),  # a layer without rotary
+        "exaone4": lambda: tf.Exaone4Config(**COMMON, **kv, sliding_window=5,  # every module holds the
+                                            layer_types=["sliding_attention", "full_attention"]),  # window
     }[arch]()
 
 
-ARCHS = ["llama", "olmo", "granite", "gpt_neox", "cohere", "starcoder2", "helium", "phi", "gemma2"]
+ARCHS = ["llama", "olmo", "granite", "gpt_neox", "cohere", "starcoder2", "helium", "phi", "gemma2",
+         "olmo2", "glm", "smollm3", "exaone4"]
 # ragged: longer than the window (5) and the chunk (6), so prompt 0 is split over two steps
 PROMPTS = [[5, 17, 99, 3, 41, 8, 150, 23, 77, 9, 61], [4, 88, 12, 190, 33], [7, 7, 120, 56, 2, 91, 18, 200]]
 NEW_TOKENS = 8
@@ -106,6 +112,8 @@ def test_spec_layers_from_the_modules() -> None:
                          LayerAttention("full", None, 20.0, 24 ** -0.5))
     assert (g2.num_heads, g2.num_kv_heads, g2.head_dim, g2.vocab_size) == (4, 2, 16, V)
     assert TransformersForCausalLM(tiny_config("granite")).spec.layers[1].scale == pytest.approx(0.2)
+    ex4 = TransformersForCausalLM(tiny_config("exaone4")).spec      # layer_types decide the kind
+    assert [(la.kind, la.window) for la in ex4.layers] == [("sliding", 5), ("full", None)]
     sc2 = TransformersForCausalLM(tiny_config("starcoder2")).spec
     assert {la.window for la in sc2.layers} == {5}
     neox = TransformersForCausalLM(tiny_config("gpt_neox")).spec

@@ -44,16 +44,19 @@ def _head_dim(config: Any, module: torch.nn.Module) -> int:
 
 
 def layer_attention(config: Any, modules: list[torch.nn.Module]) -> tuple[LayerAttention, ...]:
-    """Each layer's kind / window / soft cap / scale. A module's own `sliding_window` (set per
-    layer by families with interleaved layers, None on full layers) wins over the config's."""
+    """Each layer's kind / window / soft cap / scale. With `config.layer_types` the kind is
+    the config's (Exaone 4 keeps the window on every module and uses it on sliding layers
+    only); without, a module's own `sliding_window` wins over the config's (Gemma 2 sets it
+    per layer, None on full layers)."""
     kinds = layer_kinds(config, len(modules))
     config_window = getattr(config, "sliding_window", None)
+    per_layer_types = bool(getattr(config, "layer_types", None))
     out = []
     for mod, kind in zip(modules, kinds):
-        if hasattr(mod, "sliding_window"):
-            window = mod.sliding_window
-        else:
-            window = config_window if kind == "sliding" else None
+        window = getattr(mod, "sliding_window", None) if hasattr(mod, "sliding_window") else (
+            config_window if kind == "sliding" else None)
+        if per_layer_types:
+            window = (window or config_window) if kind == "sliding" else None
         soft_cap = getattr(mod, "attn_logit_softcapping", getattr(config, "attn_logit_softcapping", None))
         scale = getattr(mod, "scaling", None)
         out.append(LayerAttention(
