@@ -220,6 +220,29 @@ def test_tensors_needing_a_converter_and_tensor_parallel_groups_are_refused(tmp_
         load_transformers_model(tiny_config("llama"), group=types.SimpleNamespace(size=2))
 
 
+def test_layers_without_attention_are_refused() -> None:
+    """A flattened batch without a transformers cache carries no recurrent or convolution
+    state: hybrid families are refused, by their layer types or their missing attention."""
+    import transformers as tf
+
+    small = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                 vocab_size=V, intermediate_size=96)
+    hybrid = tf.GraniteMoeHybridConfig(**small, layer_types=["mamba", "attention"], mamba_d_head=16,
+                                       mamba_n_heads=8)
+    with pytest.raises(ValueError, match="layer type 'linear_attention' is not supported"):
+        TransformersForCausalLM(hybrid)
+    lfm2 = tf.Lfm2Config(**small, full_attn_idxs=[1])             # layer 0: a short convolution
+    with pytest.raises(ValueError, match="layer type 'conv' is not supported"):
+        TransformersForCausalLM(lfm2)
+    from toolkit.models.transformers.spec import attention_modules
+
+    class ToyAttention(torch.nn.Module):
+        layer_idx = 1
+
+    with pytest.raises(ValueError, match=r"decoder layers \[0\] have no attention module"):
+        attention_modules(torch.nn.Sequential(torch.nn.Conv1d(2, 2, 3), ToyAttention()), 2)
+
+
 def test_composite_configs_are_refused() -> None:
     import transformers as tf
 

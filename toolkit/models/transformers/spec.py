@@ -29,9 +29,13 @@ def attention_modules(hf: torch.nn.Module, num_layers: int) -> list[torch.nn.Mod
                 raise ValueError(f"{type(hf).__name__} has two attention modules with layer_idx "
                                  f"{idx}; the Transformers backend needs one per decoder layer")
             found[idx] = mod
-    if sorted(found) != list(range(num_layers)):
-        raise ValueError(f"{type(hf).__name__}: attention modules with layer_idx {sorted(found)}, "
-                         f"expected one for each of the {num_layers} decoder layers")
+    missing = sorted(set(range(num_layers)) - set(found))
+    if missing or len(found) != num_layers:
+        raise ValueError(f"{type(hf).__name__}: decoder layers {missing} have no attention module "
+                         f"(recurrent, convolutional or state-space layers?); the Transformers "
+                         f"backend runs models whose every one of the {num_layers} layers attends "
+                         "through the attention interface, as a flattened batch has no other "
+                         "per-sequence state")
     return [found[i] for i in range(num_layers)]
 
 
@@ -71,6 +75,7 @@ def layer_attention(config: Any, modules: list[torch.nn.Module]) -> tuple[LayerA
 def model_spec(config: Any, hf: torch.nn.Module, dtype: torch.dtype,
                eos_token_ids: list[int] | None) -> ModelSpec:
     n = int(config.num_hidden_layers)
+    layer_kinds(config, n)            # refuses layer types other than full / sliding attention
     modules = attention_modules(hf, n)
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
