@@ -141,6 +141,19 @@ def test_spec_disagreeing_with_the_modules_is_refused(field: str, value, message
         runner.step([[]], [PROMPTS[1]], [0])
 
 
+def test_the_backend_reaches_attention_only_through_forward() -> None:
+    """No global: transformers' module called without TransformersForCausalLM.forward's
+    per-call context is refused, and two models keep their own backends."""
+    a, b = (TransformersForCausalLM(tiny_config("llama")) for _ in range(2))
+    with pytest.raises(ValueError, match="without a toolkit_step= StepContext"):
+        a.hf.base_model(input_ids=torch.tensor([PROMPTS[1]]), use_cache=False)
+    ra, rb = SpecRunner(a), SpecRunner(b)
+    ra.step([[]], [PROMPTS[1]], [0])
+    rb.step([[]], [PROMPTS[2]], [0])
+    written = lambda r: int((~r.kv_cache.layers[0][0].isnan()).any(-1).any(-1).sum())   # K slots written
+    assert (written(ra), written(rb)) == (len(PROMPTS[1]), len(PROMPTS[2]))
+
+
 @pytest.mark.parametrize("arch, cls", [("stablelm", "StableLmForCausalLM"), ("bloom", "BloomForCausalLM")])
 def test_families_outside_the_attention_interface_are_refused(arch: str, cls: str) -> None:
     import transformers as tf
