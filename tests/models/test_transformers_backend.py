@@ -104,6 +104,12 @@ def test_logits_match_transformers(arch: str, checkpoint) -> None:
     with torch.no_grad():
         want = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS[:2]])
     torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
+    hidden = torch.randn(3, model.spec.hidden_size)
+    out = torch.full((3, V), float("nan"))
+    assert model.compute_logits(hidden, out=out) is out              # the LM-head graphs' path
+    torch.testing.assert_close(out, model.compute_logits(hidden))
+    with pytest.raises(ValueError, match="out must be a contiguous float32"):
+        model.compute_logits(hidden, out=torch.empty(3, V, dtype=torch.float16))
 
 
 def test_spec_layers_from_the_modules() -> None:

@@ -128,10 +128,14 @@ class TransformersForCausalLM(nn.Module):
         return out.last_hidden_state[0]                                  # [T, D]
 
     @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, D] -> float32 logits [N, V], with the family's scaling / soft cap."""
-        logits = self.hf.get_output_embeddings()(hidden).float()         # [N, V]
-        return self.logit_transform(logits)
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [N, D] -> float32 logits [N, V], with the family's scaling / soft cap; into
+        `out` (a contiguous float32 [N, V]: the engine's LM-head CUDA graphs) when given."""
+        from toolkit.kernels.reference_model import check_logits_out
+
+        check_logits_out(out, hidden.shape[0], self.spec.vocab_size)
+        logits = self.logit_transform(self.hf.get_output_embeddings()(hidden).float())   # [N, V]
+        return logits if out is None else out.copy_(logits)
 
     # ------------------------------------------------------------------ loading
     def expected_weights(self) -> dict[str, int]:
