@@ -26,9 +26,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks.sim_common import model_config, release_llm  # noqa: E402
+from benchmarks.sim_common import model_config, release_llm
 
 GPU = dict(dtype="bfloat16", max_num_seqs=256, max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
            max_model_len=4096)

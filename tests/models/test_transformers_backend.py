@@ -195,7 +195,7 @@ def test_random_weights_and_loading_checks(tmp_path: Path) -> None:
         model.load_weights([("model.nope.weight", torch.zeros(3))])
     with pytest.raises(ValueError, match="shape mismatch for 'lm_head.weight'"):
         model.load_weights([("lm_head.weight", torch.zeros(3, 64))])
-    hf, folder = None, tmp_path / "partial"
+    folder = tmp_path / "partial"
     folder.mkdir()
     (folder / "config.json").write_text(config.to_json_string())
     from safetensors.torch import save_file
@@ -280,3 +280,19 @@ def test_the_class_config_architectures_names() -> None:
         transformers_class(tf.LlamaConfig(**COMMON, architectures=["FalconForCausalLM"]))
     with pytest.raises(ValueError, match="FalconForCausalLM .*attention-function interface"):
         transformers_class(tf.FalconConfig(**COMMON))
+
+
+def test_attention_calls_the_backends_cannot_serve_are_refused() -> None:
+    from toolkit.models.transformers.attention import StepContext, toolkit_attention_forward
+
+    model = TransformersForCausalLM(tiny_config("llama"))
+    module = model.hf.model.layers[0].self_attn
+    step = StepContext(backend=SpecRunner(model).attention, layers=model.spec.layers)
+    q, kv = torch.zeros(1, 4, 3, 16), torch.zeros(1, 2, 3, 16)
+    with pytest.raises(ValueError, match="'s_aux' \\(attention sinks"):
+        toolkit_attention_forward(module, q, kv, kv, None, scaling=0.25, s_aux=torch.zeros(4),
+                                  toolkit_step=step)
+    with pytest.raises(ValueError, match="dropout 0.1 is a training feature"):
+        toolkit_attention_forward(module, q, kv, kv, None, dropout=0.1, toolkit_step=step)
+    with pytest.raises(ValueError, match="one flattened batch"):
+        toolkit_attention_forward(module, q.expand(2, -1, -1, -1), kv, kv, None, toolkit_step=step)

@@ -26,7 +26,11 @@ from torch import nn
 
 from toolkit.models.base import ModelSpec, WeightReport
 from toolkit.models.transformers.attention import (
-    ATTN_IMPLEMENTATION, CONTEXT_KWARG, StepContext, register_toolkit_attention)
+    ATTN_IMPLEMENTATION,
+    CONTEXT_KWARG,
+    StepContext,
+    register_toolkit_attention,
+)
 from toolkit.models.transformers.spec import LogitTransform, model_spec
 from toolkit.models.transformers.weights import checkpoint_renamer
 

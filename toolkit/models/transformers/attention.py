@@ -104,7 +104,7 @@ def _check_layer(layer: int, spec: LayerAttention, scaling: float | None, head_d
             raise ValueError(f"layer {layer}: transformers asks for {name}={got!r} but the model's "
                              f"spec.layers[{layer}] says {want!r}; the toolkit backend would "
                              "attend differently from the checkpoint's model")
-    for name in UNSUPPORTED_KWARGS:
+    for name, what in UNSUPPORTED_KWARGS.items():
         if kwargs.get(name) is not None:
-            raise ValueError(f"layer {layer}: the attention call passes {name!r} "
-                             f"({UNSUPPORTED_KWARGS[name]}), which the toolkit backends do not implement")
+            raise ValueError(f"layer {layer}: the attention call passes {name!r} ({what}), which "
+                             "the toolkit backends do not implement")

@@ -105,7 +105,7 @@ class LogitTransform:
     soft_cap: float | None = None
 
     @classmethod
-    def from_config(cls, config: Any) -> "LogitTransform":
+    def from_config(cls, config: Any) -> LogitTransform:
         mult = 1.0
         for name in ("logit_scale", "output_multiplier"):
             v = getattr(config, name, None)
