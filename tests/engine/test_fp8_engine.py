@@ -112,10 +112,12 @@ def test_calibration_is_amax_over_vllm_constants(tiny_llama_dir) -> None:
 
     model = load_model(tiny_llama_dir, dtype=torch.float32, device="cpu")
     prompts = [PROMPTS[1], PROMPTS[4]]
-    kw = model.attention_kwargs()
+    from toolkit.attention.layerwise import backend_kwargs
+
+    kw = backend_kwargs(model.spec, model.spec.layer(0))
     k_s, v_s = calibrate(model, prompts, lambda c: TorchAttention(c, **kw), torch.float32,
                          torch.device("cpu"))
-    cache = KVCache(model.num_layers, 8, 16, model.num_kv_heads, model.head_dim)
+    cache = KVCache(model.spec.num_layers, 8, 16, model.spec.num_kv_heads, model.spec.head_dim)
     for layer in cache.layers:
         layer.fill_(0.0)
     lens = [len(p) for p in prompts]
@@ -124,7 +126,7 @@ def test_calibration_is_amax_over_vllm_constants(tiny_llama_dir) -> None:
     attn.plan(PagedKVLayout.build(tables, lens, lens, 16))
     model.forward(torch.tensor(prompts[0] + prompts[1]),
                   torch.cat([torch.arange(n) for n in lens]), attn)
-    for i in range(model.num_layers):
+    for i in range(model.spec.num_layers):
         assert k_s[i] == pytest.approx(float(cache[i][0].abs().max()) / 200, rel=1e-6)
         assert v_s[i] == pytest.approx(float(cache[i][1].abs().max()) / 100, rel=1e-6)
 

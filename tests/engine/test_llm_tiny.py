@@ -195,7 +195,8 @@ def test_every_eos_id_of_the_model_stops(tiny_llama_dir, expected):
     """A model with several end tokens (Llama 3's) stops at any of them unless ignore_eos."""
     prompt, first = _prompts()[0], expected[0]
     with LLM(tiny_llama_dir, dtype="float32", device="cpu") as llm:
-        llm.engine.model.eos_token_ids = [llm.engine.eos_token_id, first[3]]
+        m = llm.engine.model                 # the spec the engine reads at each add_request
+        m.spec = __import__("dataclasses").replace(m.spec, eos_token_ids=(llm.engine.eos_token_id, first[3]))
         out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)[0]
         assert out.outputs[0].token_ids == first[:first.index(first[3]) + 1]
         assert out.outputs[0].finish_reason == "stop"

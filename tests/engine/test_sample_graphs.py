@@ -31,7 +31,7 @@ def test_graph_tokens_equal_the_eager_kernels_on_the_graph_logits(tiny_llama_dir
 
     with LLM(tiny_llama_dir, dtype="bfloat16", device="cuda", cuda_graphs=False) as llm:
         model = llm.engine.runner.model
-        v = model.vocab_size
+        v = model.spec.vocab_size
         sg = SampleGraphs(model, Sampler(), 40, torch.device("cuda"))
         sg.logits.fill_(float("nan"))                   # poisoned: the graph must write its rows
         g = torch.Generator(device="cuda").manual_seed(0)

@@ -35,8 +35,9 @@ def test_greedy_chat_equals_hf_generate(embedded_path):
     from transformers import AutoModelForCausalLM
 
     model = load_model(embedded_path)
-    assert (model.num_layers, model.num_kv_heads, model.head_dim, model.vocab_size) == (30, 3, 64, 49152)
-    assert model.eos_token_ids == [2]
+    s = model.spec
+    assert (s.num_layers, s.num_kv_heads, s.head_dim, s.vocab_size) == (30, 3, 64, 49152)
+    assert s.eos_token_ids == (2,)
     tok = load_tokenizer(embedded_path)
     hf = AutoModelForCausalLM.from_pretrained(str(embedded_path), dtype=torch.float32).eval()
     prompts = [tok(apply_chat_template(tok, m), add_special_tokens=False)["input_ids"] for m in PROMPTS]
