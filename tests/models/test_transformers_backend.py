@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from model_configs import randomize
-from paged_spec import SpecRunner, greedy_paged
+from staggered_greedy import cpu_runner, greedy_staggered
 
 from toolkit.models.base import LayerAttention, check_model
 from toolkit.models.transformers_backend import TransformersForCausalLM, load_transformers_model
@@ -89,7 +89,7 @@ def test_greedy_equals_transformers(arch: str, checkpoint) -> None:
     check_model(model)
     want = [hf_greedy(hf, p, NEW_TOKENS) for p in PROMPTS]
     assert all(len(w) == NEW_TOKENS for w in want)
-    got = greedy_paged(model, PROMPTS, NEW_TOKENS, chunk=6)
+    got = greedy_staggered(model, PROMPTS, NEW_TOKENS, chunk=6)
     assert got == want
 
 
@@ -99,8 +99,8 @@ def test_logits_match_transformers(arch: str, checkpoint) -> None:
     logit scaling / soft cap) close to transformers' for the same prompt alone."""
     hf, folder = checkpoint(arch)
     model = load_transformers_model(folder)
-    runner = SpecRunner(model)
-    got = runner.step([[], []], PROMPTS[:2], [0, 0])                      # [2, V]
+    runner = cpu_runner(model)
+    got = runner.step([[], []], PROMPTS[:2], [0, 0], last_only=True)      # [2, V]
     with torch.no_grad():
         want = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS[:2]])
     torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
@@ -142,7 +142,7 @@ def test_spec_disagreeing_with_the_modules_is_refused(field: str, value, message
     kind = "full" if field == "window" else layer0.kind
     bad = LayerAttention(**{**layer0.__dict__, field: value, "kind": kind})
     model.spec = type(model.spec)(**{**model.spec.__dict__, "layers": (bad, model.spec.layers[1])})
-    runner = SpecRunner(model)
+    runner = cpu_runner(model)
     with pytest.raises(ValueError, match=message):
         runner.step([[]], [PROMPTS[1]], [0])
 
@@ -153,7 +153,7 @@ def test_the_backend_reaches_attention_only_through_forward() -> None:
     a, b = (TransformersForCausalLM(tiny_config("llama")) for _ in range(2))
     with pytest.raises(ValueError, match="without a toolkit_step= StepContext"):
         a.hf.base_model(input_ids=torch.tensor([PROMPTS[1]]), use_cache=False)
-    ra, rb = SpecRunner(a), SpecRunner(b)
+    ra, rb = cpu_runner(a), cpu_runner(b)
     ra.step([[]], [PROMPTS[1]], [0])
     rb.step([[]], [PROMPTS[2]], [0])
     written = lambda r: int((~r.kv_cache.layers[0][0].isnan()).any(-1).any(-1).sum())   # K slots written
@@ -186,7 +186,7 @@ def test_random_weights_and_loading_checks(tmp_path: Path) -> None:
     assert all(torch.equal(a, b) for a, b in zip(model.hf.parameters(), again.hf.parameters()))
     gemma = load_transformers_model(tiny_config("gemma2")).hf   # "1 + weight" norms: neutral 0
     assert all(torch.all(p == 0) for n, p in gemma.named_parameters() if "norm" in n)
-    logits = SpecRunner(model).step([[]], [PROMPTS[0]], [0])
+    logits = cpu_runner(model).step([[]], [PROMPTS[0]], [0], last_only=True)
     assert logits.shape == (1, V) and torch.isfinite(logits).all()
     state = model.hf.state_dict()
     loaded = model.load_weights(state.items())
@@ -287,7 +287,7 @@ def test_attention_calls_the_backends_cannot_serve_are_refused() -> None:
 
     model = TransformersForCausalLM(tiny_config("llama"))
     module = model.hf.model.layers[0].self_attn
-    step = StepContext(backend=SpecRunner(model).attention, layers=model.spec.layers)
+    step = StepContext(backend=cpu_runner(model).attention, layers=model.spec.layers)
     q, kv = torch.zeros(1, 4, 3, 16), torch.zeros(1, 2, 3, 16)
     with pytest.raises(ValueError, match="'s_aux' \\(attention sinks"):
         toolkit_attention_forward(module, q, kv, kv, None, scaling=0.25, s_aux=torch.zeros(4),
