@@ -1,0 +1,44 @@
+"""The README's and the docs' Python snippets run as written, each file's blocks in order in
+one namespace; the docs link only to files inside the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+WITH_CODE = [p for p in PAGES if FENCE.search(p.read_text())]
+
+
+def _slow(page: Path) -> bool:
+    """Pages that load the embedded model or build a server take over 10 s on a 2-core CPU."""
+    text = page.read_text()
+    return "LLM()" in text or "AsyncEngine" in text
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=str(p.relative_to(ROOT)),
+                                               marks=[pytest.mark.slow] if _slow(p) else [])
+                                  for p in WITH_CODE])
+def test_the_pages_snippets_run(page: Path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                 # a snippet that writes files writes them here
+    namespace: dict = {"__name__": "__docs__"}
+    for i, block in enumerate(FENCE.findall(page.read_text())):
+        code = compile(block, f"{page.name}, python block {i + 1}", "exec")
+        exec(code, namespace)
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_stay_inside_the_repository_and_exist(page: Path):
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue                                  # http(s):, mailto:
+        path = (page.parent / target).resolve()
+        assert ROOT in path.parents or path == ROOT, f"{page.name} links outside the repository: {target}"
+        assert path.exists(), f"{page.name} links to a missing file: {target}"
