@@ -42,3 +42,14 @@ def test_relative_links_stay_inside_the_repository_and_exist(page: Path):
         path = (page.parent / target).resolve()
         assert ROOT in path.parents or path == ROOT, f"{page.name} links outside the repository: {target}"
         assert path.exists(), f"{page.name} links to a missing file: {target}"
+
+
+def test_the_configuration_page_lists_every_option_with_its_default():
+    import dataclasses
+
+    from toolkit.config import EngineConfig
+
+    text = (ROOT / "docs" / "reference" / "configuration.md").read_text()
+    missing = [f.name for f in dataclasses.fields(EngineConfig)
+               if f"| `{f.name}` | `{f.default!r}` |" not in text]
+    assert not missing, f"docs/reference/configuration.md lacks (or has a stale default for): {missing}"
