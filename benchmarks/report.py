@@ -21,7 +21,8 @@ BLOCK = re.compile(r"(<!-- headline:start[^\n]*-->\n)(.*?)(<!-- headline:end -->
 
 TITLES = {"throughput": "Offline throughput", "attention": "Attention kernels",
           "engine_core": "Engine step against its roofline", "serving": "Serving",
-          "cpu": "CPU", "prefix_cache": "Prefix caches", "sim_validate": "Simulator against the engine"}
+          "cpu": "CPU", "fp8_kv": "FP8 KV cache", "prefix_cache": "Prefix caches",
+          "sim_validate": "Simulator against the engine"}
 
 
 def _num(x: float) -> str:
