@@ -53,3 +53,14 @@ def test_the_configuration_page_lists_every_option_with_its_default():
     missing = [f.name for f in dataclasses.fields(EngineConfig)
                if f"| `{f.name}` | `{f.default!r}` |" not in text]
     assert not missing, f"docs/reference/configuration.md lacks (or has a stale default for): {missing}"
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    pytest.importorskip("mkdocs", reason="the dev extra installs mkdocs-material")
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "guides" / "scheduling-policy" / "index.html").exists()
