@@ -57,7 +57,7 @@ def machine() -> dict:
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
                              cwd=Path(__file__).parent, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
