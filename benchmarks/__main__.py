@@ -1,6 +1,7 @@
 """`python -m benchmarks`: list the benchmarks; `python -m benchmarks NAME [ARGS]` runs one
 and writes its record (benchmarks/schema.json) to $OUT or benchmarks/results/ (not tracked);
-`python -m benchmarks report [--check]` renders RESULTS.md from benchmarks/summaries/."""
+`python -m benchmarks keep RECORD ID [--headline NAME ...]` adds a record to its machine's
+summary; `python -m benchmarks report [--check]` renders RESULTS.md from benchmarks/summaries/."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def listing() -> str:
     width = max(map(len, CATALOG))
     lines = ["usage: python -m benchmarks NAME [ARGS]   (ARGS: python -m benchmarks NAME --help)", ""]
     lines += [f"  {b.name:<{width}}  {b.what}{'' if b.gpu else '  [CPU]'}" for b in CATALOG.values()]
-    lines += ["", f"  {'report':<{width}}  RESULTS.md and the README's table from benchmarks/summaries"]
+    lines += ["", f"  {'keep':<{width}}  RECORD ID [--headline NAME ...]: a run's record into its machine's summary",
+              f"  {'report':<{width}}  RESULTS.md and the README's table from benchmarks/summaries"]
     return "\n".join(lines)
 
 
@@ -52,6 +54,19 @@ def main(argv: list[str]) -> int:
         from benchmarks.report import main as report
 
         return report(rest)
+    if name == "keep":
+        import argparse
+
+        from benchmarks.record import keep
+
+        ap = argparse.ArgumentParser(prog="python -m benchmarks keep")
+        ap.add_argument("record", help="a record a run wrote (benchmarks/results/*.json)")
+        ap.add_argument("id", help="the summary record's stable name")
+        ap.add_argument("--headline", action="append", default=[], help="a figure the README quotes")
+        a = ap.parse_args(rest)
+        print(f"kept in {keep(json.loads(Path(a.record).read_text()), a.id, headline=a.headline)}; "
+              "now `python -m benchmarks report`")
+        return 0
     if name not in CATALOG:
         print(f"unknown benchmark {name!r}; valid: {', '.join(CATALOG)}, report", file=sys.stderr)
         return 2

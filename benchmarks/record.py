@@ -4,6 +4,7 @@
                       [figure("output throughput", 21482, "tok/s", peer="HF", peer_value=604)])
     validate(rec)                       # ValueError naming the field, else None
     write(rec, "benchmarks/results")    # results/ is not tracked by git
+    keep(rec, "throughput-nano-hf")     # into summaries/<machine>.json, which RESULTS.md renders
 
 A summary file (benchmarks/summaries/<machine>.json) is a JSON list of records without
 `raw`; benchmarks/report.py renders RESULTS.md and the README's table from them.
@@ -14,10 +15,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 SCHEMA_ID = "toolkit-benchmark-record/1"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
@@ -120,6 +122,33 @@ def write(record: dict, folder: str | os.PathLike) -> Path:
     gpu = (record["machine"]["gpu"] or "cpu").lower().replace(" ", "-")
     path = folder / f"{record['benchmark']}_{record['date']}_{gpu}_{time.strftime('%H%M%S')}.json"
     path.write_text(json.dumps(record, indent=1))
+    return path
+
+
+def summary_file(record: dict, folder: str | os.PathLike = SUMMARIES) -> Path:
+    """The machine's summary file: summaries/<gpu name>.json, or cpu-<cpu>.json."""
+    m = record["machine"]
+    name = m["gpu"] or f"cpu-{m['cpu']}"
+    return Path(folder) / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".json")
+
+
+def keep(record: dict, record_id: str, *, headline: Sequence[str] = (),
+         folder: str | os.PathLike = SUMMARIES) -> Path:
+    """Add a run's record to its machine's summary file, without its raw output, as
+    `record_id` (replacing an older record of that id); `headline` names the figures the
+    README quotes. Returns the summary file."""
+    rec = {k: v for k, v in record.items() if k != "raw"}
+    rec["id"] = record_id
+    names = {f["name"] for f in rec["figures"]}
+    unknown = sorted(set(headline) - names)
+    if unknown:
+        raise ValueError(f"no figure named {unknown}; the record's figures: {sorted(names)}")
+    rec["figures"] = [{**f, "headline": True} if f["name"] in headline else f for f in rec["figures"]]
+    validate(rec)
+    path = summary_file(rec, folder)
+    records = json.loads(path.read_text()) if path.exists() else []
+    records = [r for r in records if r.get("id") != record_id] + [rec]
+    path.write_text(json.dumps(records, indent=1) + "\n")
     return path
 
 

@@ -76,3 +76,17 @@ def test_figures_are_extracted_from_a_benchmarks_own_output():
     assert extract("attention", {"decode": []}) == []
     for f in extract("throughput", thr) + extract("cpu", cpu):
         validate(make_record("x", "cmd", [f]))
+
+
+def test_keep_adds_a_run_to_its_machines_summary_without_raw_output(tmp_path):
+    from benchmarks.record import keep
+
+    rec = _record()
+    rec["raw"] = {"rows": [1, 2, 3]}
+    path = keep(rec, "tput", headline=["offline throughput"], folder=tmp_path)
+    again = keep(rec, "tput", folder=tmp_path)                   # the same id replaces the old one
+    assert path == again and path.parent == tmp_path
+    (kept,) = load_summaries(tmp_path)
+    assert kept["id"] == "tput" and "raw" not in kept and "headline" not in kept["figures"][0]
+    with pytest.raises(ValueError, match="no figure named"):
+        keep(rec, "x", headline=["latency"], folder=tmp_path)
