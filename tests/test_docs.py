@@ -15,9 +15,10 @@ WITH_CODE = [p for p in PAGES if FENCE.search(p.read_text())]
 
 
 def _slow(page: Path) -> bool:
-    """Pages that load the embedded model or build a server take over 10 s on a 2-core CPU."""
-    text = page.read_text()
-    return "LLM()" in text or "AsyncEngine" in text
+    """Pages that load the embedded model, build a server or profile the engine take over
+    10 s on a 2-core CPU."""
+    code = "\n".join(FENCE.findall(page.read_text()))
+    return any(s in code for s in ("LLM()", "AsyncEngine", "profile_engine"))
 
 
 @pytest.mark.parametrize("page", [pytest.param(p, id=str(p.relative_to(ROOT)),
