@@ -36,8 +36,34 @@ def _serving(raw: dict) -> list[dict]:
     return out
 
 
+def _attention(raw: dict) -> list[dict]:
+    """Decode: % of copy bandwidth against cuDNN (timed as a model's layers when the run did
+    that, else one flushed call); prefill and cached-prefix chunks: TFLOP/s against cuDNN."""
+    out = []
+    for r in raw.get("decode", []):
+        layers = "toolkit_layers_ms" in r
+        ms, peer = ((r["toolkit_layers_ms"], r["peers_layers_ms"]) if layers else (r["toolkit_ms"], r["peers_ms"]))
+        if "cudnn" not in peer:
+            continue
+        pct = lambda t: round(r["bytes"] / (t * 1e-3) / r["copy_bw"] * 100, 1)   # noqa: E731
+        out.append(figure(f"decode, {r['model']}, batch {r['batch']} x {r['ctx']} keys", pct(ms),
+                          "% of copy bandwidth", peer="torch SDPA (cuDNN)", peer_value=pct(peer["cudnn"]),
+                          config={"model": r["model"], "batch": r["batch"], "keys": r["ctx"],
+                                  "timing": "layers" if layers else "one call"}))
+    for part in ("prefill", "prefix_prefill"):
+        for r in raw.get(part, []):
+            if "cudnn" not in r.get("peers_tflops", {}):
+                continue
+            shape = (f"{r['batch']} x {r['seq']}" if part == "prefill"
+                     else f"{r['batch']} x ({r['prefix']} cached + {r['chunk']})")
+            out.append(figure(f"{part.replace('_', ' ')}, {r['model']}, {shape}", round(r["toolkit_tflops"], 1),
+                              "TFLOP/s", peer="torch SDPA (cuDNN)", peer_value=round(r["peers_tflops"]["cudnn"], 1),
+                              config={"model": r["model"], "batch": r["batch"]}))
+    return out
+
+
 EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
-    "throughput": _throughput, "cpu": _cpu, "serving": _serving}
+    "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention}
 
 
 def extract(name: str, raw: Any) -> list[dict]:

@@ -73,6 +73,14 @@ def test_figures_are_extracted_from_a_benchmarks_own_output():
     serving = {"generate": {"output_tok_s": 100.0},
                "process": {"http": {"inf": {"output_tok_s": 96.0}}}}
     assert extract("serving", serving)[0]["ratio"] == 0.96
+    attention = {"decode": [{"model": "m", "batch": 64, "ctx": 4096, "bytes": 1e9, "copy_bw": 4e12,
+                             "toolkit_ms": 0.3, "toolkit_layers_ms": 0.25, "peers_ms": {"cudnn": 0.28},
+                             "peers_layers_ms": {"cudnn": 0.2}}],
+                 "prefill": [{"model": "m", "batch": 1, "seq": 4096, "toolkit_tflops": 450.0,
+                              "peers_tflops": {"cudnn": 500.0, "flash": 260.0}}]}
+    decode, prefill = extract("attention", attention)
+    assert decode["value"] == 100.0 and decode["peer_value"] == 125.0 and decode["ratio"] == 0.8
+    assert prefill["ratio"] == 0.9
     assert extract("attention", {"decode": []}) == []
     for f in extract("throughput", thr) + extract("cpu", cpu):
         validate(make_record("x", "cmd", [f]))
