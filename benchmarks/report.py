@@ -90,7 +90,8 @@ def results_page(records: list[dict]) -> str:
             out.append("")
             if rec.get("notes"):
                 out += [rec["notes"][0].upper() + rec["notes"][1:] + ".", ""]
-            out += [f"Full output: `{rec['source']}` (in the repository's history).", ""]
+            out += [f"Full output: `{rec['source']}` (`path@commit`: in the repository's history)."
+                    if "@" in rec["source"] else f"Full output: `{rec['source']}`.", ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
