@@ -3,7 +3,8 @@ extractor here keep their output under the record's `raw` and no figures)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks.record import figure
 
@@ -36,6 +37,11 @@ def _serving(raw: dict) -> list[dict]:
     return out
 
 
+def _pct(row: dict, ms: float) -> float:
+    """The share of the copy bandwidth that moving the row's bytes in `ms` is."""
+    return round(row["bytes"] / (ms * 1e-3) / row["copy_bw"] * 100, 1)
+
+
 def _attention(raw: dict) -> list[dict]:
     """Decode: % of copy bandwidth against cuDNN (timed as a model's layers when the run did
     that, else one flushed call); prefill and cached-prefix chunks: TFLOP/s against cuDNN."""
@@ -45,9 +51,8 @@ def _attention(raw: dict) -> list[dict]:
         ms, peer = ((r["toolkit_layers_ms"], r["peers_layers_ms"]) if layers else (r["toolkit_ms"], r["peers_ms"]))
         if "cudnn" not in peer:
             continue
-        pct = lambda t: round(r["bytes"] / (t * 1e-3) / r["copy_bw"] * 100, 1)   # noqa: E731
-        out.append(figure(f"decode, {r['model']}, batch {r['batch']} x {r['ctx']} keys", pct(ms),
-                          "% of copy bandwidth", peer="torch SDPA (cuDNN)", peer_value=pct(peer["cudnn"]),
+        out.append(figure(f"decode, {r['model']}, batch {r['batch']} x {r['ctx']} keys", _pct(r, ms),
+                          "% of copy bandwidth", peer="torch SDPA (cuDNN)", peer_value=_pct(r, peer["cudnn"]),
                           config={"model": r["model"], "batch": r["batch"], "keys": r["ctx"],
                                   "timing": "layers" if layers else "one call"}))
     for part in ("prefill", "prefix_prefill"):

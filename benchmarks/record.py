@@ -18,8 +18,9 @@ import platform
 import re
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 SCHEMA_ID = "toolkit-benchmark-record/1"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
@@ -59,7 +60,7 @@ def machine() -> dict:
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
+        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True, check=False,
                              cwd=Path(__file__).parent, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None

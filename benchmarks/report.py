@@ -17,7 +17,7 @@ from benchmarks.record import load_summaries
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 MARKED = [ROOT / "README.md", ROOT / "docs" / "performance.md"]
-BLOCK = re.compile(r"(<!-- headline:start[^\n]*-->\n)(.*?)(<!-- headline:end -->)", re.S)
+BLOCK = re.compile(r"(<!-- headline:start[^\n]*-->\n)(.*?)(<!-- headline:end -->)", re.DOTALL)
 
 TITLES = {"throughput": "Offline throughput", "attention": "Attention kernels",
           "engine_core": "Engine step against its roofline", "serving": "Serving",
@@ -83,8 +83,8 @@ def results_page(records: list[dict]) -> str:
         for rec in sorted(by_bench[bench], key=lambda r: r["date"], reverse=True):
             v = rec["versions"]
             ver = ", ".join(f"{k} {v[k]}" for k in ("torch", "triton", "transformers") if v.get(k))
-            out += [f"**{rec['date']}, {_machine(rec)}** (`{rec['id']}`): `{rec['command']}`; {ver}; "
-                    f"toolkit {v['toolkit']}.", ""]
+            out += [(f"**{rec['date']}, {_machine(rec)}** (`{rec['id']}`): `{rec['command']}`; {ver}; "
+                     f"toolkit {v['toolkit']}."), ""]
             out += ["| figure | toolkit | peer | ratio |", "|---|---|---|---|"]
             out += [f"| {f['name']} | {_value(f)} | {_peer(f)} | {_ratio(f)} |" for f in rec["figures"]]
             out.append("")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 WITH_CODE = [p for p in PAGES if FENCE.search(p.read_text())]
 
@@ -29,7 +29,7 @@ def test_the_pages_snippets_run(page: Path, tmp_path, monkeypatch):
     namespace: dict = {"__name__": "__docs__"}
     for i, block in enumerate(FENCE.findall(page.read_text())):
         code = compile(block, f"{page.name}, python block {i + 1}", "exec")
-        exec(code, namespace)
+        exec(code, namespace)  # noqa: S102  (running the page is the test)
 
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
@@ -62,6 +62,6 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     import sys
 
     run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "guides" / "scheduling-policy" / "index.html").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_the_entry_point_lists_every_benchmark_and_each_has_a_main():
     for name, bench in CATALOG.items():
         assert name in text
         spec = importlib.util.find_spec(f"benchmarks.{bench.module}")
-        assert spec is not None and "def main(" in open(spec.origin).read()
+        assert spec is not None and "def main(" in Path(spec.origin).read_text()
 
 
 def test_figures_are_extracted_from_a_benchmarks_own_output():
