@@ -83,12 +83,17 @@ class EngineConfig:
     # "auto" (swap a victim with >= schedulers.core.SWAP_MIN_TOKENS computed tokens). Without
     # a host tier every preemption recomputes
     preemption: str = "auto"
+    # which code runs the model: "native" (a toolkit model file, toolkit/models/registry.py),
+    # "transformers" (transformers' own modules with the toolkit's paged attention,
+    # toolkit/models/transformers_backend.py; one rank only), "auto" (native where a file
+    # serves config.architectures, else transformers)
+    model_impl: str = "auto"
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
                            ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
-                           ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str),
+                           ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str), ("model_impl", str),
                            ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
                            ("cuda_graphs", bool), ("max_cudagraph_capture_size", int), ("warmup", bool), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
             v = getattr(self, name)
@@ -126,6 +131,11 @@ class EngineConfig:
                self.cpu_cache_gb)
         _check(self.host_cache_blocks is None or self.host_cache_blocks >= 0, "host_cache_blocks",
                "None or >= 0", self.host_cache_blocks)
+        _check(self.model_impl in ("auto", "native", "transformers"), "model_impl",
+               "one of ('auto', 'native', 'transformers')", self.model_impl)
+        if self.model_impl == "transformers" and self.tensor_parallel_size > 1:
+            raise ValueError("EngineConfig.model_impl='transformers' runs on one rank; use "
+                             "model_impl='native' for tensor_parallel_size > 1")
         _check(self.preemption in ("auto", "swap", "recompute"), "preemption",
                "one of 'auto', 'swap', 'recompute'", self.preemption)
         if self.preemption == "swap" and not self.has_host_tier:

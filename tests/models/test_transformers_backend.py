@@ -296,3 +296,24 @@ def test_attention_calls_the_backends_cannot_serve_are_refused() -> None:
         toolkit_attention_forward(module, q, kv, kv, None, dropout=0.1, toolkit_step=step)
     with pytest.raises(ValueError, match="one flattened batch"):
         toolkit_attention_forward(module, q.expand(2, -1, -1, -1), kv, kv, None, toolkit_step=step)
+
+
+def test_model_impl_picks_the_backend(checkpoint) -> None:
+    """load_model(model_impl=): "auto" runs OLMo (no native file) on the Transformers backend
+    and Llama natively; "transformers" forces it; "native" refuses OLMo by name; LLM(folder,
+    model_impl=) reaches it."""
+    from toolkit import LLM, SamplingParams
+    from toolkit.models import load_model
+
+    _, olmo = checkpoint("olmo")
+    hf, llama = checkpoint("llama")
+    assert isinstance(load_model(olmo), TransformersForCausalLM)
+    assert not isinstance(load_model(llama), TransformersForCausalLM)
+    assert isinstance(load_model(llama, model_impl="transformers"), TransformersForCausalLM)
+    with pytest.raises(ValueError, match="unsupported architecture.*OlmoForCausalLM"):
+        load_model(olmo, model_impl="native")
+    with LLM(str(llama), dtype="float32", device="cpu", block_size=4, model_impl="transformers") as llm:
+        assert isinstance(llm.engine.model, TransformersForCausalLM)
+        out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0),
+                           use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == hf_greedy(hf, PROMPTS[0], NEW_TOKENS)

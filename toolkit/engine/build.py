@@ -108,9 +108,11 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         executor = _tensor_parallel(model, cfg, dtype, device, attention, load_format)
         model = executor.model
     elif isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        model = load_model(model, dtype=dtype, device=device, load_format=load_format)
+        model = load_model(model, dtype=dtype, device=device, load_format=load_format,
+                           model_impl=cfg.model_impl)
     elif not hasattr(model, "forward"):   # a transformers config: random weights
-        model = load_model(model, dtype=dtype, device=device, load_format="dummy")
+        model = load_model(model, dtype=dtype, device=device, load_format="dummy",
+                           model_impl=cfg.model_impl)
     if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
         tokenizer = load_tokenizer(tokenizer)
     spec = check_model(model)

@@ -22,8 +22,19 @@ from toolkit.models.weights import iterate_weights, resolve_format
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def model_class(config: Any) -> type:
-    """The registered class for the config's architectures; ValueError listing the supported ones."""
+MODEL_IMPLS = ("auto", "native", "transformers")
+
+
+def model_class(config: Any, model_impl: str = "auto") -> type:
+    """The class that runs the config: model_impl "native": the registered class for its
+    architectures (ValueError listing the supported ones); "transformers": the Transformers
+    backend; "auto": native where registered, else the Transformers backend."""
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {model_impl!r}")
+    if model_impl == "transformers":
+        from toolkit.models.transformers_backend import TransformersForCausalLM
+
+        return TransformersForCausalLM
     archs = list(getattr(config, "architectures", None) or [])
     if not archs:  # a config built in code: the causal-LM class transformers maps its model_type to
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -31,13 +42,22 @@ def model_class(config: Any) -> type:
         arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
         archs = [arch] if isinstance(arch, str) else []
     cls = resolve(archs)
-    if cls is None:
-        raise ValueError(
-            f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
-            f"supported config.architectures: {supported_architectures()} (add one with "
-            f"toolkit.models.register_model or a 'toolkit.models' entry point)"
-        )
-    return cls
+    if cls is not None:
+        return cls
+    unsupported = (
+        f"unsupported architecture {archs or getattr(config, 'model_type', None)!r}; "
+        f"supported config.architectures: {supported_architectures()} (add one with "
+        f"toolkit.models.register_model or a 'toolkit.models' entry point)"
+    )
+    if model_impl == "native":
+        raise ValueError(unsupported)
+    from toolkit.models.transformers_backend import TransformersForCausalLM, transformers_class
+
+    try:
+        transformers_class(config)
+    except ValueError as e:
+        raise ValueError(f"{unsupported}; nor can the Transformers backend run it: {e}") from None
+    return TransformersForCausalLM
 
 
 def load_config(folder: str | os.PathLike) -> Any:
@@ -62,6 +82,7 @@ def load_model(
     load_format: str = "auto",
     group: Any = None,
     kernels: str = "auto",
+    model_impl: str = "auto",
 ) -> torch.nn.Module:
     """A model from a local HF folder (safetensors, or .bin with load_format="pt") or random weights.
 
@@ -69,7 +90,8 @@ def load_model(
     load_format="dummy"). Random weights are N(0, 0.02) with norms at their neutral value, so
     activations stay finite in bf16 through many layers. group: this rank's tensor-parallel
     Group (None: one process); its layers read only their slices of each tensor. kernels:
-    "auto" | "triton" | "cpu" | "torch" (toolkit/models/ops.py).
+    "auto" | "triton" | "cpu" | "torch" (toolkit/models/ops.py). model_impl: "auto" | "native"
+    | "transformers" (model_class).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -83,7 +105,7 @@ def load_model(
         raise ValueError(
             f"source must be a local model folder or a transformers config, got {type(source).__name__}"
         )
-    cls = model_class(config)
+    cls = model_class(config, model_impl)
     fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
     model = cls(config, dtype=dtype, device=device, group=group, kernels=kernels,
                 eos_token_ids=_eos_token_ids(folder, config))
