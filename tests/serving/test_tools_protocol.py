@@ -1,0 +1,141 @@
+"""Tool fields through HTTP on the tiny server: malformed `tools` / `tool_choice` get a 400
+naming the field; fields SDKs send are accepted; the history renders with the default
+(template without a tools section) and with a template's own tools section; forced calls
+come out valid even from a random model."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from toolkit.serving.tools.registry import detect_tool_parser
+from toolkit.serving.tools.request import ToolConfig, plan_tools
+from toolkit.serving.tools.template import render_inputs
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                    "unit": {"enum": ["c", "f"]}},
+                   "required": ["city", "unit"]}}}
+MSGS = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def post(server, body):
+    srv, _ = server
+    return httpx.post(srv.url + "/v1/chat/completions", json={"model": "tiny", "messages": MSGS, **body},
+                      timeout=60)
+
+
+@pytest.mark.parametrize("tools,tool_choice,param", [
+    ([{"type": "function", "function": {"description": "no name"}}], None, "tools[0].function.name"),
+    ([{"type": "function", "function": {"name": "has space"}}], None, "tools[0].function.name"),
+    ([{"type": "function"}], None, "tools[0].function"),
+    ([{"type": "retrieval", "function": {"name": "f"}}], None, "tools[0].type"),
+    ([WEATHER, {"type": "function", "function": {"name": "g", "parameters": {"type": "objekt"}}}], None,
+     "tools[1].function.parameters"),
+    ([{"type": "function", "function": {"name": "g", "parameters": {"type": "string"}}}], None,
+     "tools[0].function.parameters"),
+    ([{"type": "function", "function": {"name": "g", "parameters": "not a schema"}}], None,
+     "tools[0].function.parameters"),
+    ([WEATHER], {"type": "function", "function": {"name": "get_time"}}, "tool_choice"),
+    ([WEATHER], "sometimes", "tool_choice"),
+    (None, "required", "tool_choice"),
+    ([WEATHER, WEATHER], None, "tools"),
+])
+def test_malformed_tools_are_400_naming_the_field(server, tools, tool_choice, param):
+    body = {"tools": tools}
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice
+    r = post(server, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+    assert param.split(".")[-1].split("[")[0] in err["message"]
+
+
+def test_bad_history_arguments_are_400(server):
+    msgs = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]}]
+    r = post(server, {"messages": msgs, "tools": [WEATHER]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+
+
+def test_sdk_fields_are_accepted(server):
+    r = post(server, {"max_tokens": 3, "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+                      "parallel_tool_calls": True, "tools": [WEATHER], "tool_choice": "none"})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"].get("tool_calls") is None
+
+
+def test_forced_calls_with_structured_outputs_conflict(server):
+    r = post(server, {"tools": [WEATHER], "tool_choice": "required",
+                      "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_calls_from_a_random_model_are_valid(server, choice):
+    """The tiny model is random weights: only the grammar makes its call valid."""
+    r = post(server, {"tools": [WEATHER, {"type": "function", "function": {"name": "noop"}}],
+                      "tool_choice": choice, "max_tokens": 120, "temperature": 1.0, "seed": 3,
+                      "parallel_tool_calls": False})
+    assert r.status_code == 200, r.text
+    choice0 = r.json()["choices"][0]
+    calls = choice0["message"]["tool_calls"]
+    assert len(calls) == 1 and calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+    args = json.loads(calls[0]["function"]["arguments"])
+    if calls[0]["function"]["name"] == "get_weather":
+        jsonschema.validate(args, WEATHER["function"]["parameters"])
+    else:
+        assert calls[0]["function"]["name"] == "noop" and args == {}
+    assert choice0["finish_reason"] == ("tool_calls" if choice == "required" else "stop")
+    assert choice0["message"]["content"] is None
+
+
+def test_auto_on_a_random_model_never_fails(server):
+    r = post(server, {"tools": [WEATHER], "max_tokens": 20, "temperature": 1.0, "seed": 1})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+
+
+# -- rendering -----------------------------------------------------------------------------
+HISTORY = [{"role": "system", "content": "Be brief."}, *MSGS,
+           {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+               "name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
+           {"role": "tool", "tool_call_id": "c1", "content": "18 C, sunny"}]
+
+
+def test_default_rendering_for_a_template_without_tools():
+    server = ToolConfig().resolve("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    plan = plan_tools([WEATHER], None, None, server)
+    msgs, kwargs = render_inputs(HISTORY, plan)
+    assert kwargs == {} and msgs[0]["role"] == "system"
+    assert msgs[0]["content"].startswith("Be brief.") and '"get_weather"' in msgs[0]["content"]
+    assert "<tool_call>" in msgs[0]["content"]
+    assert msgs[2]["content"] == ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+                                  '"unit": "c"}}\n</tool_call>')
+    assert msgs[3] == {"role": "user", "content": "<tool_response>\n18 C, sunny\n</tool_response>"}
+
+
+def test_a_template_with_tools_gets_them_and_hf_shaped_history():
+    template = "{% if tools %}{{ tools | tojson }}{% endif %}<tool_call>"
+    assert detect_tool_parser(template) == "hermes"
+    assert detect_tool_parser('{{ tools }} <|python_tag|> "parameters"') == "llama3_json"
+    plan = plan_tools([WEATHER], "auto", None, ToolConfig().resolve(template))
+    msgs, kwargs = render_inputs(HISTORY, plan)
+    assert kwargs == {"tools": [WEATHER]}
+    assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris", "unit": "c"}
+    assert msgs[3]["role"] == "tool"
+    none = plan_tools([WEATHER], "none", None, ToolConfig().resolve(template))
+    assert render_inputs(HISTORY, none)[1] == {}                    # "none": the model is not told
+
+
+def test_auto_needs_the_flag():
+    from toolkit.serving.protocol import ProtocolError
+
+    server = ToolConfig(enable_auto_tool_choice=False).resolve(None)
+    with pytest.raises(ProtocolError, match="enable-auto-tool-choice"):
+        plan_tools([WEATHER], None, None, server)
+    assert plan_tools([WEATHER], "required", None, server).choice == "required"
