@@ -139,3 +139,41 @@ def test_auto_needs_the_flag():
     with pytest.raises(ProtocolError, match="enable-auto-tool-choice"):
         plan_tools([WEATHER], None, None, server)
     assert plan_tools([WEATHER], "required", None, server).choice == "required"
+
+
+def test_serve_flags():
+    from toolkit.serve import parse_args
+
+    args = parse_args(["--tool-call-parser", "llama3_json", "--no-enable-auto-tool-choice",
+                       "--reasoning-parser", "qwen3"])
+    assert (args.tool_call_parser, args.enable_auto_tool_choice, args.reasoning_parser) == \
+        ("llama3_json", False, "qwen3")
+    assert parse_args([]).tool_call_parser == "auto" and parse_args([]).enable_auto_tool_choice
+
+
+def test_reasoning_and_a_call_streamed_and_not(tiny_chat_dir, make_server):
+    """A random model made to write `<think>..</think><tool_call>..` (a regex): the server
+    splits it into reasoning_content and a tool call, the same streamed and not."""
+    import openai
+
+    from toolkit.samplers.grammar.spec import escape_regex
+
+    srv, _ = make_server(tiny_chat_dir, tools=ToolConfig(reasoning_parser="qwen3"))
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+    regex = ("<think>[a-z]{1,6}</think>" + escape_regex('<tool_call>\n{"name": "get_weather", "arguments": '
+                                                         '{"city": "') + '[a-z]{1,5}' +
+             escape_regex('", "unit": "c"}}\n</tool_call>'))
+    kw = dict(model="tiny", messages=MSGS, tools=[WEATHER], max_tokens=250, temperature=0,
+              extra_body={"structured_outputs": {"regex": regex}})
+    full = c.chat.completions.create(**kw).choices[0]
+    thought = full.message.model_extra["reasoning_content"]
+    assert thought and thought.isalpha() and full.message.content is None
+    (call,) = full.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["unit"] == "c"
+    assert full.finish_reason == "tool_calls"
+    chunks = [ch for ch in c.chat.completions.create(**kw, stream=True) if ch.choices]
+    reasoning = "".join(ch.choices[0].delta.model_extra.get("reasoning_content") or "" for ch in chunks)
+    args = "".join(tc.function.arguments or "" for ch in chunks for tc in ch.choices[0].delta.tool_calls or [])
+    assert reasoning == thought and args == call.function.arguments
+    assert not any(ch.choices[0].delta.content for ch in chunks)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
