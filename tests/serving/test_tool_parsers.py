@@ -6,11 +6,13 @@ result as one feed, and never an exception."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import keyword
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from toolkit.serving.tools import hermes, llama3_json, pythonic
 from toolkit.serving.tools.deltas import assemble
@@ -101,7 +103,7 @@ def _parser(mod):
 def streamed(mod, text: str, cuts: list[int]):
     p = _parser(mod)
     bounds = [0, *sorted({c % (len(text) + 1) for c in cuts}), len(text)]
-    deltas = [p.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])]
+    deltas = [p.feed(text[a:b]) for a, b in itertools.pairwise(bounds)]
     deltas.append(p.finish())
     return assemble(deltas)
 
@@ -129,8 +131,8 @@ def test_any_split_assembles_to_the_one_shot_parse(fmt, data):
 
 GOLDEN = {
     "hermes": [
-        ('Let me look.\n<tool_call>\n{"name": "search", "arguments": {"q": "a}\\"{b", "n": [1, {"x": "}"}]}}'
-         '\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich 名"}}\n</tool_call>',
+        (('Let me look.\n<tool_call>\n{"name": "search", "arguments": {"q": "a}\\"{b", "n": [1, {"x": "}"}]}}'
+         '\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich 名"}}\n</tool_call>'),
          [("search", {"q": 'a}"{b', "n": [1, {"x": "}"}]}), ("get_weather", {"city": "Zürich 名"})]),
         ("<think>First <tool_call> is only a word here.</think>\n\nThe answer is 4.", []),
         ('<tool_call>{"arguments": {"s": "<tool_call>\\u00e9"}, "name": "f"}</tool_call> done', [("f", {"s": "<tool_call>é"})]),

@@ -30,7 +30,7 @@ def real_server():
 
     from toolkit.models import default_model_path
 
-    srv, engine = start_server(default_model_path())
+    srv, _engine = start_server(default_model_path())
     yield srv
     srv.stop()
 
@@ -47,8 +47,8 @@ def valid(call) -> dict:
 
 def test_named_tool_choice_streamed_and_not(real_server):
     c = client(real_server)
-    kw = dict(model="tiny", messages=ASK, tools=[WEATHER, TIME], max_tokens=80, temperature=0,
-              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    kw = {"model": "tiny", "messages": ASK, "tools": [WEATHER, TIME], "max_tokens": 80, "temperature": 0,
+              "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     full = c.chat.completions.create(**kw)
     choice = full.choices[0]
     assert choice.finish_reason == "stop" and choice.message.content is None

@@ -163,8 +163,8 @@ def test_reasoning_and_a_call_streamed_and_not(tiny_chat_dir, make_server):
     regex = ("<think>[a-z]{1,6}</think>" + escape_regex('<tool_call>\n{"name": "get_weather", "arguments": '
                                                          '{"city": "') + '[a-z]{1,5}' +
              escape_regex('", "unit": "c"}}\n</tool_call>'))
-    kw = dict(model="tiny", messages=MSGS, tools=[WEATHER], max_tokens=250, temperature=0,
-              extra_body={"structured_outputs": {"regex": regex}})
+    kw = {"model": "tiny", "messages": MSGS, "tools": [WEATHER], "max_tokens": 250, "temperature": 0,
+              "extra_body": {"structured_outputs": {"regex": regex}}}
     full = c.chat.completions.create(**kw).choices[0]
     thought = full.message.model_extra["reasoning_content"]
     assert thought and thought.isalpha() and full.message.content is None

@@ -40,7 +40,7 @@ class Delta:
         else:
             self.calls.append(CallDelta(index, id, name, arguments))
 
-    def extend(self, other: "Delta") -> None:
+    def extend(self, other: Delta) -> None:
         self.content += other.content
         self.reasoning += other.reasoning
         for c in other.calls:

@@ -8,8 +8,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolkit.samplers.grammar.spec import escape_regex
-from toolkit.serving.tools._common import (alternation, args_regex, as_call, join_content, raw_decode,
-                                           repeat, tool_list_json)
+from toolkit.serving.tools._common import (
+    alternation,
+    args_regex,
+    as_call,
+    join_content,
+    raw_decode,
+    repeat,
+    tool_list_json,
+)
 from toolkit.serving.tools.machine import ReasoningTags, ToolFormat
 
 FORMAT = ToolFormat("hermes", open_tag="<tool_call>", close_tag="</tool_call>")

@@ -9,8 +9,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolkit.samplers.grammar.spec import escape_regex
-from toolkit.serving.tools._common import (WS, alternation, args_regex, as_call, join_content,
-                                           raw_decode, repeat, tool_list_json)
+from toolkit.serving.tools._common import (
+    WS,
+    alternation,
+    args_regex,
+    as_call,
+    join_content,
+    raw_decode,
+    repeat,
+    tool_list_json,
+)
 from toolkit.serving.tools.machine import ReasoningTags, ToolFormat
 
 FORMAT = ToolFormat("llama3_json", start_tags=("<|python_tag|>",), separator=";",

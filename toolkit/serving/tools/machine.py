@@ -20,7 +20,7 @@ import ast
 import json
 import uuid
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from toolkit.serving.tools.deltas import Delta, ParsedOutput, ToolCall, arguments_valid
 from toolkit.serving.tools.scan import CallTracker, PyListTracker

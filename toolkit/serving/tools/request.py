@@ -17,7 +17,12 @@ import jsonschema
 
 from toolkit.serving.protocol import ProtocolError
 from toolkit.serving.tools.machine import OutputParser, ReasoningTags
-from toolkit.serving.tools.registry import detect_tool_parser, reasoning_tags, template_has_tools, tool_format
+from toolkit.serving.tools.registry import (
+    detect_tool_parser,
+    reasoning_tags,
+    template_has_tools,
+    tool_format,
+)
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")      # OpenAI's rule for function names
 MAX_FORCED_CALLS = 4                               # "required" + parallel: at most this many calls
@@ -32,7 +37,7 @@ class ToolConfig:
     enable_auto_tool_choice: bool = True
     reasoning_parser: str | None = None
 
-    def resolve(self, template: str | None) -> "ResolvedTools":
+    def resolve(self, template: str | None) -> ResolvedTools:
         name = self.tool_call_parser
         if name in (None, "auto"):
             name = detect_tool_parser(template)
