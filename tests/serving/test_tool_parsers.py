@@ -136,6 +136,11 @@ GOLDEN = {
          [("search", {"q": 'a}"{b', "n": [1, {"x": "}"}]}), ("get_weather", {"city": "Zürich 名"})]),
         ("<think>First <tool_call> is only a word here.</think>\n\nThe answer is 4.", []),
         ('<tool_call>{"arguments": {"s": "<tool_call>\\u00e9"}, "name": "f"}</tool_call> done', [("f", {"s": "<tool_call>é"})]),
+        # vLLM #28806: a parameterless call kept its empty arguments; #21544: braces in strings
+        ('<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "f", "arguments": {}}</tool_call>',
+         [("f", {}), ("f", {})]),
+        ('<tool_call>\n{"name": "search", "arguments": {"q": "mkdir -p test/{test1,test2"}}\n</tool_call>',
+         [("search", {"q": "mkdir -p test/{test1,test2"})]),
     ],
     "llama3_json": [
         ('<|python_tag|>{"name": "search", "parameters": {"q": "x;y"}}; {"name": "f", "parameters": {}}',

@@ -138,7 +138,7 @@ class OpenAIHandlers:
             for o in finals:
                 for c in o.outputs:
                     fields, reason = ({"content": c.text}, P.finish_reason(c.finish_reason))
-                    if prep.tools is not None:
+                    if prep.tools is not None and prep.tools.parses:
                         fields, reason = message_fields(prep.tools, c.text, reason)
                     choices.append(P.ChatChoice(
                         index=c.index, message=P.ChatResponseMessage(**fields),
@@ -163,7 +163,7 @@ class OpenAIHandlers:
         streams = await self.add(prep)
         offsets: dict[int, int] = {}                 # choice index -> text characters sent
         tokens: dict[int, int] = {}                  # choice index -> output tokens so far
-        parsed = StreamedChoices(prep.tools) if chat and prep.tools is not None else None
+        parsed = StreamedChoices(prep.tools) if chat and prep.tools is not None and prep.tools.parses else None
         try:
             if chat:                                 # the role comes first, as OpenAI sends it
                 for i in range(len(streams) * prep.n):

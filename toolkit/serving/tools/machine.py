@@ -96,8 +96,18 @@ class OutputParser:
         if self.finished:
             raise RuntimeError("OutputParser.feed after finish()")
         self.out = Delta()
-        for c in text:
-            self._char(c)
+        i, n = 0, len(text)
+        while i < n:
+            if self.mode in ("content", "reasoning") and not self.pending:
+                # every tag starts with "<": the text before the next one is plain, in bulk
+                j = text.find("<", i)
+                j = n if j < 0 else j
+                if j > i:
+                    (self._reason if self.mode == "reasoning" else self._literal)(text[i:j])
+                    i = j
+                    continue
+            self._char(text[i])
+            i += 1
         return self.out
 
     def finish(self) -> Delta:
@@ -135,17 +145,15 @@ class OutputParser:
 
     # -- emission --
     def _literal(self, text: str) -> None:
-        """Content, under the whitespace rule."""
-        for c in text:
-            if c in _WS:
-                self.ws += c
-                continue
-            if self.content_len:
-                self.out.content += self.ws
-                self.content_len += len(self.ws)
-            self.ws = ""
-            self.out.content += c
-            self.content_len += 1
+        """Content, under the whitespace rule: whitespace is held until text follows it
+        (and dropped before a block, at the end, and at the start of the content)."""
+        full = self.ws + text
+        core = full.rstrip(_WS)
+        self.ws = full[len(core):]
+        if not self.content_len:
+            core = core.lstrip(_WS)
+        self.out.content += core
+        self.content_len += len(core)
 
     def _reason(self, text: str) -> None:
         self.reasoned = True

@@ -16,7 +16,7 @@ def message_fields(plan: ToolPlan, text: str, reason: str | None) -> tuple[dict[
     if parser is None:
         return {"content": text}, reason
     out = parser.parse(text)
-    calls = [c.to_openai() for c in out.tool_calls]
+    calls = [c.to_openai() for c in out.tool_calls[:plan.max_calls]]
     return ({"content": out.content, "reasoning_content": out.reasoning, "tool_calls": calls or None},
             plan.finish_reason(reason, len(calls)))
 
@@ -39,6 +39,8 @@ class StreamedChoices:
         d = parser.feed(text)
         if reason is not None:
             d.extend(parser.finish())
+        if self.plan.max_calls is not None:
+            d.calls = [c for c in d.calls if c.index < self.plan.max_calls]
         self.calls[index] = self.calls.get(index, 0) + sum(c.id is not None for c in d.calls)
         reason = self.plan.finish_reason(reason, self.calls[index])
         return (_delta_dict(d) if d else None), reason

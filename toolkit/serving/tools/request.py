@@ -69,6 +69,16 @@ class ToolPlan:
         """Tool calls are parsed from the output."""
         return bool(self.tools) and self.choice != "none"
 
+    @property
+    def parses(self) -> bool:
+        """The output goes through a parser (tool calls, or reasoning)."""
+        return self.active or self.server.reasoning is not None
+
+    @property
+    def max_calls(self) -> int | None:
+        """parallel_tool_calls=false: the first call only (later ones are dropped)."""
+        return None if self.parallel else 1
+
     def parser(self) -> OutputParser | None:
         """A fresh parser for one choice; None when there is nothing to parse."""
         reasoning = self.server.reasoning
