@@ -177,3 +177,14 @@ def test_reasoning_and_a_call_streamed_and_not(tiny_chat_dir, make_server):
     assert reasoning == thought and args == call.function.arguments
     assert not any(ch.choices[0].delta.content for ch in chunks)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_format_of_ones_own_is_a_part():
+    from toolkit.serving.tools import llama3_json
+
+    server = ToolConfig(tool_call_parser=llama3_json).resolve(None)
+    plan = plan_tools([WEATHER], "auto", None, server)
+    out = plan.parser().parse('{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "c"}}')
+    assert server.parser_name == "llama3_json" and out.tool_calls[0].name == "get_weather"
+    with pytest.raises(ValueError, match="valid"):
+        ToolConfig(tool_call_parser="mistral").resolve(None)

@@ -33,15 +33,19 @@ class ToolConfig:
     """The server's choices (vLLM's flags): --tool-call-parser, --enable-auto-tool-choice,
     --reasoning-parser. `resolve` fills in the format from the chat template."""
 
-    tool_call_parser: str | None = None          # None / "auto": from the template
-    enable_auto_tool_choice: bool = True
-    reasoning_parser: str | None = None
+    tool_call_parser: str | ModuleType | None = None   # None / "auto": from the template; or a
+    enable_auto_tool_choice: bool = True                # format module of one's own (FORMAT,
+    reasoning_parser: str | None = None                 # system_prompt, render_call, ...: hermes.py)
 
     def resolve(self, template: str | None) -> ResolvedTools:
         name = self.tool_call_parser
-        if name in (None, "auto"):
-            name = detect_tool_parser(template)
-        return ResolvedTools(name, tool_format(name), self.enable_auto_tool_choice,
+        if isinstance(name, ModuleType):
+            fmt, name = name, name.FORMAT.name
+        else:
+            if name in (None, "auto"):
+                name = detect_tool_parser(template)
+            fmt = tool_format(name)
+        return ResolvedTools(name, fmt, self.enable_auto_tool_choice,
                              reasoning_tags(self.reasoning_parser), template_has_tools(template))
 
 
