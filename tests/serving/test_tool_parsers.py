@@ -154,13 +154,18 @@ GOLDEN = {
 }
 
 
-@pytest.mark.parametrize("fmt,case", [(f, i) for f in GOLDEN for i in range(len(GOLDEN[f]))])
-def test_golden_outputs_every_single_cut(fmt, case):
-    mod = FORMATS[fmt][0]
-    text, calls = GOLDEN[fmt][case]
-    one = check_against_reference(mod, text, calls)
-    for cut in range(len(text) + 1):                                 # every two-piece split
-        assert streamed(mod, text, [cut]) == one, cut
+@pytest.mark.parametrize("fmt", sorted(GOLDEN))
+def test_golden_outputs_every_single_cut(fmt):
+    from toolkit.testing import check_tool_format
+
+    check_tool_format(FORMATS[fmt][0], GOLDEN[fmt], tools=TOOLS, reasoning=ReasoningTags())
+
+
+def test_the_conformance_check_catches_a_wrong_reference():
+    from toolkit.testing import check_tool_format
+
+    with pytest.raises(AssertionError, match="reference"):
+        check_tool_format(hermes, [('<tool_call>{"name": "f"}</tool_call>', [("f", {"x": 1})])], tools=TOOLS)
 
 
 # -- the streaming shape -------------------------------------------------------------------
