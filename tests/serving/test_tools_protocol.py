@@ -188,3 +188,30 @@ def test_a_format_of_ones_own_is_a_part():
     assert server.parser_name == "llama3_json" and out.tool_calls[0].name == "get_weather"
     with pytest.raises(ValueError, match="valid"):
         ToolConfig(tool_call_parser="mistral").resolve(None)
+
+
+def test_n2_streamed_calls_are_indexed_per_choice(server):
+    import openai
+
+    srv, _ = server
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+    chunks = list(c.chat.completions.create(model="tiny", messages=MSGS, tools=[WEATHER], tool_choice="required",
+                                            parallel_tool_calls=False, n=2, max_tokens=120, temperature=1.0,
+                                            seed=5, stream=True))
+    args: dict[int, str] = {0: "", 1: ""}
+    for ch in chunks:
+        for choice in ch.choices:
+            for tc in choice.delta.tool_calls or []:
+                assert tc.index == 0                                # one call in each choice
+                args[choice.index] += tc.function.arguments or ""
+    for a in args.values():
+        jsonschema.validate(json.loads(a), WEATHER["function"]["parameters"])
+
+
+def test_a_call_cut_off_by_max_tokens_is_content_when_not_streamed(server):
+    r = post(server, {"tools": [WEATHER], "tool_choice": "required", "max_tokens": 4})
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and choice["finish_reason"] == "length"
+    text = choice["message"]["content"]                             # the forced call's start, as text
+    assert choice["message"]["tool_calls"] is None and text.startswith("<tool")
+    assert ('<tool_call>\n{"name": "get_weather", "arguments": ').startswith(text[:48])
