@@ -215,3 +215,12 @@ def test_a_call_cut_off_by_max_tokens_is_content_when_not_streamed(server):
     text = choice["message"]["content"]                             # the forced call's start, as text
     assert choice["message"]["tool_calls"] is None and text.startswith("<tool")
     assert ('<tool_call>\n{"name": "get_weather", "arguments": ').startswith(text[:48])
+
+
+def test_a_forced_call_is_not_read_as_reasoning():
+    server = ToolConfig(reasoning_parser="deepseek_r1").resolve(None)
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    forced = plan_tools([WEATHER], "required", None, server).parser().parse(text)
+    assert forced.reasoning is None and forced.tool_calls[0].name == "get_weather"
+    auto = plan_tools([WEATHER], "auto", None, server).parser().parse("hmm</think>" + text)
+    assert auto.reasoning == "hmm" and auto.tool_calls[0].name == "get_weather"

@@ -85,7 +85,9 @@ class ToolPlan:
 
     def parser(self) -> OutputParser | None:
         """A fresh parser for one choice; None when there is nothing to parse."""
-        reasoning = self.server.reasoning
+        # a forced call is the whole output (the grammar starts it): no reasoning block, even
+        # where the template opened one (deepseek_r1)
+        reasoning = None if self.choice in ("required", "named") else self.server.reasoning
         if not self.active and reasoning is None:
             return None
         names = [self.named] if self.choice == "named" else [t["function"]["name"] for t in self.tools]
