@@ -134,3 +134,23 @@ def test_instructor_tools_mode(real_server):
                                         messages=[{"role": "user", "content": "John is 30 years old."}],
                                         max_retries=0)
     assert isinstance(person, Person)
+
+
+def test_openai_sdk_parse_and_stream_helpers(real_server):
+    """The SDK's own accumulators: `parse` (strict pydantic tools) and `stream`'s final completion."""
+    from pydantic import BaseModel
+
+    class GetWeather(BaseModel):
+        city: str
+        unit: str
+
+    c = client(real_server)
+    kw = {"model": "tiny", "messages": ASK, "tools": [openai.pydantic_function_tool(GetWeather)],
+          "tool_choice": "required", "max_tokens": 80, "temperature": 0}
+    parsed = c.chat.completions.parse(**kw).choices[0].message.tool_calls[0].function.parsed_arguments
+    assert isinstance(parsed, GetWeather)
+    with c.chat.completions.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and final.message.tool_calls[0].function.parsed_arguments == parsed
