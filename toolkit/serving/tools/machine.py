@@ -84,7 +84,7 @@ class OutputParser:
         self.call: _Call | None = None
         self.calls: list[_Call] = []
         self.out = Delta()
-        self.reasoned = False        # a reasoning block was opened (reasoning_content "" vs None)
+        self._tag_cache: dict[str, tuple[str, ...]] = {}
         self.finished = False
 
     def _start_mode(self) -> str:
@@ -99,9 +99,9 @@ class OutputParser:
         i, n = 0, len(text)
         while i < n:
             if self.mode in ("content", "reasoning") and not self.pending:
-                # every tag starts with "<": the text before the next one is plain, in bulk
-                j = text.find("<", i)
-                j = n if j < 0 else j
+                # the text before the next character that may start a tag is plain: in bulk
+                hits = [k for k in (text.find(t[0], i) for t in self._tags()) if k >= 0]
+                j = min(hits, default=n)
                 if j > i:
                     (self._reason if self.mode == "reasoning" else self._literal)(text[i:j])
                     i = j
@@ -156,10 +156,16 @@ class OutputParser:
         self.content_len += len(core)
 
     def _reason(self, text: str) -> None:
-        self.reasoned = True
         self.out.reasoning += text
 
     def _tags(self) -> tuple[str, ...]:
+        """The tags that may start in the current mode (they depend on the mode alone)."""
+        tags = self._tag_cache.get(self.mode)
+        if tags is None:
+            tags = self._tag_cache[self.mode] = self._mode_tags()
+        return tags
+
+    def _mode_tags(self) -> tuple[str, ...]:
         f, r = self.fmt, self.reasoning
         if self.mode == "reasoning":
             return (r.close, r.open)
@@ -215,14 +221,11 @@ class OutputParser:
     def _on_tag(self, tag: str) -> None:
         r, f = self.reasoning, self.fmt
         if r is not None and self.mode == "reasoning":
-            if tag == r.close:
+            if tag == r.close:                   # (a repeated open tag is dropped)
                 self.mode = self._start_mode() if not self.content_len and not self.calls else "content"
-            else:
-                self.reasoned = True            # a repeated open tag: nothing to emit
             return
         if r is not None and tag == r.open:
             self.ws = ""                         # a block ends a content segment
-            self.reasoned = True
             self.mode = "reasoning"
             return
         if self.mode == "after" and tag != f.open_tag:
