@@ -46,6 +46,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="where the engine loop runs: its own process (default; the HTTP side never "
                         "holds its GIL: 0.96x LLM.generate through HTTP on the H200, against 0.72x "
                         "for a thread, benchmarks/RESULTS.md) or a thread of the server's process")
+    p.add_argument("--tool-call-parser", default="auto",
+                   choices=["auto", "hermes", "llama3_json", "pythonic"],
+                   help="how the model writes tool calls (default auto: from the chat template; a "
+                        "template without a tools section gets the Hermes <tool_call> prompt)")
+    p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=True,
+                   help="parse tool calls the model chooses to make (tool_choice auto, the default "
+                        "with tools); vLLM's flag, on by default here")
+    p.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1"],
+                   help="split <think>...</think> into the message's reasoning_content")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -74,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("the server needs the serve extra: pip install -e '.[serve]'") from e
     from toolkit.engine.async_engine import AsyncEngine
     from toolkit.serving.app import build_app
+    from toolkit.serving.tools.request import ToolConfig
 
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -81,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                                       else "smollm2-135m-instruct")
     engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
     app = build_app(engine, model_name=name, api_key=args.api_key, max_pending=args.max_pending,
-                    shutdown_timeout=args.shutdown_timeout)
+                    shutdown_timeout=args.shutdown_timeout,
+                    tools=ToolConfig(args.tool_call_parser, args.enable_auto_tool_choice,
+                                     args.reasoning_parser))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=int(args.shutdown_timeout) + 1)
 

@@ -57,7 +57,7 @@ def test_structured_outputs_in_each_spelling():
     (dict(temperature=-0.5), "temperature"), (dict(top_p=0.0), "top_p"), (dict(n=0), "n"),
     (dict(logit_bias={"x": 1}), "logit_bias"), (dict(logit_bias={"1": 500}), "logit_bias"),
     (dict(max_tokens=95), "max_tokens"), (dict(max_tokens=0), "max_tokens"),
-    (dict(tools=[{"type": "function"}]), "tools"), (dict(top_logprobs=2), "top_logprobs"),
+    (dict(top_logprobs=2), "top_logprobs"),   # tools: test_tools_protocol.py (checked in serving/tools)
 ])
 def test_bad_values_name_their_parameter(kw, param):
     with pytest.raises(P.ProtocolError) as e:

@@ -27,15 +27,18 @@ from toolkit.engine.async_engine import AsyncEngine, EngineDeadError, Overloaded
 from toolkit.serving import protocol as P
 from toolkit.serving.handlers import OpenAIHandlers
 from toolkit.serving.metrics import ServerMetrics
+from toolkit.serving.tools.request import ToolConfig
 
 
 def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str | None = None,
               max_pending: int | None = None, retry_after_s: int = 1,
               shutdown_timeout: float = 5.0, close_engine: bool = True,
-              priority_hook: Callable[[Request, Any], int | None] | None = None) -> FastAPI:
+              priority_hook: Callable[[Request, Any], int | None] | None = None,
+              tools: ToolConfig | None = None) -> FastAPI:
     """The app. `priority_hook(http_request, body) -> int | None` gives each request its
-    priority (lower first, for the priority policy) in place of the body's `priority`."""
-    handlers = OpenAIHandlers(engine, model_name)
+    priority (lower first, for the priority policy) in place of the body's `priority`.
+    `tools`: the tool-call parser, auto tool choice and reasoning parser (vLLM's flags)."""
+    handlers = OpenAIHandlers(engine, model_name, tools=tools)
     metrics = ServerMetrics(model_name)
     state = {"draining": False}
 

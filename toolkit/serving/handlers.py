@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from toolkit.engine.async_engine import AsyncEngine
-from toolkit.models.chat import apply_chat_template
+from toolkit.models.chat import apply_chat_template, chat_template_of
 from toolkit.serving import protocol as P
+from toolkit.serving.tools.output import StreamedChoices, message_fields
+from toolkit.serving.tools.request import ToolConfig, ToolPlan, plan_tools
+from toolkit.serving.tools.template import render_inputs
 from toolkit.types import CompletionOutput, RequestOutput, SamplingParams
 
 
@@ -29,6 +32,7 @@ class Prepared:
     n: int
     client_id: str | None = None  # OpenAI's `user`: the client a fair-share policy counts
     echo: bool = False           # completions: the prompt's text starts each choice
+    tools: ToolPlan | None = None  # chat: tools, tool_choice; parses the output
 
 
 class OpenAIHandlers:
@@ -36,11 +40,16 @@ class OpenAIHandlers:
     request into a `Prepared` (a custom server may change it before running it: its
     params, priority, client), `complete` runs it to one response, `stream` to SSE lines."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, *, max_model_len: int | None = None
-                 ) -> None:
+    def __init__(self, engine: AsyncEngine, model_name: str, *, max_model_len: int | None = None,
+                 tools: ToolConfig | None = None) -> None:
         self.engine, self.model_name = engine, model_name
         self.tokenizer = engine.tokenizer
         self.max_model_len = max_model_len or engine.max_model_len
+        try:
+            template = chat_template_of(self.tokenizer) if self.tokenizer is not None else None
+        except ValueError:                         # no chat template: chat is refused anyway
+            template = None
+        self.tools = (tools or ToolConfig()).resolve(template)   # the format, from the template
 
     # -- preparation (raises ProtocolError for anything the client got wrong) --
     def check_model(self, name: str | None) -> None:
@@ -73,15 +82,20 @@ class OpenAIHandlers:
         self.check_model(req.model)
         if self.tokenizer is None:
             raise P.ProtocolError("chat needs a tokenizer with a chat template; this server has none")
-        text = self.render_chat(req)
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tools)
+        text = self.render_chat(req, plan)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        params = req.sampling_params(self.max_model_len, len(ids))
+        params = req.sampling_params(self.max_model_len, len(ids), tool_regex=plan.regex())
         return Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
-                        [params], req.priority if priority is None else priority, req.n, client_id=req.user)
+                        [params], req.priority if priority is None else priority, req.n, client_id=req.user,
+                        tools=plan)
 
-    def render_chat(self, req: P.ChatCompletionRequest) -> str:
+    def render_chat(self, req: P.ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         messages = req.template_messages()
         kwargs = dict(req.chat_template_kwargs or {})
+        if plan is not None:                       # tools in the prompt, tool calls in the history
+            messages, extra = render_inputs(messages, plan)
+            kwargs = {**extra, **kwargs}
         try:
             if req.continue_final_message:
                 if messages[-1]["role"] != "assistant":
@@ -120,11 +134,16 @@ class OpenAIHandlers:
         finals = await asyncio.gather(*(_final(s) for s in await self.add(prep)))
         usage = _usage(finals)
         if chat:
-            choices = [P.ChatChoice(index=c.index, message=P.ChatResponseMessage(content=c.text),
-                                    logprobs=self._chat_logprobs(c, prep.params[0].logprobs),
-                                    finish_reason=P.finish_reason(c.finish_reason),
-                                    stop_reason=c.stop_reason)
-                       for o in finals for c in o.outputs]
+            choices = []
+            for o in finals:
+                for c in o.outputs:
+                    fields, reason = ({"content": c.text}, P.finish_reason(c.finish_reason))
+                    if prep.tools is not None and prep.tools.parses:
+                        fields, reason = message_fields(prep.tools, c.text, reason)
+                    choices.append(P.ChatChoice(
+                        index=c.index, message=P.ChatResponseMessage(**fields),
+                        logprobs=self._chat_logprobs(c, prep.params[0].logprobs),
+                        finish_reason=reason, stop_reason=c.stop_reason))
             return P.ChatCompletionResponse(id=prep.request_id, created=P.now(), model=prep.model,
                                             choices=choices, usage=usage)
         choices = []
@@ -144,6 +163,7 @@ class OpenAIHandlers:
         streams = await self.add(prep)
         offsets: dict[int, int] = {}                 # choice index -> text characters sent
         tokens: dict[int, int] = {}                  # choice index -> output tokens so far
+        parsed = StreamedChoices(prep.tools) if chat and prep.tools is not None and prep.tools.parses else None
         try:
             if chat:                                 # the role comes first, as OpenAI sends it
                 for i in range(len(streams) * prep.n):
@@ -159,7 +179,12 @@ class OpenAIHandlers:
                     # pydantic model for each costs the server's GIL time every step
                     if chat:
                         lp = self._chat_logprobs(c, prep.params[0].logprobs)
-                        choice = {"index": index, "delta": {"content": c.text},
+                        delta: dict[str, Any] | None = {"content": c.text}
+                        if parsed is not None:         # tool calls, reasoning: held tags
+                            delta, reason = parsed.delta(index, c.text, reason)
+                            if delta is None and reason is None and lp is None:
+                                continue
+                        choice = {"index": index, "delta": delta or {},
                                   "logprobs": lp and lp.model_dump(exclude_none=True), "finish_reason": reason}
                         yield _sse_dict({"id": prep.request_id, "object": "chat.completion.chunk",
                                          "created": created, "model": prep.model, "choices": [choice]})

@@ -245,8 +245,13 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None             # checked in serving/tools/request.py (400 naming the field)
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # accepted and ignored (SDKs send them): no stored completions, one service tier
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
     # extras
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -269,18 +274,24 @@ class ChatCompletionRequest(_SamplingFields):
             out.append(d)
         return out
 
-    def sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
-        if self.tools:
-            raise ProtocolError("tools (function calling) are not supported by this server",
-                                param="tools")
-        if self.tool_choice not in (None, "none"):
-            raise ProtocolError("tool_choice is not supported by this server", param="tool_choice")
+    def sampling_params(self, max_model_len: int, prompt_len: int,
+                        tool_regex: str | None = None) -> SamplingParams:
+        """`tool_regex`: the grammar of a forced tool call (tool_choice required / named)."""
         if self.top_logprobs is not None and not self.logprobs:
             raise ProtocolError("top_logprobs needs logprobs=true", param="top_logprobs")
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        structured = self._structured(self.response_format)
+        if tool_regex is not None:
+            if structured is not None:
+                raise ProtocolError("tool_choice 'required' or a named function constrains the output "
+                                    "already; drop response_format / structured_outputs",
+                                    param="tool_choice")
+            from toolkit.samplers.grammar.spec import Structured
+
+            structured = Structured.regex(tool_regex)
         return self._sampling(max_tokens=_max_tokens(limit, max_model_len, prompt_len, None),
                               logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-                              structured=self._structured(self.response_format))
+                              structured=structured)
 
 
 def _max_tokens(asked: int | None, max_model_len: int, prompt_len: int, default: int | None) -> int:
@@ -353,6 +364,8 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None           # vLLM's field (--reasoning-parser)
+    tool_calls: list[dict[str, Any]] | None = None  # [{"id", "type": "function", "function": {...}}]
 
 
 class ChatChoice(BaseModel):
@@ -375,6 +388,8 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -14,6 +14,7 @@ _EXPORTS = {
     "allocator_state_machine": "toolkit.testing.allocator",
     "check_scheduler": "toolkit.testing.scheduler", "scheduler_machine": "toolkit.testing.scheduler",
     "triton_compiles": "toolkit.kernels.compiles",
+    "check_tool_format": "toolkit.testing.tool_parser",
 }
 
 __all__ = sorted(_EXPORTS)
