@@ -15,7 +15,8 @@ def test_pieces_are_timed_and_unwrapped():
     eng = llm.engine
     r = host_parts.measure(llm, batch=4, steps=3, prompt=20)
     parts = {k.strip(): v for k, v in r["parts_ms"].items()}
-    for name in ("schedule", "update", "runner.launch", "prepare", "forward", "_sample_plain"):
+    for name in ("schedule", "update", "runner.execute_model", "runner.sample_tokens", "prepare", "forward",
+                 "_sample_plain"):
         assert parts[name] > 0, name
     assert parts["prepare"] >= parts["_batch"] and r["step_ms"] > 0
     assert r["gpu_ms"] is None                       # the CPU: no events

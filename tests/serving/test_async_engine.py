@@ -156,7 +156,7 @@ def test_max_pending_refuses_with_overloaded():
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine):
     runner = engine.engine.runner
-    real = runner.launch
+    real = runner.execute_model
     calls = {"n": 0}
 
     def broken(*a, **kw):
@@ -165,7 +165,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine):
             raise RuntimeError("injected step failure")
         return real(*a, **kw)
 
-    runner.launch = broken
+    runner.execute_model = broken
     try:
         async def run():
             with pytest.raises(RuntimeError, match="injected"):
@@ -173,7 +173,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(engine):
             return await collect(engine, [4, 4], GREEDY, output_kind="final")
         out = asyncio.run(run())
     finally:
-        runner.launch = real
+        runner.execute_model = real
     assert out[0].finished and len(out[0].outputs[0].token_ids) == 12
     assert blocks_free(engine)
 

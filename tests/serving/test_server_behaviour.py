@@ -118,7 +118,7 @@ def test_embedded_model_chat_and_stop_string(make_server):
 def test_a_failing_step_is_a_500_error_body_and_the_server_goes_on(tiny_chat_dir, make_server):
     srv, engine = make_server(tiny_chat_dir)
     runner = engine.engine.runner
-    real, calls = runner.launch, {"n": 0}
+    real, calls = runner.execute_model, {"n": 0}
 
     def broken(*a, **kw):
         calls["n"] += 1
@@ -126,7 +126,7 @@ def test_a_failing_step_is_a_500_error_body_and_the_server_goes_on(tiny_chat_dir
             raise RuntimeError("injected step failure")
         return real(*a, **kw)
 
-    runner.launch = broken
+    runner.execute_model = broken
     body = {"model": "tiny", "prompt": "x", "max_tokens": 4}
     status, _, out = post(srv.url + "/v1/completions", body)
     assert status == 500 and "injected step failure" in out["error"]["message"]
