@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-REGISTRY: dict[str, dict[str, str]] = {
+REGISTRY: dict[str, dict[str, str | type]] = {
     "allocator": {
         "free_list": "toolkit.blocks.free_list:FreeListAllocator",
         "prefix_caching": "toolkit.blocks.prefix_caching:PrefixCachingAllocator",
@@ -53,14 +53,16 @@ def lookup(kind: str, name: str) -> type:
     table = REGISTRY[kind]
     if name not in table:
         raise ValueError(f"unknown {kind} {name!r}; valid names: {sorted(table)}")
-    module, _, attr = table[name].partition(":")
+    entry = table[name]
+    if not isinstance(entry, str):                 # a class registered as an object
+        return entry
+    module, _, attr = entry.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
 def register(kind: str, name: str, target: str | type) -> None:
-    """Add a component: `target` is a class or a "module:Class" string."""
-    if not isinstance(target, str):
-        target = f"{target.__module__}:{target.__qualname__}"
+    """Add a component: `target` is a class (kept as it is, so a class defined in a notebook
+    or a script works) or a "module:Class" string (imported when first looked up)."""
     REGISTRY.setdefault(kind, {})[name] = target
 
 
