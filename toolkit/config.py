@@ -17,6 +17,9 @@ def _check(cond: bool, name: str, valid: str, value: object) -> None:
         raise ValueError(f"EngineConfig.{name} must be {valid}, got {value!r}")
 
 
+KERNELS = ("auto", "triton", "reference")   # EngineConfig.kernels
+
+
 @dataclass
 class EngineConfig:
     # dtype of weights, activations and KV cache; "auto": bf16 on CUDA, fp32 on the CPU
@@ -88,12 +91,17 @@ class EngineConfig:
     # toolkit/models/transformers_backend.py; one rank only), "auto" (native where a file
     # serves config.architectures, else transformers)
     model_impl: str = "auto"
+    # one switch for the whole engine's arithmetic: "auto" (Triton kernels on CUDA, lean torch
+    # on the CPU), "triton" (the Triton kernels everywhere: on the CPU under TRITON_INTERPRET=1),
+    # "reference" (every op's slow reference twin: the model's ops, the attention backend
+    # "torch", the reference sampler, the cache copies). A part given explicitly wins.
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
                            ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
-                           ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str), ("model_impl", str),
+                           ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str), ("model_impl", str), ("kernels", str),
                            ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
                            ("cuda_graphs", bool), ("max_cudagraph_capture_size", int), ("warmup", bool), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
             v = getattr(self, name)
@@ -131,6 +139,7 @@ class EngineConfig:
                self.cpu_cache_gb)
         _check(self.host_cache_blocks is None or self.host_cache_blocks >= 0, "host_cache_blocks",
                "None or >= 0", self.host_cache_blocks)
+        _check(self.kernels in KERNELS, "kernels", f"one of {KERNELS}", self.kernels)
         _check(self.model_impl in ("auto", "native", "transformers"), "model_impl",
                "one of ('auto', 'native', 'transformers')", self.model_impl)
         if self.model_impl == "transformers" and self.tensor_parallel_size > 1:

@@ -229,3 +229,21 @@ def test_output_kind_final_reports_once_with_what_cumulative_reports_last(tiny_l
         with pytest.raises(ValueError, match="output_kind must be one of"):
             eng.add_request([3, 4], params, output_kind="delta-ish")
         assert not eng.has_unfinished()
+
+
+def test_one_kernels_switch_picks_every_reference_twin(tiny_llama_dir, expected):
+    """EngineConfig.kernels="reference": the model's ops, the attention backend, the sampler
+    and the block copies are the reference twins, and greedy output is unchanged."""
+    from toolkit.attention.torch_ref import TorchAttention
+    from toolkit.kernels import reference_model
+    from toolkit.samplers.reference import ReferenceSampler
+
+    prompt = _prompts()[0]
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", kernels="reference") as llm:
+        r = llm.engine.runner
+        assert isinstance(r.attention, TorchAttention) and isinstance(r.sampler, ReferenceSampler)
+        assert r.model.ops.rms_norm is reference_model.rms_norm and r.executor.runner.copy_backend == "torch"
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == expected[0][:len(out.outputs[0].token_ids)]
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        LLM(tiny_llama_dir, device="cpu", kernels="fast")

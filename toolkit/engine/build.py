@@ -20,6 +20,15 @@ from toolkit.engine.runner import Runner
 log = logging.getLogger(__name__)
 
 CPU_KV_BUDGET = 512 * 2**20   # bytes of KV cache on the CPU when no budget is given
+# EngineConfig.kernels -> the model ops' implementation (toolkit/models/ops.py)
+MODEL_KERNELS = {"auto": "auto", "triton": "triton", "reference": "torch"}
+
+
+def _default_attention(kernels: str, device: torch.device) -> str:
+    """The attention backend EngineConfig.kernels implies."""
+    if kernels == "reference":
+        return "torch"
+    return "triton" if kernels == "triton" or device.type == "cuda" else "cpu"
 
 
 # what each kind of part must have (the contracts in blocks/base.py, schedulers/base.py,
@@ -109,10 +118,10 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         model = executor.model
     elif isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model = load_model(model, dtype=dtype, device=device, load_format=load_format,
-                           model_impl=cfg.model_impl)
+                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels])
     elif not hasattr(model, "forward"):   # a transformers config: random weights
         model = load_model(model, dtype=dtype, device=device, load_format="dummy",
-                           model_impl=cfg.model_impl)
+                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels])
     if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
         tokenizer = load_tokenizer(tokenizer)
     spec = check_model(model)
@@ -155,18 +164,20 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if cfg.has_host_tier and host_tier is None:
         raise ValueError(f"cpu_cache_gb / host_cache_blocks need a scheduler that supports the host tier "
                          f"('continuous'); {type(scheduler).__name__} does not")
-    if attention == "auto":
-        attention = "triton" if device.type == "cuda" else "cpu"   # "torch": the slow reference
+    if attention == "auto":               # EngineConfig.kernels picks; "torch" is the reference twin
+        attention = _default_attention(cfg.kernels, device)
     backend = attention                   # the name (or class) the draft model's backend reuses
     attention = (executor.attention if executor is not None else
                  build_attention(spec, partial(_create, "attention", attention, kv_cache=kv_cache)))
     if kv_cache.is_fp8:   # static per-layer scales, set before warm-up and CUDA-graph capture
         from toolkit.engine.kv_scales import resolve_scales
 
-        default = "triton" if device.type == "cuda" else "cpu"
+        default = _default_attention(cfg.kernels, device)
         resolve_scales(kv_cache, cfg.kv_scales, folder, model, tokenizer, dtype=dtype,
                        make_attention=lambda c: build_attention(
                            spec, partial(_create, "attention", default, kv_cache=c)))
+    if sampler == "default" and cfg.kernels == "reference":
+        sampler = "reference"
     sampler = _create("sampler", sampler)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed
@@ -174,7 +185,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if executor is None:                  # the model in this process: one ModelRunner here
         from toolkit.worker.executor import LocalExecutor
 
-        executor = LocalExecutor(model, attention, kv_cache, device)
+        executor = LocalExecutor(model, attention, kv_cache, device,
+                                 copy_backend="torch" if cfg.kernels == "reference" else "auto")
     runner = Runner(model, attention, sampler, kv_cache, device, generator, executor=executor)
     if host_tier is not None:
         from toolkit.blocks.host_kv import HostKVCache
@@ -225,7 +237,7 @@ def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: 
     from toolkit.parallel.executor import TPExecutor
 
     if attention == "auto":
-        attention = "triton" if device.type == "cuda" else "cpu"
+        attention = _default_attention(cfg.kernels, device)
     return TPExecutor(model, size=cfg.tensor_parallel_size, dtype=dtype,
                       device=device.type if device.index is None else str(device), attention=attention,
                       load_format=load_format, block_size=cfg.block_size, num_blocks=cfg.num_blocks,

@@ -38,8 +38,9 @@ def forward_inputs(batch: Any) -> ForwardInputs:
 class LocalExecutor:
     supports_hidden = True
 
-    def __init__(self, model: Any, attention: Any, kv_cache: Any, device: torch.device) -> None:
-        self.runner = ModelRunner(model, attention, kv_cache, device)
+    def __init__(self, model: Any, attention: Any, kv_cache: Any, device: torch.device,
+                 copy_backend: str = "auto") -> None:
+        self.runner = ModelRunner(model, attention, kv_cache, device, copy_backend)
         self.model, self.attention, self.kv_cache, self.device = model, attention, kv_cache, device
 
     @property

@@ -28,8 +28,10 @@ class ForwardInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: Any, attention: Any, kv_cache: Any, device: torch.device) -> None:
+    def __init__(self, model: Any, attention: Any, kv_cache: Any, device: torch.device,
+                 copy_backend: str = "auto") -> None:
         self.model, self.attention, self.kv_cache, self.device = model, attention, kv_cache, device
+        self.copy_backend = copy_backend  # "torch": the block copies' reference twin
         self.graphs = None               # StepGraphs, after enable_cuda_graphs
 
     def enable_cuda_graphs(self, max_tokens: int, full_tokens: int | None = None) -> bool:
@@ -51,7 +53,7 @@ class ModelRunner:
 
             src, dst = (torch.tensor(x, dtype=torch.int64).to(self.device, non_blocking=True)
                         for x in zip(*inputs.blocks_to_copy))
-            copy_blocks(self.kv_cache.layers, src, dst)
+            copy_blocks(self.kv_cache.layers, src, dst, backend=self.copy_backend)
         self.attention.plan(inputs.layout)
         bp, graphs = inputs.graph_batch, self.graphs
         if bp is not None and graphs is not None and graphs.captured(bp):
