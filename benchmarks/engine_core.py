@@ -97,7 +97,7 @@ def gc_passes():
 @contextlib.contextmanager
 def _freeze(on: bool):
     """setting "<loop>-nofreeze": generate without engine/gc_freeze.frozen_heap (for the A/B)."""
-    import toolkit.engine.llm as llm_module
+    import toolkit.entrypoints.llm as llm_module
 
     if on:
         yield

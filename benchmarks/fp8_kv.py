@@ -146,8 +146,8 @@ def print_divergence(label: str, d: dict[str, Any], gen: int) -> None:
 
 def set_headroom(llm: Any, headroom: tuple[float, float]) -> None:
     """Recalibrate an fp8 engine's scales with another headroom (same prompts as start-up)."""
-    from toolkit.engine.build import _create
-    from toolkit.engine.kv_scales import calibrate, calibration_prompts
+    from toolkit.registry import create_part
+    from toolkit.worker.kv_scales import calibrate, calibration_prompts
 
     eng, r = llm.engine, llm.engine.runner
     model = r.model
@@ -155,7 +155,7 @@ def set_headroom(llm: Any, headroom: tuple[float, float]) -> None:
     from toolkit.attention.layerwise import build_attention
 
     k, v = calibrate(model, calibration_prompts(eng.tokenizer, model.spec.vocab_size),
-                     lambda c: build_attention(model.spec, lambda **kw: _create("attention", name, kv_cache=c, **kw)),
+                     lambda c: build_attention(model.spec, lambda **kw: create_part("attention", name, kv_cache=c, **kw)),
                      model.spec.dtype, r.device, r.kv_cache.block_size, headroom=headroom)
     r.kv_cache.set_scales(k, v, f"calibrated (amax x {headroom[0]:g}, {headroom[1]:g} / 448)")
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from toolkit.engine.penalty_history import PenaltyHistory
+from toolkit.worker.penalty_history import PenaltyHistory
 from toolkit.samplers.base import SamplingMetadata
 from toolkit.types import Request, SamplingParams
 

@@ -207,7 +207,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from toolkit import LLM, SamplingParams
-    from toolkit.engine.async_engine import AsyncEngine
+    from toolkit.entrypoints.async_engine import AsyncEngine
 
     t0 = time.perf_counter()
     cfg, options = build_args(args.shape)

@@ -63,7 +63,7 @@ def _band(b: int) -> str:
 def diagnose(llm, prompts: list, params: list, *, sync_debug: bool = True,
              runtime_calls: bool = True) -> dict:
     """Run llm.generate(prompts, params) instrumented; the report as a dict (see module doc)."""
-    from toolkit.engine import inflight
+    from toolkit.worker import inflight
 
     eng = llm.engine
     cuda = torch.cuda.is_available() and eng.runner.device.type == "cuda"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks import roofline, run_kinds
-from toolkit.engine.recorder import StepRecorder
+from toolkit.notebook.recorder import StepRecorder
 
 EDGES = (16, 64, 256)          # decode bands: 1-16, 17-64, 65-256, 257 and more
 

@@ -15,7 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from toolkit import LLM
-from toolkit.engine.async_engine import AsyncEngine
+from toolkit.entrypoints.async_engine import AsyncEngine
 from toolkit.schedulers.policies import Priority
 from toolkit.serving import protocol as P
 from toolkit.serving.handlers import OpenAIHandlers

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
-        from toolkit.engine.llm import LLM
+        from toolkit.entrypoints.llm import LLM
 
         return LLM
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

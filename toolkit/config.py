@@ -67,7 +67,7 @@ class EngineConfig:
     # blocks in a budget; lossy (its measured cost: docs/performance.md)
     kv_cache_dtype: str = "auto"
     # fp8 scales (model value = stored value x scale): None = the checkpoint's k_scale/v_scale
-    # when it has them, else calibrated at start-up (toolkit/engine/kv_scales.py); one
+    # when it has them, else calibrated at start-up (toolkit/worker/kv_scales.py); one
     # (k_scale, v_scale) pair for every layer, or a list of one pair per layer
     kv_scales: Any = None
     # scheduling policy of the continuous / static scheduler: a name ("fcfs", "priority",
@@ -173,7 +173,7 @@ class EngineConfig:
                "kv_cache_dtype", f"one of {_KV_CACHE_DTYPES} ('auto' = the model's dtype)",
                self.kv_cache_dtype)
         if self.kv_scales is not None:
-            from toolkit.engine.kv_scales import scale_pairs
+            from toolkit.worker.kv_scales import scale_pairs
 
             if self.kv_cache_dtype == "auto":
                 raise ValueError("EngineConfig.kv_scales applies to an fp8 KV cache; set "

@@ -6,7 +6,9 @@ imports no kernel or model code. An unknown name lists the valid ones.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from typing import Any
 
 REGISTRY: dict[str, dict[str, str | type]] = {
@@ -73,3 +75,40 @@ def create(kind: str, spec: Any, /, **kwargs: Any) -> Any:
     if isinstance(spec, type):
         return spec(**kwargs)
     return spec
+
+
+# what each kind of part must have (the contracts in blocks/base.py, schedulers/base.py,
+# samplers/base.py, attention/base.py, samplers/speculative/base.py)
+REQUIRED = {
+    "allocator": ("num_free_blocks", "allocate", "free", "fork", "lookup", "peek", "publish",
+                  "ref_count", "num_cached_blocks"),
+    "scheduler": ("add_request", "abort", "schedule", "update", "has_unfinished"),
+    "sampler": ("__call__",),
+    "attention": ("plan", "write_kv", "run"),
+    "proposer": ("propose", "remove"),
+}
+
+
+def create_part(kind: str, spec: Any, **kwargs: Any) -> Any:
+    """A part from a registered name, a class or a factory (a function or functools.partial:
+    called with the engine settings its signature accepts), or an instance; refused with a
+    message when it lacks what its contract requires."""
+    if spec is None or isinstance(spec, (bool, int, float)):
+        raise ValueError(f"{kind}={spec!r}: give a registered name ({sorted(REGISTRY[kind])}), "
+                         f"a class, a factory function or an instance")
+    cls = lookup(kind, spec) if isinstance(spec, str) else spec
+    factory = isinstance(cls, (type, functools.partial)) or inspect.isfunction(cls) or inspect.ismethod(cls)
+    if factory:
+        sig = inspect.signature(cls.__init__ if isinstance(cls, type) else cls)
+        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
+        if isinstance(cls, functools.partial):       # what the user bound wins
+            kwargs = {k: v for k, v in kwargs.items() if k not in cls.keywords}
+        part = cls(**kwargs)
+    else:
+        part = cls
+    missing = [m for m in REQUIRED.get(kind, ()) if not callable(getattr(part, m, None))]
+    if missing:
+        raise ValueError(f"{kind} {part!r} lacks {missing}, which the {kind} contract requires "
+                         f"(see docs/interfaces.md)")
+    return part

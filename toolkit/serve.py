@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         import uvicorn
     except ImportError as e:              # the optional extra is missing
         raise SystemExit("the server needs the serve extra: pip install -e '.[serve]'") from e
-    from toolkit.engine.async_engine import AsyncEngine
+    from toolkit.entrypoints.async_engine import AsyncEngine
     from toolkit.serving.app import build_app
     from toolkit.serving.tools.request import ToolConfig
 

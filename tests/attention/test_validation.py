@@ -78,7 +78,7 @@ def test_run_before_plan() -> None:
 
 def test_graphs_follow_the_declared_run_out_capability() -> None:
     """CUDA graphs need run(out=); the engine reads the declaration, not the signature."""
-    from toolkit.engine.cuda_graphs import supports_graphs
+    from toolkit.worker.cuda_graphs import supports_graphs
 
     class Undeclared:
         def run(self, layer, q, out=None):

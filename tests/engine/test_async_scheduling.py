@@ -110,7 +110,7 @@ def test_launched_result_times_its_wait_for_the_device() -> None:
 
     import torch
 
-    from toolkit.engine.inflight import Launched
+    from toolkit.worker.inflight import Launched
     from toolkit.types import StepResult
 
     class SlowEvent:                     # stands in for the copy's CUDA event

@@ -16,7 +16,7 @@ from toolkit import LLM, EngineConfig, SamplingParams
 from toolkit.attention.torch_ref import TorchAttention
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
-from toolkit.engine.kv_scales import calibrate, scale_pairs
+from toolkit.worker.kv_scales import calibrate, scale_pairs
 
 PROMPTS = [[5 + (7 * i + 3 * j) % 500 for j in range(8 + 9 * i)] for i in range(6)]
 MAX_NEW = 16

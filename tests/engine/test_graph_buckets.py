@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.engine.cuda_graphs import buckets, whole_forward_buckets
-from toolkit.engine.warmup import _prompts
+from toolkit.worker.cuda_graphs import buckets, whole_forward_buckets
+from toolkit.worker.warmup import _prompts
 
 
 @pytest.mark.parametrize("top", [1, 16, 300, 512, 1000, 8192, 16384])

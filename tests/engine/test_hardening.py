@@ -192,7 +192,7 @@ def test_closed_llm_and_dict_params_say_what_to_do(tiny_llama_dir):
 
 def test_long_prefill_reports_progress(tiny_llama_dir, monkeypatch):
     """The bar moves during a chunked prefill, before the first output token."""
-    import toolkit.engine.progress as progress
+    import toolkit.progress as progress
 
     ticks = []
 

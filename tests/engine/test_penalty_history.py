@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolkit import LLM, SamplingParams
-from toolkit.engine.penalty_history import PenaltyHistory
+from toolkit.worker.penalty_history import PenaltyHistory
 from toolkit.samplers.base import _pad
 from toolkit.types import PLACEHOLDER, Request, RequestStatus
 

@@ -25,7 +25,7 @@ def _meta(params, vocab):
 
 
 def test_graph_tokens_equal_the_eager_kernels_on_the_graph_logits(tiny_llama_dir):
-    from toolkit.engine.sample_graphs import SampleGraphs
+    from toolkit.worker.sample_graphs import SampleGraphs
     from toolkit.kernels.truncated_sample import truncated_sample
     from toolkit.samplers.pipeline import Sampler
 

@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig
 
 from toolkit import LLM, SamplingParams
-from toolkit.engine.recorder import StepRecorder
+from toolkit.notebook.recorder import StepRecorder
 from toolkit.notebook import LiveModel, LiveView
 from toolkit.notebook.render import render_all
 from toolkit.notebook.state import block_cells
@@ -168,7 +168,7 @@ def test_closed_llm_repr():
 
 
 def test_progress_bar_counts_tokens_and_shows_queues(llm, monkeypatch):
-    import toolkit.engine.progress as progress
+    import toolkit.progress as progress
 
     seen = {"ticks": [], "queues": []}
 
@@ -194,7 +194,7 @@ def test_progress_bar_counts_tokens_and_shows_queues(llm, monkeypatch):
 
 
 def test_terminal_bar_shows_rate_and_queues():
-    from toolkit.engine.progress import progress_bar
+    from toolkit.progress import progress_bar
 
     with progress_bar(total=100, desc="generate", unit="tok") as bar:
         bar.update(10)

@@ -4,7 +4,7 @@ outputs after it, every block free, no penalty row. On the CPU it is called dire
 from __future__ import annotations
 
 from toolkit import LLM, SamplingParams
-from toolkit.engine.warmup import warm_up
+from toolkit.worker.warmup import warm_up
 
 
 def test_warm_up_leaves_outputs_and_blocks_alone(tiny_llama_dir):

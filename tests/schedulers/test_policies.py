@@ -9,7 +9,7 @@ import pytest
 from hypothesis import settings as Settings
 
 from toolkit.blocks.reference import ReferenceAllocator
-from toolkit.engine.request_fields import per_prompt_fields
+from toolkit.entrypoints.request_fields import per_prompt_fields
 from toolkit.schedulers import EDF, LPM, SJF, VTC, ContinuousBatchingScheduler, Policy, Priority
 from toolkit.schedulers.policies import policy_of, resolve_policy, warn_ignored_priority
 from toolkit.testing import check_scheduler

@@ -41,7 +41,7 @@ class Server:
 def start_server(model_dir: str, **app_kwargs):
     """(server, async_engine) on a free port; the caller stops the server."""
     from toolkit import LLM
-    from toolkit.engine.async_engine import AsyncEngine
+    from toolkit.entrypoints.async_engine import AsyncEngine
     from toolkit.serving.app import build_app
 
     engine = AsyncEngine(LLM(model_dir, num_blocks=256, block_size=8, max_num_seqs=32))

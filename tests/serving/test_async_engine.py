@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig
 
 from toolkit import LLM, SamplingParams
-from toolkit.engine.async_engine import AsyncEngine, EngineDeadError, Overloaded
+from toolkit.entrypoints.async_engine import AsyncEngine, EngineDeadError, Overloaded
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 

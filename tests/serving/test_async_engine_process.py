@@ -12,7 +12,7 @@ import pytest
 from transformers import LlamaConfig
 
 from toolkit import LLM, SamplingParams
-from toolkit.engine.async_engine import AsyncEngine, EngineDeadError
+from toolkit.entrypoints.async_engine import AsyncEngine, EngineDeadError
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 OPTIONS = dict(num_blocks=64, block_size=8, max_num_seqs=8)

@@ -24,7 +24,7 @@ def test_gold_key_overtakes_queued_free_requests(tiny_chat_dir):
     from server_util import Server, free_port
 
     from toolkit import LLM
-    from toolkit.engine.async_engine import AsyncEngine
+    from toolkit.entrypoints.async_engine import AsyncEngine
     from toolkit.schedulers.policies import Priority
 
     example = load_example()

@@ -1,7 +1,7 @@
 """Fixed-capacity attention tables, so that a decode step's attention can live inside one
 CUDA graph with the rest of the forward.
 
-The piecewise graphs (engine/cuda_graphs.py) run attention eagerly between L + 1 graph
+The piecewise graphs (worker/cuda_graphs.py) run attention eagerly between L + 1 graph
 pieces, because a step's tile schedule (how many work items, how many KV splits, where each
 sequence's page list starts) changes from step to step; from Python that is a few launches
 per layer, milliseconds per step at batch 256. For a step whose every sequence is in the

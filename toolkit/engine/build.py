@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from functools import partial
@@ -10,12 +9,12 @@ from typing import Any
 
 import torch
 
-from toolkit import registry
 from toolkit.attention.layerwise import build_attention
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.config import EngineConfig
 from toolkit.engine.engine import Engine
-from toolkit.engine.runner import Runner
+from toolkit.registry import create_part
+from toolkit.worker.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -29,45 +28,6 @@ def _default_attention(kernels: str, device: torch.device) -> str:
     if kernels == "reference":
         return "torch"
     return "triton" if kernels == "triton" or device.type == "cuda" else "cpu"
-
-
-# what each kind of part must have (the contracts in blocks/base.py, schedulers/base.py,
-# samplers/base.py, attention/base.py, samplers/speculative/base.py)
-REQUIRED = {
-    "allocator": ("num_free_blocks", "allocate", "free", "fork", "lookup", "peek", "publish",
-                  "ref_count", "num_cached_blocks"),
-    "scheduler": ("add_request", "abort", "schedule", "update", "has_unfinished"),
-    "sampler": ("__call__",),
-    "attention": ("plan", "write_kv", "run"),
-    "proposer": ("propose", "remove"),
-}
-
-
-def _create(kind: str, spec: Any, **kwargs: Any) -> Any:
-    """A part from a registered name, a class or a factory (a function or functools.partial:
-    called with the engine settings its signature accepts), or an instance; refused with a
-    message when it lacks what its contract requires."""
-    import functools
-
-    if spec is None or isinstance(spec, (bool, int, float)):
-        raise ValueError(f"{kind}={spec!r}: give a registered name ({sorted(registry.REGISTRY[kind])}), "
-                         f"a class, a factory function or an instance")
-    cls = registry.lookup(kind, spec) if isinstance(spec, str) else spec
-    factory = isinstance(cls, (type, functools.partial)) or inspect.isfunction(cls) or inspect.ismethod(cls)
-    if factory:
-        sig = inspect.signature(cls.__init__ if isinstance(cls, type) else cls)
-        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-            kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
-        if isinstance(cls, functools.partial):       # what the user bound wins
-            kwargs = {k: v for k, v in kwargs.items() if k not in cls.keywords}
-        part = cls(**kwargs)
-    else:
-        part = cls
-    missing = [m for m in REQUIRED.get(kind, ()) if not callable(getattr(part, m, None))]
-    if missing:
-        raise ValueError(f"{kind} {part!r} lacks {missing}, which the {kind} contract requires "
-                         f"(see docs/interfaces.md)")
-    return part
 
 
 def _check_policy(scheduler: Any, policy: Any) -> None:
@@ -144,13 +104,13 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
 
     if allocator is None:
         allocator = "prefix_caching" if cfg.enable_prefix_caching else "free_list"
-    allocator = _create("allocator", allocator, num_blocks=kv_cache.num_blocks, block_size=cfg.block_size)
+    allocator = create_part("allocator", allocator, num_blocks=kv_cache.num_blocks, block_size=cfg.block_size)
     if (allocator.num_blocks, allocator.block_size) != (kv_cache.num_blocks, cfg.block_size):
         raise ValueError(f"the allocator has {allocator.num_blocks} blocks of {allocator.block_size} tokens "
                          f"but the KV cache {kv_cache.num_blocks} of {cfg.block_size}; build it with "
                          f"num_blocks={kv_cache.num_blocks}, block_size={cfg.block_size} (or pass "
                          f"num_blocks= to LLM, or the allocator's class or name instead)")
-    scheduler = _create(
+    scheduler = create_part(
         "scheduler", scheduler, allocator=allocator, block_size=cfg.block_size,
         # a draft model writes its k drafts' KV one step ahead: reserve their slots
         num_lookahead_tokens=cfg.num_speculative_tokens if cfg.speculative == "draft" else 0,
@@ -168,17 +128,17 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         attention = _default_attention(cfg.kernels, device)
     backend = attention                   # the name (or class) the draft model's backend reuses
     attention = (executor.attention if executor is not None else
-                 build_attention(spec, partial(_create, "attention", attention, kv_cache=kv_cache)))
+                 build_attention(spec, partial(create_part, "attention", attention, kv_cache=kv_cache)))
     if kv_cache.is_fp8:   # static per-layer scales, set before warm-up and CUDA-graph capture
-        from toolkit.engine.kv_scales import resolve_scales
+        from toolkit.worker.kv_scales import resolve_scales
 
         default = _default_attention(cfg.kernels, device)
         resolve_scales(kv_cache, cfg.kv_scales, folder, model, tokenizer, dtype=dtype,
                        make_attention=lambda c: build_attention(
-                           spec, partial(_create, "attention", default, kv_cache=c)))
+                           spec, partial(create_part, "attention", default, kv_cache=c)))
     if sampler == "default" and cfg.kernels == "reference":
         sampler = "reference"
-    sampler = _create("sampler", sampler)
+    sampler = create_part("sampler", sampler)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     if getattr(sampler, "generator", False) is None:   # unseeded rows draw from the engine's seed
         sampler.generator = generator
@@ -204,7 +164,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                                    backend if isinstance(backend, (str, type)) else type(backend),
                                    dtype, device)
     elif proposer is not None:
-        proposer = _create("proposer", proposer)
+        proposer = create_part("proposer", proposer)
     k = cfg.num_speculative_tokens if proposer is not None else 0
     if proposer is not None and k < 1:
         raise ValueError("a proposer needs num_speculative_tokens >= 1")
@@ -214,7 +174,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                          "sampler or add it")
     startup = dict(load_s=loaded - t0, kv_cache_s=time.perf_counter() - loaded, warmup_s=0.0)
     if cfg.warmup and device.type == "cuda":
-        from toolkit.engine.warmup import warm_up
+        from toolkit.worker.warmup import warm_up
 
         startup.update(warm_up(runner, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                block_size=cfg.block_size, num_blocks=kv_cache.num_blocks,

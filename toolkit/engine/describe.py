@@ -71,10 +71,10 @@ def engine_html(engine: Any, name: str = "Engine") -> str:
 
 
 def _fp8_cost(kv_cache: Any) -> str:
-    """What an fp8 KV cache costs, as measured (toolkit/engine/kv_scales.py); '' otherwise."""
+    """What an fp8 KV cache costs, as measured (toolkit/worker/kv_scales.py); '' otherwise."""
     if not getattr(kv_cache, "is_fp8", False):
         return ""
-    from toolkit.engine.kv_scales import MEASURED_COST
+    from toolkit.worker.kv_scales import MEASURED_COST
 
     return MEASURED_COST
 

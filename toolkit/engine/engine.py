@@ -27,10 +27,10 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from toolkit.engine.inflight import Launched
+from toolkit.worker.inflight import Launched
 from toolkit.engine.observe import StepObserver, step_record
 from toolkit.engine.output import OUTPUT_KINDS, OutputProcessor, sequence_ids
-from toolkit.engine.runner import Runner
+from toolkit.worker.runner import Runner
 from toolkit.engine.siblings import SiblingQueue
 from toolkit.engine.structured import StructuredOutputManager
 from toolkit.engine.vllm_compat import BestOf, resolve_words
@@ -419,5 +419,5 @@ class _InFlight:
 def _needs_host_tokens(sp: SamplingParams, device_penalties: bool) -> bool:
     """Whether a request's next step reads its last token's value on the host (a grammar's
     mask; bad words' token lists; the penalties' lists unless the runner keeps them on the
-    device, engine/penalty_history.py): it then runs synchronous steps."""
+    device, worker/penalty_history.py): it then runs synchronous steps."""
     return sp.structured is not None or bool(sp.bad_words) or (sp.has_penalties and not device_penalties)

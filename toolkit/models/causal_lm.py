@@ -22,7 +22,7 @@ from toolkit.models.layers.embedding import ParallelLMHead, VocabParallelEmbeddi
 from toolkit.models.layers.parallel import single_process
 from toolkit.models.ops import model_ops
 
-# buffers some checkpoints carry that no layer holds (fp8 KV scales: engine/kv_scales.py)
+# buffers some checkpoints carry that no layer holds (fp8 KV scales: worker/kv_scales.py)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_scale",
                     "self_attn.kv_scale")
 

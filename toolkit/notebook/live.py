@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from toolkit.engine.recorder import StepRecorder, engine_of
+from toolkit.notebook.recorder import StepRecorder, engine_of
 from toolkit.notebook.render import render_all, render_blocks, render_status, render_timeline
 from toolkit.notebook.state import LiveModel, LiveState
 
@@ -47,7 +47,7 @@ class LiveView:
         self.model = LiveModel(self.engine.allocator, window=window, scheduler=self.engine.scheduler)
         self.recorder = StepRecorder(self.engine)
         if display is None:
-            from toolkit.engine.progress import in_notebook
+            from toolkit.progress import in_notebook
 
             display = in_notebook()
         self.interval, self.plot, self.display = interval, plot, display

@@ -86,10 +86,9 @@ def make_kv_and_attention(model: Any, attention: Any, num_blocks: int, block_siz
                           dtype: torch.dtype, device: torch.device) -> tuple[KVCache, Any]:
     """This rank's KV cache (its KV heads, every rank the same number of blocks) and its
     attention backend (built from a registered name, class or factory: never an instance)."""
-    from toolkit.engine.build import _create
-
     from toolkit.attention.layerwise import build_attention
+    from toolkit.registry import create_part
 
     spec = model.spec
     kv = KVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype, device)
-    return kv, build_attention(spec, partial(_create, "attention", attention, kv_cache=kv))
+    return kv, build_attention(spec, partial(create_part, "attention", attention, kv_cache=kv))

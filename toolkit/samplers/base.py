@@ -52,7 +52,7 @@ class Sampler(Protocol):
     - `graph_tail(meta, generator=None) -> (fn, rows) | None`: this step's sampling as
       `fn(logits, **rows)` over per-row tensors [N] (keys drawn now), a fixed sequence of
       kernels with no host decision, or None; the engine captures the LM head and fn in a
-      CUDA graph per row bucket and replays it (engine/sample_graphs.py).
+      CUDA graph per row bucket and replays it (worker/sample_graphs.py).
     """
 
     def __call__(self, logits: Tensor, meta: "SamplingMetadata") -> "SamplerOutput": ...
@@ -195,7 +195,7 @@ class SamplingMetadata:
         penalty_lists: given the penalising rows (indices, in row order), their prompt ids
         (blank where repetition is off) and output ids as device tensors, exactly as built
         here from prompt_token_ids / output_token_ids (the engine keeps them on the device
-        between steps, engine/penalty_history.py); None: built here from the lists."""
+        between steps, worker/penalty_history.py); None: built here from the lists."""
         n = len(params)
         device = torch.device(device)
         if len(prompt_token_ids) != n or len(output_token_ids) != n:

@@ -133,7 +133,7 @@ class Sampler:
         logprobs and no top-k row (whose cut needs its own kernel). rows are the per-row
         tensors [N] (None: unused), the noise keys drawn now. fn runs a fixed sequence of
         kernels with no host decision, so the engine may capture it in a CUDA graph over
-        padded rows and replay it (engine/sample_graphs.py). None: sample through __call__."""
+        padded rows and replay it (worker/sample_graphs.py). None: sample through __call__."""
         cut = fusable_tail(self.stages)
         triton = meta.device.type == "cuda" if self.use_triton is None else self.use_triton
         if (not triton or cut == len(self.stages) or meta.num_rows == 0 or meta.all_greedy

@@ -23,7 +23,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from toolkit.engine.async_engine import AsyncEngine, EngineDeadError, Overloaded
+from toolkit.entrypoints.async_engine import AsyncEngine, EngineDeadError, Overloaded
 from toolkit.serving import protocol as P
 from toolkit.serving.handlers import OpenAIHandlers
 from toolkit.serving.metrics import ServerMetrics

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
-from toolkit.engine.async_engine import AsyncEngine
+from toolkit.entrypoints.async_engine import AsyncEngine
 from toolkit.models.chat import apply_chat_template, chat_template_of
 from toolkit.serving import protocol as P
 from toolkit.serving.tools.output import StreamedChoices, message_fields

@@ -2,7 +2,7 @@
 tensor-parallel rank.
 
     copy-on-write block copies -> attention.plan(layout) -> the model's forward (eager, or a
-    replay of its CUDA graphs: engine/cuda_graphs.py) -> the logits of the rows that sample
+    replay of its CUDA graphs: worker/cuda_graphs.py) -> the logits of the rows that sample
 
 A tensor-parallel rank differs only in its model's layers (their collectives) and in how its
 inputs arrive (toolkit/parallel/shard.py); a rank other than 0 gets None for the logits.
@@ -38,7 +38,7 @@ class ModelRunner:
         """Replay steps of up to max_tokens tokens from CUDA graphs (CUDA + a backend with
         run(out=)): piecewise graphs, and whole-forward graphs for decode steps of up to
         full_tokens (None: every bucket). A tensor-parallel rank's graphs hold its all-reduces."""
-        from toolkit.engine.cuda_graphs import StepGraphs, supports_graphs
+        from toolkit.worker.cuda_graphs import StepGraphs, supports_graphs
 
         if self.device.type != "cuda" or not supports_graphs(self.attention):
             return False

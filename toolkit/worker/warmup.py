@@ -6,7 +6,7 @@ captured): a decode batch of that many tokens for the buckets with whole-forward
 many prompt tokens for the larger ones (pieces only), in prompts no longer than the model's
 positions or the cache (they share their blocks), with sampling rows of each kind (greedy;
 temperature alone, whose LM head and fused tail are captured per bucket too,
-engine/sample_graphs.py; temperature with top-k / top-p; all three mixed), then one prefill and one chunked prefill
+worker/sample_graphs.py; temperature with top-k / top-p; all three mixed), then one prefill and one chunked prefill
 over a cached prefix (the prefill attention kernels), then penalised rows (the penalty
 kernels, with every row penalised and with some). The dummy steps write garbage KV into
 block 0 and the first blocks; every block is free again afterwards and a real request
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from toolkit.engine.progress import progress_bar
+from toolkit.progress import progress_bar
 from toolkit.kernels.compiles import triton_compiles
 from toolkit.types import Request, SamplingParams, ScheduledRequest, SchedulerOutput
 

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from toolkit.engine.cuda_graphs import buckets, capture_graph
+from toolkit.worker.cuda_graphs import buckets, capture_graph
 
 log = logging.getLogger(__name__)
 

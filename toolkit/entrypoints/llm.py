@@ -9,8 +9,8 @@ from typing import Any, Mapping, Sequence
 from toolkit.config import EngineConfig
 from toolkit.engine.build import build_engine
 from toolkit.engine.gc_freeze import frozen_heap
-from toolkit.engine.progress import TokenProgress
-from toolkit.engine.request_fields import per_prompt_fields
+from toolkit.progress import TokenProgress
+from toolkit.entrypoints.request_fields import per_prompt_fields
 from toolkit.types import BeamSearchParams, RequestOutput, SamplingParams
 
 Prompt = str | Sequence[int] | Mapping[str, Any]    # text, token ids, or vLLM's {"prompt": ...}
@@ -97,7 +97,7 @@ class LLM:
 
         vLLM's form `beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=16))`, or
         `beam_search(prompts, beam_width=4, max_tokens=16, length_penalty=, ignore_eos=)`."""
-        from toolkit.engine.beam import beam_search
+        from toolkit.entrypoints.beam import beam_search
 
         if params is None or beam_width is not None:
             if params is not None:

@@ -28,8 +28,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from toolkit.engine.core_thread import EngineDeadError, OnError, OnOutputs
-from toolkit.engine.streams import Accumulator, DeltaTracker
+from toolkit.entrypoints.core_thread import EngineDeadError, OnError, OnOutputs
+from toolkit.entrypoints.streams import Accumulator, DeltaTracker
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class ProcessCore:
 
 def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
     """The engine process: build the LLM, then serve commands and step until told to stop."""
-    from toolkit.engine.llm import LLM
+    from toolkit.entrypoints.llm import LLM
 
     try:
         llm = LLM(*args, **kwargs)

@@ -7,7 +7,7 @@ attention reuses it), runs the model, gathers the rows that produce a token
 consecutive rows (row j predicts the token after drafts[:j]).
 
 The forward is launched before the sampling metadata and grammar bitmasks are built, so
-that host work overlaps the GPU's. `launch` returns a `Launched` (engine/inflight.py) whose
+that host work overlaps the GPU's. `launch` returns a `Launched` (worker/inflight.py) whose
 tokens may still be on the device; with async scheduling the next step's placeholder input
 ids are gathered from them on the device (`prepare(out, prev)`); `launch(out).result()` runs a step synchronously.
 """
@@ -23,9 +23,9 @@ import torch
 from toolkit.blocks.kv_cache import KVCache
 from toolkit.blocks.layout import PagedKVLayout
 from toolkit.transfer import to_device, upload
-from toolkit.engine.inflight import Launched, apply_ended
-from toolkit.engine.penalty_history import PenaltyHistory
-from toolkit.engine.sampling_rows import SamplingRows
+from toolkit.worker.inflight import Launched, apply_ended
+from toolkit.worker.penalty_history import PenaltyHistory
+from toolkit.worker.sampling_rows import SamplingRows
 from toolkit.samplers.base import SamplerOutput
 from toolkit.types import PLACEHOLDER, Request, SchedulerOutput, StepResult
 
@@ -106,7 +106,7 @@ class Runner:
             return True
         # a sampler that declares graph_tail (samplers/base.py) gets its plain steps captured
         if callable(getattr(self.sampler, "graph_tail", None)):
-            from toolkit.engine.sample_graphs import SampleGraphs
+            from toolkit.worker.sample_graphs import SampleGraphs
 
             self.sample_graphs = SampleGraphs(self.model, self.sampler,
                                               min(max_tokens, max_sample_rows or max_tokens), self.device)

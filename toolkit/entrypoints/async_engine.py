@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable, Sequence
 
-from toolkit.engine.core_thread import EngineDeadError, ThreadCore
-from toolkit.engine.streams import OutputKind, Stream, signal_all
+from toolkit.entrypoints.core_thread import EngineDeadError, ThreadCore
+from toolkit.entrypoints.streams import OutputKind, Stream, signal_all
 from toolkit.types import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,10 @@ class AsyncEngine:
         """An LLM built from the same arguments as `LLM(...)`; with process=True it is
         built and run in a child process (spawned: the model and options must pickle)."""
         if not process:
-            from toolkit.engine.llm import LLM
+            from toolkit.entrypoints.llm import LLM
 
             return cls(LLM(model, **llm_options), max_pending=max_pending)
-        from toolkit.engine.core_process import ProcessCore
+        from toolkit.entrypoints.core_process import ProcessCore
 
         self = cls.__new__(cls)
         self._front(max_pending)

@@ -103,7 +103,7 @@ class StepRecorder:
         """Three panels against the step: tokens per step (prefill and decode, stacked), queue
         depths (running, waiting, preempted), KV blocks (used, cached, total). Returns the
         matplotlib Figure; `axes` may be three Axes to draw into."""
-        from toolkit.engine.plots import plot_steps
+        from toolkit.notebook.plots import plot_steps
 
         return plot_steps(self.records, axes=axes, title=title)
 
