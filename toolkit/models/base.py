@@ -27,7 +27,7 @@ can do (today: tensor parallelism, the truncated draft of speculative decoding).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -118,16 +118,6 @@ def check_model(model: Any) -> ModelSpec:
         raise ValueError(f"model {type(model).__name__} lacks {missing}, which the Model contract "
                          "requires (toolkit/models/base.py)")
     return spec
-
-
-@dataclass
-class WeightReport:
-    """What load_weights left unfilled: (parameter, shard) pairs the model expected."""
-    expected: dict[str, int] = field(default_factory=dict)   # parameter -> number of shards
-
-    def missing(self, loaded: set[tuple[str, int]]) -> list[str]:
-        return [name + (f" (part {i} of {n})" if n > 1 else "")
-                for name, n in self.expected.items() for i in range(n) if (name, i) not in loaded]
 
 
 def eos_ids(config: Any) -> tuple[int, ...]:

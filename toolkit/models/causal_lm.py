@@ -73,9 +73,10 @@ class CausalLM(nn.Module):
         """hidden [N, hidden] -> float32 logits [N, V] (written into `out` when given, TP=1);
         None on ranks other than 0 of a tensor-parallel group."""
         head = self.lm_head if self.lm_head is not None else self.model.embed_tokens
-        lm_head = (lambda h, w: self.ops.lm_head_logits(h, w, out=out)) if self.group.size == 1 else \
-            self.ops.lm_head_logits
-        logits = head.logits(hidden, lm_head)
+        if self.group.size == 1:          # one GEMM, into `out` when given
+            logits = self.ops.lm_head_logits(hidden, head.weight, out=out)
+        else:                             # each rank's vocabulary rows, gathered to rank 0
+            logits = head.logits(hidden, self.ops.lm_head_logits)
         cap = self.final_logit_softcap
         if cap is not None and logits is not None:    # Gemma 2: cap * tanh(logits / cap)
             logits.div_(cap).tanh_().mul_(cap)

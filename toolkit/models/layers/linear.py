@@ -100,15 +100,12 @@ class ColumnParallelLinear(nn.Module):
             self.offsets[sid], off = off, off + s.size
         self.method.create_weights(self, in_features, self.out_features, dtype, device)
         shards = [(sid, (rows, in_features)) for sid, (rows, _) in parts.items()]
-        for p in self._own_params():
+        for _, p in self.named_parameters(recurse=False):       # the method's weights
             mark(p, self.weight_loader, shards, "normal")
         self.bias = None
         if bias:
             self.bias = mark(vector(self.out_features, dtype, device), self.weight_loader,
                              [(sid, (rows,)) for sid, (rows, _) in parts.items()], "zeros")
-
-    def _own_params(self) -> list[nn.Parameter]:
-        return [p for n, p in self.named_parameters(recurse=False) if n != "bias"]
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         """Copy this rank's rows of checkpoint tensor `shard_id` (or, for shard_id None on a

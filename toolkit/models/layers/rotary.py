@@ -126,13 +126,12 @@ class RotaryEmbedding:
         if norm is not None:
             q, _ = self.ops.rms_norm(q, norm[0], norm[2])
             k, _ = self.ops.rms_norm(k, norm[1], norm[2])
+        # the first rotary_dim features rotate (contiguous copies: the kernels' layout), the
+        # rest pass through
         r = self.rotary_dim
+        q_rot, k_rot = q[..., :r].contiguous(), k[..., :r].contiguous()     # [T, H, r], [T, Hkv, r]
+        self.ops.rotary(positions, q_rot, k_rot, self.cache)                 # in place
         q_out, k_out = out
-        q_out.copy_(q)
-        k_out.copy_(k)
-        self.ops.rotary(positions, q[..., :r].contiguous(), k[..., :r].contiguous(), self.cache,
-                        out=(rot_q := torch.empty_like(q[..., :r], memory_format=torch.contiguous_format),
-                             rot_k := torch.empty_like(k[..., :r], memory_format=torch.contiguous_format)))
-        q_out[..., :r] = rot_q
-        k_out[..., :r] = rot_k
+        q_out[..., :r], q_out[..., r:] = q_rot, q[..., r:]
+        k_out[..., :r], k_out[..., r:] = k_rot, k[..., r:]
         return q_out, k_out
