@@ -134,7 +134,7 @@ def test_a_registered_model_class_serves_its_architecture(tmp_path, monkeypatch)
                       num_key_value_heads=1, vocab_size=97, max_position_embeddings=64,
                       architectures=["MyTinyForCausalLM"])
     with pytest.raises(ValueError, match="unsupported architecture.*register_model"):
-        load_model(cfg)
+        load_model(cfg, model_impl="native")       # ("auto" would run transformers' Llama)
     register_model("MyTinyForCausalLM", MyTinyForCausalLM)
     with LLM(cfg, dtype="float32", device="cpu", num_blocks=16, block_size=4) as llm:
         assert type(llm.engine.model) is MyTinyForCausalLM
