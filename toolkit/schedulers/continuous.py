@@ -70,7 +70,13 @@ class ContinuousBatchingScheduler(SchedulerCore):
         self.policy.check(request)
         super().add_request(request)
         if request.request_id in self.requests:
-            self.policy.on_add(request)
+            try:
+                self.policy.on_add(request)
+            except BaseException:            # the policy refused it late: nothing stays queued
+                del self.requests[request.request_id]
+                self.waiting.remove(request)
+                request.status = RequestStatus.WAITING
+                raise
 
     def _on_finish(self, req: Request) -> None:
         self.policy.on_finish(req)
