@@ -138,3 +138,28 @@ def test_a_policy_raising_in_on_add_leaves_no_hidden_request(tiny_llama_dir):
         assert len(outs) == 3 and [len(o.outputs) for o in outs] == [1, 1, 1]
         assert len(outs[-1].outputs[0].logprobs) == 3
         _clean(e)
+
+
+# -- item 4: tiny temperatures are greedy; float parameters must be finite in float32 --
+@pytest.mark.parametrize("t", [1e-300, 1e-45, 5e-324, 1e-6])
+def test_a_tiny_temperature_is_greedy_and_keeps_the_masks(llm, t):
+    """1e-45 passed validation and underflowed in float32: token 0 forever, the allowed
+    token ids ignored."""
+    allowed = [7, 9, 11]
+    p = SamplingParams(temperature=t, seed=1, max_tokens=5, ignore_eos=True, allowed_token_ids=allowed)
+    assert p.greedy and p.temperature == 0.0
+    got = llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].outputs[0].token_ids
+    want = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True,
+                                                    allowed_token_ids=allowed), use_tqdm=False)
+    assert got == want[0].outputs[0].token_ids and set(got) <= set(allowed)
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(repetition_penalty=1e308), "repetition_penalty"), (dict(repetition_penalty=1e39), "repetition_penalty"),
+    (dict(temperature=float("inf")), "temperature"), (dict(temperature=1e39), "temperature"),
+    (dict(logit_bias={5: 1e39}), r"logit_bias\[5\]"), (dict(logit_bias={5: -float("inf")}), r"logit_bias\[5\]"),
+])
+def test_float_parameters_beyond_float32_are_refused(kw, name):
+    with pytest.raises(ValueError, match=name + " must be a finite"):
+        SamplingParams(**kw)
+    SamplingParams(temperature=3.4e38, repetition_penalty=3.4e38)    # float32's largest: accepted
