@@ -246,6 +246,16 @@ def _non_defaults(sp: Any) -> list[tuple[str, Any]]:
     return out
 
 
+class RequestFault(RuntimeError):
+    """A step failed because of these requests alone (a policy hook raised for one of them):
+    the engine's loops end only them, with this error, and go on serving the others.
+    `request_ids` are scheduler (sequence) ids."""
+
+    def __init__(self, request_ids: Sequence[str], message: str) -> None:
+        super().__init__(message)
+        self.request_ids = list(request_ids)
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"

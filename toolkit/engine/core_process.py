@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from toolkit.engine.core_thread import EngineDeadError, OnError, OnOutputs
+from toolkit.engine.core_thread import EngineDeadError, OnError, OnOutputs, faulty_requests, step_error
 from toolkit.engine.streams import Accumulator, DeltaTracker
 
 log = logging.getLogger(__name__)
@@ -171,9 +171,13 @@ class ProcessCore:
             if fut is None or not fut.set_running_or_notify_cancel():
                 return
             fut.set_result(value) if ok else fut.set_exception(value)
-        elif kind == "error":
-            self._acc.clear()
-            self._on_error(RuntimeError(msg[1]))
+        elif kind == "error":                 # (message, the request ids it ends: None = all)
+            rids = msg[2]
+            if rids is None:
+                self._acc.clear()
+            for rid in rids or ():
+                self._acc.pop(rid, None)
+            self._on_error(RuntimeError(msg[1]), rids)
 
 
 def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -248,9 +252,11 @@ def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
             try:
                 outputs = engine.step()
             except Exception as e:
-                engine.abort(engine.request_ids())
-                trackers.clear()
-                conn.send(("error", f"an engine step failed: {type(e).__name__}: {e}"))
+                rids = faulty_requests(engine, e)   # None: the whole step's requests
+                engine.abort(engine.request_ids() if rids is None else rids)
+                for rid in trackers.copy() if rids is None else rids:
+                    trackers.pop(rid, None)
+                conn.send(("error", str(step_error(e)), rids))
                 continue
             deltas = []
             for o in outputs:

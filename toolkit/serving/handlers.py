@@ -181,8 +181,10 @@ class OpenAIHandlers:
                 cls = P.ChatCompletionChunk if chat else P.CompletionResponse
                 yield _sse(cls(id=prep.request_id, created=created, model=prep.model, choices=[],
                                usage=usage))
-        except (ValueError, RuntimeError) as e:      # a request that failed inside the engine
-            yield "data: " + json.dumps(P.error_body(str(e), type="server_error")) + "\n\n"
+        except Exception as e:                       # failed inside the engine: any error ends the
+            # stream with an error event, then [DONE] (a KeyError from a user's part included)
+            msg = str(e) if isinstance(e, (ValueError, RuntimeError)) else f"{type(e).__name__}: {e}"
+            yield "data: " + json.dumps(P.error_body(msg, type="server_error")) + "\n\n"
         finally:                                     # closed early (client gone): free its blocks
             for s in streams:
                 self.engine.abort(s.request_id)      # a finished request's id is ignored
