@@ -30,6 +30,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="require `Authorization: Bearer KEY` (default: $TOOLKIT_API_KEY, else none)")
     p.add_argument("--max-pending", type=int, default=None,
                    help="503 + Retry-After past this many unfinished requests (default: no limit)")
+    p.add_argument("--max-request-body-bytes", type=int, default=8 << 20,
+                   help="413 for a larger request body, before it is parsed (default 8 MiB)")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host header names the server answers (against DNS "
+                        "rebinding); default: the loopback names when bound to loopback, else any")
+    p.add_argument("--protect-metrics", action="store_true",
+                   help="/metrics needs the API key too (default: open, as vLLM's; /health stays open)")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds running requests may finish in after a shutdown signal")
     p.add_argument("--scheduler", default="continuous")
@@ -67,6 +74,17 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def allowed_hosts(args: argparse.Namespace) -> list[str] | None:
+    """--allowed-hosts, or the loopback names for a loopback bind (None: any host)."""
+    from toolkit.serving.guard import LOOPBACK_HOSTS
+
+    if args.allowed_hosts:
+        return [h.strip() for h in args.allowed_hosts.split(",") if h.strip()]
+    if args.host in ("127.0.0.1", "localhost", "::1") or args.host.startswith("127."):
+        return list(LOOPBACK_HOSTS) + [args.host]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         import uvicorn
@@ -81,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                       else "smollm2-135m-instruct")
     engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
     app = build_app(engine, model_name=name, api_key=args.api_key, max_pending=args.max_pending,
-                    shutdown_timeout=args.shutdown_timeout)
+                    shutdown_timeout=args.shutdown_timeout, max_body_bytes=args.max_request_body_bytes,
+                    allowed_hosts=allowed_hosts(args), protect_metrics=args.protect_metrics)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=int(args.shutdown_timeout) + 1)
 

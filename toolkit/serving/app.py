@@ -15,9 +15,10 @@ freed). On shutdown the app stops taking requests, lets running ones finish for
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from toolkit.engine.async_engine import AsyncEngine, EngineDeadError, Overloaded
 from toolkit.serving import protocol as P
+from toolkit.serving.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from toolkit.serving.handlers import OpenAIHandlers
 from toolkit.serving.metrics import ServerMetrics
 
@@ -32,12 +34,20 @@ from toolkit.serving.metrics import ServerMetrics
 def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str | None = None,
               max_pending: int | None = None, retry_after_s: int = 1,
               shutdown_timeout: float = 5.0, close_engine: bool = True,
-              priority_hook: Callable[[Request, Any], int | None] | None = None) -> FastAPI:
+              priority_hook: Callable[[Request, Any], int | None] | None = None,
+              max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+              allowed_hosts: Sequence[str] | None = None, protect_metrics: bool = False) -> FastAPI:
     """The app. `priority_hook(http_request, body) -> int | None` gives each request its
-    priority (lower first, for the priority policy) in place of the body's `priority`."""
+    priority (lower first, for the priority policy) in place of the body's `priority`.
+    Before any body is read (guard.py): the Host header against `allowed_hosts` (None: any),
+    the API key (every path but /health, and /metrics unless `protect_metrics`), the body
+    size (413 past `max_body_bytes`; None: no limit)."""
     handlers = OpenAIHandlers(engine, model_name)
     metrics = ServerMetrics(model_name)
     state = {"draining": False}
+    # tokenizing and rendering a request (the chat template) run here, off the event loop:
+    # a long prompt never holds the other clients' streams
+    prepare_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="toolkit-prepare")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -45,10 +55,13 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         engine.finished_listeners.append(metrics.observe_finished)
         yield
         state["draining"] = True
+        prepare_pool.shutdown(wait=False, cancel_futures=True)
         if close_engine:
             await engine.shutdown(timeout=shutdown_timeout)
 
     app = FastAPI(title="toolkit OpenAI-compatible server", lifespan=lifespan)
+    app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes,
+                       allowed_hosts=allowed_hosts, protect_metrics=protect_metrics)
     app.state.engine, app.state.metrics, app.state.handlers = engine, metrics, handlers
 
     def error(status: int, message: str, *, type: str = "invalid_request_error",
@@ -105,7 +118,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         if busy is not None:
             return busy
         priority = priority_hook(request, body) if priority_hook is not None else None
-        prep = prepare(body, priority)
+        prep = await asyncio.get_running_loop().run_in_executor(prepare_pool, prepare, body, priority)
         try:
             if body.stream:
                 include = bool(body.stream_options and body.stream_options.include_usage)

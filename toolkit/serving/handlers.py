@@ -41,6 +41,7 @@ class OpenAIHandlers:
         self.engine, self.model_name = engine, model_name
         self.tokenizer = engine.tokenizer
         self.max_model_len = max_model_len or engine.max_model_len
+        self._max_chars: int | None = None       # text longer than this cannot fit (see _check_chars)
 
     # -- preparation (raises ProtocolError for anything the client got wrong) --
     def check_model(self, name: str | None) -> None:
@@ -49,10 +50,25 @@ class OpenAIHandlers:
                                   f"`{self.model_name}`", status=404, param="model",
                                   code="model_not_found")
 
+    def _check_chars(self, text: str, param: str) -> None:
+        """Refuse, before tokenizing it, text that cannot fit max_model_len: no token is longer
+        than the vocabulary's longest entry, so such text needs more tokens than the model
+        takes (twice that bound: a normalizer may drop characters first)."""
+        if self._max_chars is None:
+            vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+            longest = max((len(t) for t in vocab), default=64)
+            self._max_chars = 2 * max(longest, 16) * self.max_model_len
+        if len(text) > self._max_chars:
+            raise P.ProtocolError(f"This model's maximum context length is {self.max_model_len} tokens; "
+                                  f"the text has {len(text)} characters, more than that many tokens "
+                                  f"can hold (at most {self._max_chars} here). Reduce the prompt.",
+                                  param=param)
+
     def _tokenize(self, prompt: str | list[int], param: str) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise P.ProtocolError("this server has no tokenizer; send token ids", param=param)
+            self._check_chars(prompt, param)
             return list(self.tokenizer.encode(prompt))
         vocab = self.engine.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
@@ -73,7 +89,10 @@ class OpenAIHandlers:
         self.check_model(req.model)
         if self.tokenizer is None:
             raise P.ProtocolError("chat needs a tokenizer with a chat template; this server has none")
+        for m in req.messages:                     # before the template renders them all
+            self._check_chars(m.text(), "messages")
         text = self.render_chat(req)
+        self._check_chars(text, "messages")
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         params = req.sampling_params(self.max_model_len, len(ids))
         return Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],

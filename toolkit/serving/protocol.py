@@ -19,6 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from toolkit.types import SamplingParams
 
+# per-request size bounds: past them a 400 at once (a 1M-entry logit_bias took 8.5 s to refuse)
+MAX_LOGIT_BIAS = 1024        # entries
+MAX_STOP = 64                # stop strings; each at most MAX_STOP_CHARS characters
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+
 
 class ProtocolError(ValueError):
     """A request the server refuses: HTTP status, OpenAI error type, the parameter."""
@@ -130,9 +136,21 @@ class _SamplingFields(_Strict):
         except (ValueError, TypeError) as e:
             raise ProtocolError(f"{param}: {e}", param=param) from None
 
+    def _check_sizes(self, stop: list[str] | None) -> None:
+        for name, have, limit in (("logit_bias", self.logit_bias, MAX_LOGIT_BIAS), ("stop", stop, MAX_STOP),
+                                  ("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS)):
+            if have is not None and len(have) > limit:
+                raise ProtocolError(f"{name} has {len(have)} entries; at most {limit} are allowed",
+                                    param=name)
+        long = [s for s in stop or () if len(s) > MAX_STOP_CHARS]
+        if long:
+            raise ProtocolError(f"stop strings must be at most {MAX_STOP_CHARS} characters, got one of "
+                                f"{len(long[0])}", param="stop")
+
     def _sampling(self, *, max_tokens: int, logprobs: int | None, structured: Any,
                   default_temperature: float = 1.0) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        self._check_sizes(stop)
         bias = None
         if self.logit_bias:
             try:
