@@ -23,12 +23,14 @@ from typing import Any, Awaitable, Callable, Sequence
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolkit.engine.async_engine import AsyncEngine, EngineDeadError, Overloaded
 from toolkit.serving import protocol as P
 from toolkit.serving.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from toolkit.serving.handlers import OpenAIHandlers
 from toolkit.serving.metrics import ServerMetrics
+from toolkit.serving.text_check import refuse_lone_surrogates
 
 
 def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str | None = None,
@@ -83,6 +85,18 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         return error(400, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}",
                      param=".".join(loc) or None)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body that is not UTF-8 or nests too deep, unknown routes,
+        # wrong methods) in OpenAI's error body, not {"detail": ...}
+        message = str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            message = ("the body could not be parsed: it must be a JSON object in UTF-8 "
+                       "(and nest less deeply)")
+        return JSONResponse(P.error_body(message, type="invalid_request_error" if exc.status_code < 500
+                                         else "server_error"),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         # a bug or a failed engine step: still OpenAI's error body, and the server goes on
@@ -118,7 +132,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         if busy is not None:
             return busy
         priority = priority_hook(request, body) if priority_hook is not None else None
-        prep = await asyncio.get_running_loop().run_in_executor(prepare_pool, prepare, body, priority)
+        prep = await asyncio.get_running_loop().run_in_executor(prepare_pool, _checked, prepare, body, priority)
         try:
             if body.stream:
                 include = bool(body.stream_options and body.stream_options.include_usage)
@@ -155,6 +169,12 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def _checked(prepare: Callable, body: Any, priority: int | None) -> Any:
+    """prepare(body, priority) once every string of the body is valid Unicode."""
+    refuse_lone_surrogates(body)
+    return prepare(body, priority)
 
 
 async def _prepend(first: str, rest) -> Any:

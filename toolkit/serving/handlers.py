@@ -101,6 +101,11 @@ class OpenAIHandlers:
     def render_chat(self, req: P.ChatCompletionRequest) -> str:
         messages = req.template_messages()
         kwargs = dict(req.chat_template_kwargs or {})
+        taken = sorted(set(kwargs) & _TEMPLATE_ARGS)
+        if taken:
+            raise P.ProtocolError(f"chat_template_kwargs may not set {taken}: the server sets "
+                                  f"{sorted(_TEMPLATE_ARGS)} (use the request's own fields, e.g. "
+                                  "add_generation_prompt)", param="chat_template_kwargs")
         try:
             if req.continue_final_message:
                 if messages[-1]["role"] != "assistant":
@@ -243,6 +248,10 @@ class OpenAIHandlers:
             out.text_offset.append(offset)
             offset += len(tok)
         return out
+
+
+# what the server passes to the chat template itself (chat_template_kwargs may not repeat them)
+_TEMPLATE_ARGS = frozenset({"messages", "add_generation_prompt", "tokenizer"})
 
 
 def _finite(v: float | None) -> float:
