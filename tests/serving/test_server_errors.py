@@ -68,3 +68,24 @@ def test_chat_template_kwargs_that_collide_name_the_field(server, key):
     err = _openai_error(got)
     assert status == 400 and err["param"] == "chat_template_kwargs" and key in err["message"]
     assert "toolkit." not in err["message"] and "()" not in err["message"], err
+
+
+# -- item 9: strict types, no lax coercion --
+@pytest.mark.parametrize("extra, param", [
+    ({"max_tokens": "10"}, "max_tokens"), ({"max_tokens": True}, "max_tokens"), ({"n": "2"}, "n"),
+    ({"stream": "yes"}, "stream"), ({"prompt": [True, False]}, "prompt"),
+    ({"logit_bias": {" 5": 1.0}}, "logit_bias"), ({"logit_bias": {"5_0": 1.0}}, "logit_bias"),
+    ({"temperature": "0.5"}, "temperature"),
+])
+def test_lax_coercions_are_refused(server, extra, param):
+    srv, _ = server
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 1, **extra}
+    status, got = raw(srv, "/v1/completions", json.dumps(body).encode())
+    err = _openai_error(got)
+    assert status == 400 and param in err["message"], got
+
+
+def test_infinity_is_refused(server):
+    srv, _ = server
+    status, got = raw(srv, "/v1/completions", b'{"model": "tiny", "prompt": "hi", "temperature": Infinity}')
+    assert status == 400 and "temperature" in _openai_error(got)["message"]

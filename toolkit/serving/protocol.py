@@ -45,7 +45,9 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict types (no "10" for an int, no true for 1, no "yes" for a bool) and no
+    # Infinity / NaN: a field's JSON type must be its own
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -154,6 +156,8 @@ class _SamplingFields(_Strict):
         bias = None
         if self.logit_bias:
             try:
+                if not all(k.isascii() and k.isdigit() for k in self.logit_bias):   # not " 5", "5_0"
+                    raise ValueError
                 bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except ValueError:
                 raise ProtocolError("logit_bias keys must be token ids (integers as strings), got "
