@@ -163,3 +163,21 @@ def test_float_parameters_beyond_float32_are_refused(kw, name):
     with pytest.raises(ValueError, match=name + " must be a finite"):
         SamplingParams(**kw)
     SamplingParams(temperature=3.4e38, repetition_penalty=3.4e38)    # float32's largest: accepted
+
+
+# -- item 9: an interrupted beam search leaves nothing queued --
+def test_an_interrupted_beam_search_frees_its_requests(tiny_llama_dir, monkeypatch):
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=64, block_size=4) as llm:
+        e = llm.engine
+        real, calls = e.step, []
+
+        def interrupted():
+            calls.append(1)
+            if len(calls) == 3:
+                raise KeyboardInterrupt
+            return real()
+        monkeypatch.setattr(e, "step", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.beam_search([[5, 6, 7, 8, 9]], 3, 8, ignore_eos=True)
+        monkeypatch.setattr(e, "step", real)
+        assert not e.has_unfinished() and e.allocator.num_free_blocks() == e.allocator.num_blocks

@@ -47,8 +47,14 @@ def beam_search(engine, prompts: list[list[int]], beam_width: int, max_tokens: i
         flat = [(i, b) for i, beams in enumerate(live) for b in beams]
         if not flat:
             break
-        rids = [engine.add_request(b.tokens, params) for _, b in flat]
-        results = _drain(engine, set(rids))
+        rids: list[str] = []
+        try:
+            for _, b in flat:
+                rids.append(engine.add_request(b.tokens, params))
+            results = _drain(engine, set(rids))
+        except BaseException:                # interrupted (KeyboardInterrupt, a failed step):
+            engine.abort(rids)               # its requests leave the queue and free their blocks
+            raise
         lps = [results[r] for r in rids]
         for i in range(len(prompts)):
             rows = [j for j, (k, _) in enumerate(flat) if k == i]
