@@ -98,11 +98,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                       else "smollm2-135m-instruct")
     engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
+    dead: list[bool] = []
+    server: list[Any] = []
+
+    def engine_dead() -> None:             # stop serving; exit non-zero below
+        dead.append(True)
+        server[0].should_exit = True
+
     app = build_app(engine, model_name=name, api_key=args.api_key, max_pending=args.max_pending,
                     shutdown_timeout=args.shutdown_timeout, max_body_bytes=args.max_request_body_bytes,
-                    allowed_hosts=allowed_hosts(args), protect_metrics=args.protect_metrics)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=int(args.shutdown_timeout) + 1)
+                    allowed_hosts=allowed_hosts(args), protect_metrics=args.protect_metrics,
+                    on_engine_dead=engine_dead)
+    server.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                                timeout_graceful_shutdown=int(args.shutdown_timeout) + 1)))
+    server[0].run()
+    if dead:
+        raise SystemExit("the engine stopped while serving: exiting with an error so that a "
+                         f"supervisor restarts the server ({engine.error!r})")
 
 
 if __name__ == "__main__":

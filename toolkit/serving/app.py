@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hmac
+import logging
 from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
@@ -32,18 +33,23 @@ from toolkit.serving.handlers import OpenAIHandlers
 from toolkit.serving.metrics import ServerMetrics
 from toolkit.serving.text_check import refuse_lone_surrogates
 
+log = logging.getLogger(__name__)
+
 
 def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str | None = None,
               max_pending: int | None = None, retry_after_s: int = 1,
               shutdown_timeout: float = 5.0, close_engine: bool = True,
               priority_hook: Callable[[Request, Any], int | None] | None = None,
               max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
-              allowed_hosts: Sequence[str] | None = None, protect_metrics: bool = False) -> FastAPI:
+              allowed_hosts: Sequence[str] | None = None, protect_metrics: bool = False,
+              on_engine_dead: Callable[[], None] | None = None) -> FastAPI:
     """The app. `priority_hook(http_request, body) -> int | None` gives each request its
     priority (lower first, for the priority policy) in place of the body's `priority`.
     Before any body is read (guard.py): the Host header against `allowed_hosts` (None: any),
     the API key (every path but /health, and /metrics unless `protect_metrics`), the body
-    size (413 past `max_body_bytes`; None: no limit)."""
+    size (413 past `max_body_bytes`; None: no limit). `on_engine_dead()` is called once if
+    the engine stops while the server is not shutting down (`python -m toolkit.serve` then
+    exits non-zero, so a supervisor restarts it, instead of answering 503 forever)."""
     handlers = OpenAIHandlers(engine, model_name)
     metrics = ServerMetrics(model_name)
     state = {"draining": False}
@@ -55,8 +61,11 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     async def lifespan(app: FastAPI):
         engine.add_step_observer(metrics.observe_step)
         engine.finished_listeners.append(metrics.observe_finished)
+        watch = asyncio.ensure_future(_watch_engine(engine, state, on_engine_dead)) if on_engine_dead else None
         yield
         state["draining"] = True
+        if watch is not None:
+            watch.cancel()
         prepare_pool.shutdown(wait=False, cancel_futures=True)
         if close_engine:
             await engine.shutdown(timeout=shutdown_timeout)
@@ -169,6 +178,16 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+async def _watch_engine(engine: AsyncEngine, state: dict, on_dead: Callable[[], None]) -> None:
+    while engine.is_running or state["draining"]:
+        if state["draining"]:
+            return
+        await asyncio.sleep(0.25)
+    log.error("the engine stopped (%r) while serving; the server stops", engine.error)
+    state["engine_dead"] = True
+    on_dead()
 
 
 def _checked(prepare: Callable, body: Any, priority: int | None) -> Any:
