@@ -181,3 +181,20 @@ def test_an_interrupted_beam_search_frees_its_requests(tiny_llama_dir, monkeypat
             llm.beam_search([[5, 6, 7, 8, 9]], 3, 8, ignore_eos=True)
         monkeypatch.setattr(e, "step", real)
         assert not e.has_unfinished() and e.allocator.num_free_blocks() == e.allocator.num_blocks
+
+
+# -- item 11: aborting an n = 2 request frees every block at once --
+def test_aborting_an_n2_request_frees_all_its_blocks_at_once(llm):
+    e = llm.engine
+    rid = e.add_request(list(range(5, 19)), SamplingParams(n=2, temperature=1.0, seed=2, max_tokens=30,
+                                                           ignore_eos=True))
+    for _ in range(4):                        # both samples running, on forked prompt blocks
+        e.step()
+    seqs = e.output_processor.sequence_ids(rid)
+    assert len(seqs) == 2 and all(s in e.scheduler.requests for s in seqs)
+    assert e.allocator.num_free_blocks() < e.allocator.num_blocks
+    e.abort(rid)                              # no step in between
+    assert e.allocator.num_free_blocks() == e.allocator.num_blocks
+    assert not any(s in e.scheduler.requests for s in seqs)
+    _drain(e)
+    _clean(e)

@@ -103,3 +103,28 @@ def test_an_unexpected_error_still_ends_the_stream_with_an_error_event():
         assert _free(ae) and ae.is_running
     finally:
         ae.close()
+
+
+def test_a_closed_sse_response_closes_the_handler_stream_at_once():
+    """Issue 54 item 11: a client that disconnects must abort its request when it goes
+    (serving/app.py `_prepend` closes the handler's stream), not when the generator is
+    garbage-collected."""
+    from toolkit.serving.app import _prepend
+
+    closed = []
+
+    async def handler_stream():
+        try:
+            yield "b"
+            yield "c"
+        finally:
+            closed.append(True)             # where the handler aborts the request
+
+    async def run():
+        rest = handler_stream()
+        first = await rest.__anext__()       # the server reads the first chunk before answering
+        outer = _prepend(first, rest)
+        assert await outer.__anext__() == "b"
+        await outer.aclose()                 # what the server does when the client is gone
+        return bool(closed)
+    assert asyncio.run(run())
