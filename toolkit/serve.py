@@ -46,6 +46,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--dtype", default=None)
+    # vLLM's flags, same meanings
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--tensor-parallel-size", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs (cuda_graphs=False)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one, in place of the tokenizer's")
     p.add_argument("--load-format", default="auto", help="auto, safetensors, pt or dummy (random weights)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="NAME=VALUE",
                    help="any other LLM(...) option; repeatable")
@@ -60,9 +69,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"scheduler": args.scheduler, "attention": args.attention,
                             "load_format": args.load_format}
-    for flag in ("allocator", "max_num_seqs", "max_model_len", "block_size", "dtype"):
-        if getattr(args, flag) is not None:
+    for flag in ("allocator", "max_num_seqs", "max_model_len", "block_size", "dtype",
+                 "gpu_memory_utilization", "tensor_parallel_size", "seed", "enable_prefix_caching"):
+        if getattr(args, flag, None) is not None:
             opts[flag] = getattr(args, flag)
+    if getattr(args, "enforce_eager", False):
+        opts["cuda_graphs"] = False
     for item in args.engine_arg:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -72,6 +84,16 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         except (ValueError, SyntaxError):
             opts[name.strip()] = value
     return opts
+
+
+def read_chat_template(value: str) -> str:
+    """--chat-template: a file's text if it names one, else the template itself."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise SystemExit(f"--chat-template {value!r} is neither a file nor a Jinja template")
+    return value
 
 
 def allowed_hosts(args: argparse.Namespace) -> list[str] | None:
@@ -98,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                       else "smollm2-135m-instruct")
     engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
+    if args.chat_template is not None:           # the server renders chats with this tokenizer copy
+        engine.tokenizer.chat_template = read_chat_template(args.chat_template)
     dead: list[bool] = []
     server: list[Any] = []
 

@@ -10,7 +10,7 @@ import enum
 import math
 import numbers
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 
@@ -93,6 +93,20 @@ class SamplingParams:
     # dict): read into `structured`, then set back to None
     guided_decoding: Any = None
     structured_outputs: Any = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SamplingParams":
+        # an unknown keyword names the valid ones (the dataclass __init__ would only say
+        # "unexpected keyword argument")
+        unknown = [k for k in kwargs if k not in _SAMPLING_FIELDS]
+        if unknown:
+            import difflib
+
+            hints = [f"{k!r}: did you mean {m[0]!r}?" for k in unknown
+                     if (m := difflib.get_close_matches(k, _SAMPLING_FIELDS, n=1))]
+            raise TypeError(f"SamplingParams got unknown keyword(s) {unknown}"
+                            + (f" ({'; '.join(hints)})" if hints else "")
+                            + f"; valid keywords: {sorted(_SAMPLING_FIELDS)}")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         self._read_vllm_structured()
@@ -202,6 +216,9 @@ class SamplingParams:
 
         rows = {k: repr(v) for k, v in _non_defaults(self)}
         return html_table("SamplingParams", rows or {"(all defaults)": ""}, kind="sampling-params")
+
+
+_SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
 @dataclass

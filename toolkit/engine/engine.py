@@ -217,7 +217,9 @@ class Engine:
                              f"at most {self.max_model_len - 1} leave room for one output token")
         vocab = self.model.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), got [{min(ids)}, {max(ids)}]")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            raise ValueError(f"prompt token ids must be in [0, {vocab}) (the model's vocabulary); "
+                             f"{len(bad)} are not, e.g. {bad[:3]}")
         check_token_ids(params, vocab)         # not later, where it would fail a whole step
         need = -(-(len(ids) + 1) // self.block_size)
         if need > self.num_blocks:
