@@ -198,3 +198,21 @@ def test_aborting_an_n2_request_frees_all_its_blocks_at_once(llm):
     assert not any(s in e.scheduler.requests for s in seqs)
     _drain(e)
     _clean(e)
+
+
+# -- item 10: beam search shows its progress --
+def test_beam_search_reports_progress(tiny_llama_dir, monkeypatch):
+    import contextlib
+
+    from toolkit.engine import beam
+
+    seen = []
+
+    @contextlib.contextmanager
+    def bar(total, enabled=True, desc="", unit="it"):
+        seen.append((total, enabled, desc))
+        yield type("Bar", (), {"update": lambda self, n=1: seen.append(n)})()
+    monkeypatch.setattr(beam, "progress_bar", bar)
+    with LLM(tiny_llama_dir, dtype="float32", device="cpu", num_blocks=64, block_size=4) as llm:
+        llm.beam_search([[5, 6, 7]], 2, 3, ignore_eos=True)
+    assert seen == [(3, True, "beam search"), 1, 1, 1]

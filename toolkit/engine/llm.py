@@ -105,12 +105,13 @@ class LLM:
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams | int | None = None,
                     max_tokens: int | None = None, *, beam_width: int | None = None,
-                    length_penalty: float = 1.0, ignore_eos: bool = False):
+                    length_penalty: float = 1.0, ignore_eos: bool = False, use_tqdm: bool = True):
         """Beam search (Hugging Face's rules) on the engine's parts; beams share prefix blocks
         through the allocator. Returns per prompt the beam width's best sequences, best first.
 
         vLLM's form `beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=16))`, or
-        `beam_search(prompts, beam_width=4, max_tokens=16, length_penalty=, ignore_eos=)`."""
+        `beam_search(prompts, beam_width=4, max_tokens=16, length_penalty=, ignore_eos=)`.
+        use_tqdm: a progress bar of the beam steps (one token of every beam each)."""
         from toolkit.engine.beam import beam_search
 
         if params is None or beam_width is not None:
@@ -127,7 +128,8 @@ class LLM:
         engine = self._engine()
         ids = [engine.tokenize(p)[1] for p in _as_prompt_list(prompts)]
         return beam_search(engine, ids, params.beam_width, params.max_tokens,
-                           length_penalty=params.length_penalty, ignore_eos=params.ignore_eos)
+                           length_penalty=params.length_penalty, ignore_eos=params.ignore_eos,
+                           use_tqdm=use_tqdm)
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, **kwargs: Any) -> list[RequestOutput]:
