@@ -64,7 +64,8 @@ class SamplingParams:
     allowed_token_ids / bad_words -> temperature -> min_p -> top_k -> top_p -> sample.
     """
 
-    n: int = 1                                   # parallel samples of one prompt
+    n: int = 1                                   # parallel samples of one prompt (the engine
+                                                 # takes at most max_num_seqs)
     temperature: float = 1.0                     # 0 (or < SAMPLING_EPS = 1e-5) = greedy (argmax,
                                                  # lowest id on ties)
     top_k: int = 0                               # 0 or -1 = off

@@ -105,6 +105,9 @@ class Engine:
         stored on the Request for the scheduler's policy; a policy that needs one the request
         lacks refuses it, and a priority given to a policy that ignores it warns.
 
+        n (and best_of) are at most the scheduler's max_num_seqs (a request's samples fit in
+        one batch); beyond, a ValueError before any per-sample work.
+
         With n > 1 the samples are sequences "<id>#0" ... "<id>#(n-1)" for the scheduler; the
         outputs merge them into one RequestOutput with n completions. Samples 1.. wait until
         sample 0 has computed the prompt, then start on its blocks (ref += 1; the partial last
