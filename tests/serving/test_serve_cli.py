@@ -68,7 +68,8 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads /proc for the engine's pid")
+@pytest.mark.skipif(not os.path.exists(f"/proc/self/task/{os.getpid()}/children"),
+                    reason="reads /proc/<pid>/task/<tid>/children for the engine's pid")
 def test_serve_exits_non_zero_when_the_engine_dies(tiny_chat_dir):
     """Issue 54 item 9: after the engine process died the server answered 503 "shutting
     down" forever; now it stops and exits non-zero, so a supervisor restarts it."""
