@@ -18,7 +18,7 @@ import os
 
 
 def sample(num: int, tokenizer, seed: int = 0) -> list[dict]:
-    from toolkit.simulator.workloads import sample_sharegpt
+    from toolkit.simulator.sharegpt import sample_sharegpt
 
     return sample_sharegpt(num, tokenizer, seed=seed)
 

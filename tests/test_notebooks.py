@@ -60,6 +60,7 @@ def _texts(nb) -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.slow          # 3-52 s each on a 2-core CPU (a kernel start, the embedded model)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: pathlib.Path, tmp_path: pathlib.Path) -> None:
     nb = _execute(path)

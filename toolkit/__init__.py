@@ -13,7 +13,8 @@ from typing import Any
 from toolkit.config import EngineConfig
 from toolkit.types import BeamSearchParams, RequestOutput, SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "EngineConfig", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "EngineConfig", "RequestOutput",
+           "GuidedDecodingParams", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 
@@ -22,4 +23,8 @@ def __getattr__(name: str) -> Any:
         from toolkit.entrypoints.llm import LLM
 
         return LLM
+    if name in ("GuidedDecodingParams", "StructuredOutputsParams"):   # vLLM's names
+        from toolkit.samplers.grammar import guided
+
+        return getattr(guided, name)
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

@@ -10,7 +10,7 @@ import enum
 import math
 import numbers
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 
@@ -23,14 +23,16 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _real(name: str, value: Any, finite: bool = False) -> float:
-    """value as a float, or a TypeError (not a number) / ValueError (NaN; inf when finite)
-    naming the field."""
+def _real(name: str, value: Any, finite: bool = False, float32: bool = False) -> float:
+    """value as a float, or a TypeError (not a number) / ValueError (NaN; inf when finite;
+    beyond float32's range when float32: the sampler's values are float32) naming the field."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     value = float(value)
     if math.isnan(value) or (finite and math.isinf(value)):
         raise ValueError(f"{name} must be a finite number, got {value}")
+    if float32 and not abs(value) <= FLOAT32_MAX:
+        raise ValueError(f"{name} must be a finite float32 number (|x| <= {FLOAT32_MAX:.4g}), got {value}")
     return value
 
 
@@ -44,6 +46,13 @@ def _int_list(name: str, value: Any) -> None:
 # number would round to 0 or a denormal there, so it counts as off everywhere (reference too)
 MIN_P_FLOOR = 1.1754943508222875e-38
 
+# temperatures below this are greedy (vLLM's _SAMPLING_EPS): logits / T would overflow float32
+# (1e-45 turned every logit into +-inf and NaN: token 0 forever, masks ignored)
+SAMPLING_EPS = 1e-5
+# the largest finite float32: every float parameter travels to the sampler as float32, where a
+# larger value is inf (repetition_penalty=1e308 divided every logit to 0)
+FLOAT32_MAX = 3.4028234663852886e38
+
 PLACEHOLDER = -1   # a sampled token not yet on the host (async scheduling); never a real id
 
 
@@ -55,8 +64,10 @@ class SamplingParams:
     allowed_token_ids / bad_words -> temperature -> min_p -> top_k -> top_p -> sample.
     """
 
-    n: int = 1                                   # parallel samples of one prompt
-    temperature: float = 1.0                     # 0 = greedy (argmax, lowest id on ties)
+    n: int = 1                                   # parallel samples of one prompt (the engine
+                                                 # takes at most max_num_seqs)
+    temperature: float = 1.0                     # 0 (or < SAMPLING_EPS = 1e-5) = greedy (argmax,
+                                                 # lowest id on ties)
     top_k: int = 0                               # 0 or -1 = off
     top_p: float = 1.0                           # (0, 1]; 1 = off
     min_p: float = 0.0                           # [0, 1]; 0 (or < 1.2e-38) = off
@@ -84,11 +95,25 @@ class SamplingParams:
     guided_decoding: Any = None
     structured_outputs: Any = None
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SamplingParams":
+        # an unknown keyword names the valid ones (the dataclass __init__ would only say
+        # "unexpected keyword argument")
+        unknown = [k for k in kwargs if k not in _SAMPLING_FIELDS]
+        if unknown:
+            import difflib
+
+            hints = [f"{k!r}: did you mean {m[0]!r}?" for k in unknown
+                     if (m := difflib.get_close_matches(k, _SAMPLING_FIELDS, n=1))]
+            raise TypeError(f"SamplingParams got unknown keyword(s) {unknown}"
+                            + (f" ({'; '.join(hints)})" if hints else "")
+                            + f"; valid keywords: {sorted(_SAMPLING_FIELDS)}")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         self._read_vllm_structured()
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty"):
-            setattr(self, name, _real(name, getattr(self, name), finite=name != "temperature"))
+            setattr(self, name, _real(name, getattr(self, name), finite=True, float32=True))
         for name in ("n", "top_k", "max_tokens", "min_tokens"):
             v = getattr(self, name)
             if not _is_int(v):
@@ -105,6 +130,8 @@ class SamplingParams:
             self.structured.validate()
         _check(_is_int(self.n) and self.n >= 1, "n", "an integer >= 1", self.n)
         _check(self.temperature >= 0.0, "temperature", ">= 0 (0 = greedy)", self.temperature)
+        if self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0               # greedy, as vLLM does below _SAMPLING_EPS
         _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "-1, 0 (off) or a positive integer", self.top_k)
         _check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
         _check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)
@@ -126,7 +153,7 @@ class SamplingParams:
                                 f"{type(self.logit_bias).__name__}")
             _check(all(_is_int(k) and k >= 0 for k in self.logit_bias), "logit_bias",
                    "a dict with non-negative integer token ids as keys", self.logit_bias)
-            self.logit_bias = {int(k): _real(f"logit_bias[{k}]", v, finite=True) for k, v in self.logit_bias.items()}
+            self.logit_bias = {int(k): _real(f"logit_bias[{k}]", v, finite=True, float32=True) for k, v in self.logit_bias.items()}
         for name in ("allowed_token_ids", "stop_token_ids"):
             if getattr(self, name) is not None:
                 _int_list(name, getattr(self, name))
@@ -192,6 +219,9 @@ class SamplingParams:
         return html_table("SamplingParams", rows or {"(all defaults)": ""}, kind="sampling-params")
 
 
+_SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
+
+
 @dataclass
 class BeamSearchParams:
     """vLLM's beam-search parameters: `llm.beam_search(prompts, BeamSearchParams(beam_width=4,
@@ -232,6 +262,16 @@ def _non_defaults(sp: Any) -> list[tuple[str, Any]]:
         if f.repr and not (v is default or v == default):
             out.append((f.name, v))
     return out
+
+
+class RequestFault(RuntimeError):
+    """A step failed because of these requests alone (a policy hook raised for one of them):
+    the engine's loops end only them, with this error, and go on serving the others.
+    `request_ids` are scheduler (sequence) ids."""
+
+    def __init__(self, request_ids: Sequence[str], message: str) -> None:
+        super().__init__(message)
+        self.request_ids = list(request_ids)
 
 
 class RequestStatus(enum.Enum):

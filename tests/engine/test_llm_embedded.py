@@ -27,6 +27,7 @@ def chat_ids(llm):
             for q in QUESTIONS]
 
 
+@pytest.mark.slow          # the embedded model and HF's generate: 33 s on a cold 2-core runner
 def test_chat_greedy_equals_hf(llm, chat_ids):
     from transformers import AutoModelForCausalLM
     from toolkit.models import default_model_path

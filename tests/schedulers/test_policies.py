@@ -163,11 +163,45 @@ def test_edf_orders_by_deadline_and_defers_or_rejects_what_cannot_make_it() -> N
 
 
 def test_a_policy_that_needs_a_field_names_it_and_queues_nothing() -> None:
-    for policy, field in ((VTC(), "client_id"), (EDF(), "deadline"), (SJF("output"), "expected_output_len")):
+    for policy, field in ((SJF("output"), "expected_output_len"),):
         s = make(policy)
         with pytest.raises(ValueError, match=f"needs request.{field}"):
             s.add_request(req("x"))
         assert not s.has_unfinished()
+
+
+def test_vtc_and_edf_default_a_missing_client_or_deadline() -> None:
+    """Issue 54: VTC refused requests without client_id (a server then refused every client
+    that sent no `user`), EDF those without a deadline."""
+    v = make(VTC(), max_num_seqs=1, max_num_batched_tokens=64)
+    v.add_request(req("anon0", prompt=list(range(1, 9)), t=0, max_tokens=1))
+    v.add_request(req("anon1", prompt=list(range(11, 19)), t=1, max_tokens=1))
+    v.add_request(req("b0", prompt=list(range(21, 29)), t=2, client_id="b", max_tokens=1))
+    order = []
+    while v.has_unfinished():
+        order += admitted(v)
+    assert order == ["anon0", "b0", "anon1"]          # the anonymous ones share one counter
+    assert v.policy.counters[None] == 16 and v.policy.counters["b"] == 8
+    e = make(EDF(tpot=0.1, prefill_tokens_per_s=1000.0), max_num_seqs=1, clock=Clock(0.0))
+    e.add_request(req("none0", t=0.0, max_tokens=1))
+    e.add_request(req("due", t=1.0, deadline=50.0, max_tokens=1))
+    e.add_request(req("none1", t=0.5, max_tokens=1))
+    order = []
+    while e.has_unfinished():
+        order += admitted(e)
+    assert order == ["due", "none0", "none1"]         # deadlined first, then FCFS
+
+
+def test_vtc_forgets_idle_clients_past_its_bound() -> None:
+    """Issue 54: VTC kept a counter per client forever, and scanned them all at each add."""
+    s = make(VTC(max_idle_clients=8), num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64)
+    s.add_request(req("stay", prompt=[1, 2], t=0, client_id="stay", max_tokens=150))
+    for i in range(100):
+        s.add_request(req(f"c{i}", prompt=[i % 50 + 1, 7], t=1 + i, client_id=f"c{i}", max_tokens=1))
+        while f"c{i}" in s.requests:
+            admitted(s)
+        assert len(s.policy.counters) <= 1 + 8 and "stay" in s.policy.counters
+    assert list(s.policy._live) == ["stay"]
 
 
 def test_admit_must_answer_a_valid_verdict() -> None:

@@ -80,6 +80,33 @@ def test_errors_cross_the_pipe_and_aborts_free(proc):
     assert proc.num_unfinished == 0
 
 
+def test_a_cancelled_add_leaves_the_reader_alive(proc):
+    """Issue 54 item 1: the caller of add_async gives up (cancelled) before the engine's
+    reply; the reply must not kill the reader thread (InvalidStateError on a cancelled
+    future), and the request that may have reached the engine is aborted."""
+    async def run():
+        for _ in range(3):
+            t = asyncio.create_task(proc.add_async([5, 6], SamplingParams(max_tokens=50, ignore_eos=True)))
+            await asyncio.sleep(0)
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        return [o async for o in proc.generate([5, 6, 7], GREEDY)]
+    outs = asyncio.run(run())
+    assert outs[-1].finished and proc.is_running
+    assert proc.core._reader.is_alive()
+    wait_free(proc)
+    assert proc.num_unfinished == 0 and not proc.core._acc
+
+
+def test_a_refused_add_leaves_no_accumulator(proc):
+    """Issue 54 item 9: ProcessCore._acc kept an entry for every refused add."""
+    for _ in range(3):
+        with pytest.raises(ValueError, match="prompt token ids must be in"):
+            proc.add([1000], GREEDY)
+    assert not proc.core._acc and not proc.core._futures
+
+
 def test_a_killed_engine_process_fails_streams_not_hangs(proc):
     """Last in this file: it kills the module's engine process (one spawn less in CI)."""
     stream = proc.add([5, 5], SamplingParams(max_tokens=250, ignore_eos=True))

@@ -7,7 +7,7 @@ import json
 import sys
 import types
 
-from toolkit.simulator.workloads import sample_sharegpt
+from toolkit.simulator.sharegpt import sample_sharegpt
 
 
 class _Tok:

@@ -107,6 +107,9 @@ class Engine:
         stored on the Request for the scheduler's policy; a policy that needs one the request
         lacks refuses it, and a priority given to a policy that ignores it warns.
 
+        n (and best_of) are at most the scheduler's max_num_seqs (a request's samples fit in
+        one batch); beyond, a ValueError before any per-sample work.
+
         With n > 1 the samples are sequences "<id>#0" ... "<id>#(n-1)" for the scheduler; the
         outputs merge them into one RequestOutput with n completions. Samples 1.. wait until
         sample 0 has computed the prompt, then start on its blocks (ref += 1; the partial last
@@ -119,33 +122,68 @@ class Engine:
         rid = request_id if request_id is not None else self._new_id()
         if not isinstance(rid, str):
             raise TypeError(f"request_id must be a string, got {type(rid).__name__}")
-        if rid in self.output_processor or self.output_processor.group_of(rid) is not None:
-            raise ValueError(f"request id {rid!r} is already in use")
         if output_kind not in OUTPUT_KINDS:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
+        num_samples = self._check_num_samples(params)        # before any per-sample work
+        self._check_ids_free(rid, num_samples)
         text, ids = self.tokenize(prompt)
         params = resolve_words(params, self.tokenizer)      # bad words as text -> token ids
         self._check_prompt(ids, params)
-        params = self.best_of.expand(rid, params)
         fields = dict(priority=priority, client_id=client_id, deadline=deadline,
                       expected_output_len=expected_output_len)
-        sequences = [self._sequence(rid, j, ids, params, fields, arrival_time) for j in range(params.n)]
-        warn_ignored_priority(policy_of(self.scheduler), priority)     # once the fields are valid
-        if params.structured is not None:
-            for seq in sequences:               # cheap grammar errors raise here: nothing kept
-                self.structured.submit(seq)
-        self.output_processor.add(rid, text, sequences, output_kind)
-        if params.structured is None:
-            try:
+        sids = sequence_ids(rid, num_samples)
+        added = queued = False
+        try:
+            params = self.best_of.expand(rid, params)
+            sequences = [self._sequence(sid, j, ids, params, fields, arrival_time) for j, sid in enumerate(sids)]
+            warn_ignored_priority(policy_of(self.scheduler), priority)     # once the fields are valid
+            if params.structured is not None:
+                for seq in sequences:           # cheap grammar errors raise here: nothing kept
+                    self.structured.submit(seq)
+            self.output_processor.add(rid, text, sequences, output_kind)
+            added = True
+            if params.structured is None:
+                queued = True
                 self.scheduler.add_request(sequences[0])
-            except BaseException:                # a user's scheduler refused it: keep nothing
+                for seq in sequences[1:]:
+                    self.siblings.hold(seq, sequences[0])
+        except BaseException:
+            # refused (a grammar error, a user's scheduler or policy): nothing is kept anywhere,
+            # queued compiles included; the ids were free, so all that is under them is ours
+            self.structured.remove(sids)
+            self.siblings.remove(sids)
+            if queued:                          # a policy that raised in on_add after queueing it
+                self.scheduler.abort(sids[:1])
+            self.best_of.forget([rid])
+            if added:
                 self.output_processor.forget(rid)
-                raise
-            for seq in sequences[1:]:
-                self.siblings.hold(seq, sequences[0])
+            raise
         if _needs_host_tokens(params, self.runner.penalty_history is not None):
-            self._host_tokens.update(s.request_id for s in sequences)
+            self._host_tokens.update(sids)
         return rid
+
+    def _check_num_samples(self, params: SamplingParams) -> int:
+        """The sequences a request runs (n, or best_of when larger); at most max_num_seqs, the
+        engine's limit: one request's samples must fit in one batch."""
+        num = max(params.n, params.best_of or 0)
+        limit = getattr(self.scheduler, "max_num_seqs", None)
+        if limit is not None and num > limit:
+            name = "n" if num == params.n else "best_of"
+            raise ValueError(f"{name}={num} is more than this engine's max_num_seqs={limit}; n and "
+                             f"best_of must be in [1, {limit}] (a request's samples fit in one batch)")
+        return num
+
+    def _check_ids_free(self, rid: str, num_samples: int) -> None:
+        """No live request or sample uses rid, nor (n > 1) the sample ids "<rid>#j": a user's
+        id never collides with another request's internal sample id."""
+        op = self.output_processor
+        if rid in op or op.group_of(rid) is not None:
+            raise ValueError(f"request id {rid!r} is already in use")
+        if num_samples > 1:
+            taken = [s for s in sequence_ids(rid, num_samples) if s in op or op.group_of(s) is not None]
+            if taken:
+                raise ValueError(f"request id {rid!r} with {num_samples} samples needs the sample ids "
+                                 f"{rid!r}#0..#{num_samples - 1}; {taken[:3]} are in use; choose another id")
 
     def _new_id(self) -> str:
         """The next free automatic id (one a caller chose itself is skipped)."""
@@ -154,10 +192,9 @@ class Engine:
             if rid not in self.output_processor and self.output_processor.group_of(rid) is None:
                 return rid
 
-    def _sequence(self, rid: str, j: int, ids: list[int], params: SamplingParams, fields: dict,
+    def _sequence(self, sid: str, j: int, ids: list[int], params: SamplingParams, fields: dict,
                   arrival_time: float | None) -> Request:
-        """Sample j of a request: its own seed (derived from the request's), n = 1."""
-        sid = sequence_ids(rid, params.n)[j]
+        """Sample j (id sid) of a request: its own seed (derived from the request's), n = 1."""
         if params.n > 1:
             seed = None if params.seed is None else (params.seed * 1_000_003 + j) % 2**63
             params = dataclasses.replace(params, n=1, seed=seed)
@@ -185,7 +222,9 @@ class Engine:
                              f"at most {self.max_model_len - 1} leave room for one output token")
         vocab = self.model.spec.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), got [{min(ids)}, {max(ids)}]")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            raise ValueError(f"prompt token ids must be in [0, {vocab}) (the model's vocabulary); "
+                             f"{len(bad)} are not, e.g. {bad[:3]}")
         check_token_ids(params, vocab)         # not later, where it would fail a whole step
         need = -(-(len(ids) + 1) // self.block_size)
         if need > self.num_blocks:

@@ -25,12 +25,17 @@ class SiblingQueue:
 
     def release(self) -> None:
         """Samples whose leader has computed its prompt (or finished) join the scheduler."""
-        for pair in list(self._held):
-            req, lead = pair
-            if lead.is_finished or lead.num_computed_tokens >= lead.num_prompt_tokens - 1:
-                self._held.remove(pair)          # first: a scheduler that raises never sees it twice
+        go = [p for p in self._held if _ready(p[1])]
+        if not go:
+            return
+        self._held = [p for p in self._held if not _ready(p[1])]
+        for k, (req, lead) in enumerate(go):     # one pass, O(held): n samples release at once
+            try:
                 if lead.is_finished or not self.can_fork or not self.scheduler.fork(req, lead):
                     self.scheduler.add_request(req)
+            except BaseException:                # this one is out (never seen twice); the rest wait
+                self._held.extend(go[k + 1:])
+                raise
 
     def remove(self, request_ids: Iterable[str]) -> None:
         ids = set(request_ids)
@@ -38,3 +43,7 @@ class SiblingQueue:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def _ready(lead: Request) -> bool:
+    return lead.is_finished or lead.num_computed_tokens >= lead.num_prompt_tokens - 1

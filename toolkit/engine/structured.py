@@ -15,6 +15,7 @@ found at once.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from typing import Any, Iterable, Sequence
 
@@ -23,21 +24,26 @@ from toolkit.types import Request, StepResult
 
 class StructuredOutputManager:
     def __init__(self, tokenizer: Any, *, vocab_size: int, eos_token_ids: Sequence[int],
-                 max_rollback: int = 1) -> None:
+                 max_rollback: int = 1, compile_timeout_s: float = 60.0) -> None:
+        if not compile_timeout_s > 0:
+            raise ValueError(f"compile_timeout_s must be > 0, got {compile_timeout_s!r}")
+        # a request whose grammar has not compiled after this long is rejected (its compile,
+        # which cannot be interrupted, is cancelled if it has not started)
+        self.compile_timeout_s = float(compile_timeout_s)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.max_rollback = max_rollback
         self.grammars: dict[str, Any] = {}                  # request id -> its Grammar
         self._pending: dict[str, list[int]] = {}             # tokens a grammar has not taken yet
-        self._compiling: list[tuple[Request, Future]] = []   # waiting for a compile
+        self._compiling: list[tuple[Request, Future, float]] = []   # waiting: (request, compile, since)
         self._compiler = None
 
     def submit(self, request: Request) -> None:
         """Compile request's spec off the step path; it joins the scheduler once compiled.
         Cheap errors (syntax, unsupported features) raise ValueError here, nothing kept."""
         future = self.compiler().compile_async(request.sampling_params.structured)
-        self._compiling.append((request, future))
+        self._compiling.append((request, future, time.monotonic()))
 
     def compiler(self):
         if self.tokenizer is None:
@@ -55,10 +61,16 @@ class StructuredOutputManager:
 
     def take_compiled(self) -> tuple[list[Request], list[tuple[Request, str]]]:
         """(requests whose grammar is ready, (request, error) for those that failed to compile)."""
-        ready, failed, still = [], [], []
-        for req, fut in self._compiling:
+        ready, failed, still, late = [], [], [], []
+        now = time.monotonic()
+        for req, fut, since in self._compiling:
             if not fut.done():
-                still.append((req, fut))
+                if now - since <= self.compile_timeout_s:
+                    still.append((req, fut, since))
+                else:
+                    failed.append((req, f"the grammar did not compile within {self.compile_timeout_s:g} s; "
+                                        "simplify it (fewer optional properties, a smaller regex)"))
+                    late.append(fut)
                 continue
             try:
                 self.grammars[req.request_id] = fut.result().new_grammar(max_rollback=self.max_rollback)
@@ -66,6 +78,7 @@ class StructuredOutputManager:
             except Exception as e:      # noqa: BLE001 - any compile error rejects the request alone
                 failed.append((req, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"))
         self._compiling = still
+        self._cancel_unwanted(late)
         return ready, failed
 
     def record(self, result: StepResult) -> None:
@@ -98,10 +111,19 @@ class StructuredOutputManager:
 
     def remove(self, request_ids: Iterable[str]) -> None:
         ids = set(request_ids)
-        self._compiling = [(r, f) for r, f in self._compiling if r.request_id not in ids]
+        gone = [f for r, f, _ in self._compiling if r.request_id in ids]
+        self._compiling = [c for c in self._compiling if c[0].request_id not in ids]
+        self._cancel_unwanted(gone)
         for rid in ids:
             self.grammars.pop(rid, None)
             self._pending.pop(rid, None)
+
+    def _cancel_unwanted(self, futures: list[Future]) -> None:
+        """Compiles no waiting request needs any more: cancelled if not started (a started
+        one runs to its end; its result stays cached)."""
+        for f in futures:
+            if not any(f is g for _, g, _ in self._compiling):
+                f.cancel()
 
     def close(self) -> None:
         if self._compiler is not None:

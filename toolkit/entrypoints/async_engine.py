@@ -232,10 +232,14 @@ class AsyncEngine:
                 except Exception:                  # an observer's bug must not stop serving
                     log.exception("step observer %r raised", obs)
 
-    def _on_error(self, error: BaseException) -> None:
-        """A step failed (its requests were aborted) or the core died: end every stream."""
+    def _on_error(self, error: BaseException, request_ids: list[str] | None = None) -> None:
+        """A step failed (its requests were aborted) or the core died: end every stream, or
+        only those of `request_ids` (a fault attributed to them)."""
         with self._lock:
-            streams, self._streams = self._streams, {}
+            if request_ids is None:
+                streams, self._streams = self._streams, {}
+            else:
+                streams = {r: s for r in request_ids if (s := self._streams.pop(r, None)) is not None}
         for s in streams.values():
             s.fail(error)
 

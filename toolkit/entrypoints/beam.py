@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolkit.progress import progress_bar
 from toolkit.samplers.beam import beam_search_step, length_normalized
 from toolkit.types import SamplingParams
 
@@ -33,7 +34,8 @@ class BeamSearchOutput:
 
 
 def beam_search(engine, prompts: list[list[int]], beam_width: int, max_tokens: int, *,
-                length_penalty: float = 1.0, ignore_eos: bool = False) -> list[BeamSearchOutput]:
+                length_penalty: float = 1.0, ignore_eos: bool = False,
+                use_tqdm: bool = False) -> list[BeamSearchOutput]:
     """HF-style beam search: 2W candidates per prompt and step; a candidate ending in EOS among
     the best W finishes (scored cum_logprob / generated_len ** length_penalty), the best W
     others continue. Returns the W best sequences per prompt."""
@@ -43,12 +45,33 @@ def beam_search(engine, prompts: list[list[int]], beam_width: int, max_tokens: i
     live = [[Beam(list(p))] for p in prompts]
     done: list[list[Beam]] = [[] for _ in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=2 * beam_width, ignore_eos=True)
+    with progress_bar(max_tokens, enabled=use_tqdm, desc="beam search", unit="step") as bar:
+        _search(engine, prompts, beam_width, max_tokens, eos, live, done, params, bar)
+    outs = []
+    for i, p in enumerate(prompts):
+        ranked = sorted(done[i] + live[i], key=lambda b: -b.score(length_penalty))[:beam_width]
+        texts = [engine.tokenizer.decode(b.tokens[len(p):], skip_special_tokens=True)
+                 if engine.tokenizer is not None else "" for b in ranked]
+        for b, t in zip(ranked, texts):
+            b.text = t
+        outs.append(BeamSearchOutput(list(p), ranked, texts))
+    return outs
+
+
+def _search(engine, prompts, beam_width, max_tokens, eos, live, done, params, bar) -> None:
+    """The beam steps: each adds every live beam as a one-token request and keeps the best."""
     for _ in range(max_tokens):
         flat = [(i, b) for i, beams in enumerate(live) for b in beams]
         if not flat:
             break
-        rids = [engine.add_request(b.tokens, params) for _, b in flat]
-        results = _drain(engine, set(rids))
+        rids: list[str] = []
+        try:
+            for _, b in flat:
+                rids.append(engine.add_request(b.tokens, params))
+            results = _drain(engine, set(rids))
+        except BaseException:                # interrupted (KeyboardInterrupt, a failed step):
+            engine.abort(rids)               # its requests leave the queue and free their blocks
+            raise
         lps = [results[r] for r in rids]
         for i in range(len(prompts)):
             rows = [j for j, (k, _) in enumerate(flat) if k == i]
@@ -77,15 +100,7 @@ def beam_search(engine, prompts: list[list[int]], beam_width: int, max_tokens: i
                 if len(nxt) == beam_width:
                     break
             live[i] = nxt
-    outs = []
-    for i, p in enumerate(prompts):
-        ranked = sorted(done[i] + live[i], key=lambda b: -b.score(length_penalty))[:beam_width]
-        texts = [engine.tokenizer.decode(b.tokens[len(p):], skip_special_tokens=True)
-                 if engine.tokenizer is not None else "" for b in ranked]
-        for b, t in zip(ranked, texts):
-            b.text = t
-        outs.append(BeamSearchOutput(list(p), ranked, texts))
-    return outs
+        bar.update(1)
 
 
 def _drain(engine, ids: set[str]) -> dict[str, dict[int, float]]:

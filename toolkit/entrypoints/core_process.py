@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from toolkit.entrypoints.core_thread import EngineDeadError, OnError, OnOutputs
+from toolkit.entrypoints.core_thread import EngineDeadError, OnError, OnOutputs, faulty_requests, step_error
 from toolkit.entrypoints.streams import Accumulator, DeltaTracker
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,9 @@ class ProcessCore:
         self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
         self._on_outputs, self._on_error = on_outputs, on_error
         self._send_lock = threading.Lock()
-        self._futures: dict[int, concurrent.futures.Future] = {}
+        # command id -> (its future, the request id of an add): a refused add drops its
+        # accumulator when the reply comes
+        self._futures: dict[int, tuple[concurrent.futures.Future, str | None]] = {}
         self._cids = itertools.count()
         self._acc: dict[str, Accumulator] = {}
         self._closing = False
@@ -74,7 +76,7 @@ class ProcessCore:
     def add(self, request_id: str, prompt: Any, params: Any, fields: dict[str, Any]
             ) -> concurrent.futures.Future:
         self._acc[request_id] = Accumulator()
-        return self._request("add", request_id, prompt, params, fields)
+        return self._request("add", request_id, prompt, params, fields, rid=request_id)
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -102,14 +104,16 @@ class ProcessCore:
         self._conn.close()
 
     # -- plumbing --
-    def _request(self, kind: str, *payload: Any) -> concurrent.futures.Future:
+    def _request(self, kind: str, *payload: Any, rid: str | None = None) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         cid = next(self._cids)
-        self._futures[cid] = fut
+        self._futures[cid] = (fut, rid)
         try:
             self._send((kind, cid, *payload))
         except Exception as e:
             self._futures.pop(cid, None)
+            if rid is not None:
+                self._acc.pop(rid, None)
             fut.set_exception(e if isinstance(e, EngineDeadError) else
                               EngineDeadError(f"could not send to the engine process: {e!r}"))
         return fut
@@ -124,27 +128,12 @@ class ProcessCore:
         try:
             while True:
                 msg = self._conn.recv()
-                kind = msg[0]
-                if kind == "out":
-                    outputs = []
-                    for d in msg[1]:
-                        acc = self._acc.get(d.request_id)
-                        if acc is None:               # aborted meanwhile
-                            continue
-                        outputs.append(acc.update(d))
-                        if d.finished:
-                            del self._acc[d.request_id]
-                    self._on_outputs(outputs, msg[2])
-                elif kind == "reply":
-                    _, cid, ok, value = msg
-                    fut = self._futures.pop(cid, None)
-                    if fut is not None:
-                        fut.set_result(value) if ok else fut.set_exception(value)
-                elif kind == "error":
-                    self._acc.clear()
-                    self._on_error(RuntimeError(msg[1]))
-                elif kind == "stopped":
+                if msg[0] == "stopped":
                     return
+                try:
+                    self._handle(msg)
+                except Exception:                     # one message's fault must not end the reader
+                    log.exception("the engine reader could not handle a %r message", msg[0])
         except (EOFError, OSError):
             pass
         finally:
@@ -153,11 +142,42 @@ class ProcessCore:
                 self.error = EngineDeadError(f"the engine process exited unexpectedly (exit code {code})")
                 log.error("%s", self.error)
             err = self.error or EngineDeadError("the engine process stopped")
-            for fut in list(self._futures.values()):
+            for fut, _ in list(self._futures.values()):
                 if not fut.done():
                     fut.set_exception(err)
             self._futures.clear()
             self._on_error(err)
+
+
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "out":
+            outputs = []
+            for d in msg[1]:
+                acc = self._acc.get(d.request_id)
+                if acc is None:               # aborted meanwhile
+                    continue
+                outputs.append(acc.update(d))
+                if d.finished:
+                    del self._acc[d.request_id]
+            self._on_outputs(outputs, msg[2])
+        elif kind == "reply":
+            _, cid, ok, value = msg
+            fut, rid = self._futures.pop(cid, (None, None))
+            if rid is not None and not ok:
+                self._acc.pop(rid, None)      # refused: no output will ever come for it
+            # a caller that gave up (asyncio cancelled the wrapped future) gets nothing;
+            # setting a cancelled future raises InvalidStateError
+            if fut is None or not fut.set_running_or_notify_cancel():
+                return
+            fut.set_result(value) if ok else fut.set_exception(value)
+        elif kind == "error":                 # (message, the request ids it ends: None = all)
+            rids = msg[2]
+            if rids is None:
+                self._acc.clear()
+            for rid in rids or ():
+                self._acc.pop(rid, None)
+            self._on_error(RuntimeError(msg[1]), rids)
 
 
 def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -232,9 +252,11 @@ def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
             try:
                 outputs = engine.step()
             except Exception as e:
-                engine.abort(engine.request_ids())
-                trackers.clear()
-                conn.send(("error", f"an engine step failed: {type(e).__name__}: {e}"))
+                rids = faulty_requests(engine, e)   # None: the whole step's requests
+                engine.abort(engine.request_ids() if rids is None else rids)
+                for rid in trackers.copy() if rids is None else rids:
+                    trackers.pop(rid, None)
+                conn.send(("error", str(step_error(e)), rids))
                 continue
             deltas = []
             for o in outputs:

@@ -14,12 +14,27 @@ import time
 from typing import Any, Callable
 
 from toolkit.engine.gc_freeze import frozen_heap
-from toolkit.types import RequestOutput
+from toolkit.types import RequestFault, RequestOutput
 
 log = logging.getLogger(__name__)
 
 OnOutputs = Callable[[list[RequestOutput], list[Any]], None]
-OnError = Callable[[BaseException], None]
+OnError = Callable[..., None]       # (error, request ids it ends: None = all)
+
+
+def faulty_requests(engine: Any, error: BaseException) -> list[str] | None:
+    """The user requests a failed step is attributed to (a RequestFault's), or None: all."""
+    if not isinstance(error, RequestFault):
+        return None
+    op = engine.output_processor
+    return list(dict.fromkeys(op.group_of(s) or s for s in error.request_ids))
+
+
+def step_error(error: BaseException) -> RuntimeError:
+    """What a failed step's streams end with: the message, with the type of an unexpected error."""
+    if isinstance(error, RequestFault):
+        return error
+    return RuntimeError(f"an engine step failed: {type(error).__name__}: {error}")
 
 
 class EngineDeadError(RuntimeError):
@@ -145,11 +160,14 @@ class ThreadCore:
         try:
             outputs = self.engine.step()
         except Exception as e:
-            # the requests of a step that raised cannot be trusted: the front ends them with
+            # a fault of some requests alone (RequestFault) ends only them; otherwise the
+            # requests of a step that raised cannot be trusted: the front ends them all with
             # the error (and aborts them); the engine goes on serving
-            log.exception("an engine step failed; its requests end with the error")
-            self.engine.abort(self._unfinished())
-            self._on_error(e)
+            rids = faulty_requests(self.engine, e)
+            log.exception("an engine step failed; %s end with the error",
+                          "its requests" if rids is None else f"requests {rids}")
+            self.engine.abort(self._unfinished() if rids is None else rids)
+            self._on_error(step_error(e), rids)
             return
         self.num_steps += 1
         records, self._records = self._records, [] if self._records is not None else None

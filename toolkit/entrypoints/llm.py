@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 from typing import Any, Mapping, Sequence
 
 from toolkit.config import EngineConfig
@@ -31,10 +32,14 @@ class LLM:
                  scheduler: Any = "continuous", sampler: Any = "default", attention: Any = "auto",
                  proposer: Any = None, draft_model: Any = None, load_format: str = "auto",
                  **config: Any) -> None:
+        config = _vllm_options(config)
         fields = {f.name for f in dataclasses.fields(EngineConfig)}
         unknown = sorted(set(config) - fields)
         if unknown:
-            raise ValueError(f"unknown LLM option(s) {unknown}; valid options: {sorted(fields)}")
+            hints = {u: difflib.get_close_matches(u, fields, n=1) for u in unknown}
+            said = "; ".join(f"{u!r}: did you mean {h[0]!r}?" for u, h in hints.items() if h)
+            raise ValueError(f"unknown LLM option(s) {unknown}{' (' + said + ')' if said else ''}; "
+                             f"valid options: {sorted(fields)}")
         self.config = EngineConfig(**config)
         self.engine = build_engine(model, tokenizer=tokenizer, allocator=allocator,
                                    scheduler=scheduler, sampler=sampler, attention=attention,
@@ -44,6 +49,15 @@ class LLM:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def get_tokenizer(self):
+        """vLLM's spelling of `llm.tokenizer`."""
+        return self.engine.tokenizer
+
+    @property
+    def llm_engine(self):
+        """vLLM's spelling of `llm.engine` (the Engine: add_request, step, abort)."""
+        return self.engine
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
@@ -91,12 +105,13 @@ class LLM:
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams | int | None = None,
                     max_tokens: int | None = None, *, beam_width: int | None = None,
-                    length_penalty: float = 1.0, ignore_eos: bool = False):
+                    length_penalty: float = 1.0, ignore_eos: bool = False, use_tqdm: bool = True):
         """Beam search (Hugging Face's rules) on the engine's parts; beams share prefix blocks
         through the allocator. Returns per prompt the beam width's best sequences, best first.
 
         vLLM's form `beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=16))`, or
-        `beam_search(prompts, beam_width=4, max_tokens=16, length_penalty=, ignore_eos=)`."""
+        `beam_search(prompts, beam_width=4, max_tokens=16, length_penalty=, ignore_eos=)`.
+        use_tqdm: a progress bar of the beam steps (one token of every beam each)."""
         from toolkit.entrypoints.beam import beam_search
 
         if params is None or beam_width is not None:
@@ -113,7 +128,8 @@ class LLM:
         engine = self._engine()
         ids = [engine.tokenize(p)[1] for p in _as_prompt_list(prompts)]
         return beam_search(engine, ids, params.beam_width, params.max_tokens,
-                           length_penalty=params.length_penalty, ignore_eos=params.ignore_eos)
+                           length_penalty=params.length_penalty, ignore_eos=params.ignore_eos,
+                           use_tqdm=use_tqdm)
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
              sampling_params: SamplingParams | None = None, **kwargs: Any) -> list[RequestOutput]:
@@ -218,3 +234,18 @@ def _as_params_list(sp: SamplingParams | Sequence[SamplingParams] | None, n: int
     if bad:
         raise TypeError(f"sampling_params must hold SamplingParams, got {bad[0]}")
     return sp
+
+
+def _vllm_options(config: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's LLM(...) options in this engine's terms: enforce_eager -> cuda_graphs=False,
+    swap_space (GiB of CPU swap) -> cpu_cache_gb (the host tier)."""
+    config = dict(config)
+    if "enforce_eager" in config:
+        eager = config.pop("enforce_eager")
+        if not isinstance(eager, bool):
+            raise TypeError(f"enforce_eager must be True or False, got {eager!r}")
+        if eager:
+            config.setdefault("cuda_graphs", False)
+    if "swap_space" in config:
+        config.setdefault("cpu_cache_gb", config.pop("swap_space"))
+    return config

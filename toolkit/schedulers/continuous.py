@@ -25,7 +25,7 @@ from toolkit.schedulers.core import SchedulerCore
 from toolkit.schedulers.policies import Policy, resolve_policy
 from toolkit.schedulers.policy_base import ADMIT, REJECT, VERDICTS
 from toolkit.schedulers.view import SchedulerView
-from toolkit.types import Request, RequestStatus, ScheduledRequest, SchedulerOutput
+from toolkit.types import Request, RequestFault, RequestStatus, ScheduledRequest, SchedulerOutput
 
 
 class ContinuousBatchingScheduler(SchedulerCore):
@@ -70,7 +70,13 @@ class ContinuousBatchingScheduler(SchedulerCore):
         self.policy.check(request)
         super().add_request(request)
         if request.request_id in self.requests:
-            self.policy.on_add(request)
+            try:
+                self.policy.on_add(request)
+            except BaseException:            # the policy refused it late: nothing stays queued
+                del self.requests[request.request_id]
+                self.waiting.remove(request)
+                request.status = RequestStatus.WAITING
+                raise
 
     def _on_finish(self, req: Request) -> None:
         self.policy.on_finish(req)
@@ -116,13 +122,35 @@ class ContinuousBatchingScheduler(SchedulerCore):
         self.kv.begin_step(out)              # host-tier copies of this step are recorded in out
         try:
             self._schedule(out)
+        except BaseException:
+            # the step will not run: the finished ids it would have reported wait for the next
+            self._finished_ids[:0] = out.finished_ids
+            raise
         finally:
             self.kv.end_step()
         return out
 
+    def _hook(self, method: str, request: Request, *args: Any) -> Any:
+        """policy.<method>(request or its grant): a raise is that request's fault alone
+        (RequestFault), so the engine ends only it."""
+        try:
+            return getattr(self.policy, method)(*(args or (request,)))
+        except Exception as e:
+            raise RequestFault([request.request_id],
+                               f"the scheduling policy {self.policy!r} raised in {method} for request "
+                               f"{request.request_id!r}: {type(e).__name__}: {e}") from e
+
+    def _sorted_by(self, method: str, requests: list[Request]) -> list[Request]:
+        try:                                  # the hot path: no per-request wrapper
+            return sorted(requests, key=getattr(self.policy, method))
+        except Exception:
+            for r in requests:                # whose key raised: that request's fault
+                self._hook(method, r)
+            raise                             # keys that do not compare: the policy's, not one request's
+
     def _schedule(self, out: SchedulerOutput) -> None:
         budget = self.max_num_batched_tokens
-        self.running.sort(key=self.policy.sort_key)
+        self.running[:] = self._sorted_by("sort_key", self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -138,13 +166,12 @@ class ContinuousBatchingScheduler(SchedulerCore):
             self._admit_waiting(out, budget)
 
     def _grant(self, s: ScheduledRequest) -> ScheduledRequest:
-        self.policy.on_grant(s)
+        self._hook("on_grant", s.request, s)
         return s
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         """Admit waiting requests in the policy's order; deferred ones go after all others."""
-        key = self.policy.admission_key
-        queue = sorted(self.waiting, key=key)
+        queue = self._sorted_by("admission_key", self.waiting)
         deferred: list[Request] = []
         i, second_pass = 0, False
         while budget > 0 and len(self.running) < self.max_num_seqs:
@@ -155,7 +182,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
             req = queue[i]
             i += 1
             if not second_pass:
-                verdict = self.policy.admit(req)
+                verdict = self._hook("admit", req)
                 if verdict not in VERDICTS:
                     raise ValueError(f"policy {self.policy!r}.admit returned {verdict!r}; valid: {VERDICTS}")
                 if verdict == REJECT and not req.output_token_ids:
@@ -170,7 +197,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
             out.scheduled.append(self._grant(s))
             budget -= s.num_new_tokens
             if self.policy.reorder_after_grant:
-                queue[i:] = sorted(queue[i:], key=key)
+                queue[i:] = self._sorted_by("admission_key", queue[i:])
 
     def _grow(self, req: Request, end: int, i: int, out: SchedulerOutput, limit: int) -> bool:
         """Give req blocks up to `end` (+ lookahead, never past `limit`), preempting policy

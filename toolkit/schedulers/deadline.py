@@ -14,6 +14,9 @@ with finish reason "rejected" (goodput: its slot goes to a request that can stil
 `estimate(request, now) -> seconds` replaces the built-in estimate, e.g.
 `CostModel.finish_estimate(batch=..., context=...)` from a fitted cost model
 (toolkit/simulator/cost.py).
+
+A request without a deadline is served after every request with one, first come first
+served among themselves, and is always admitted (it has no SLO to miss).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from toolkit.types import Request
 
 class EDF(Policy):
     name = "edf"
-    needs = ("deadline",)
 
     def __init__(self, *, slo_admission: bool = True, tpot: float = 0.05,
                  prefill_tokens_per_s: float = 5000.0, on_miss: str = "defer",
@@ -41,10 +43,11 @@ class EDF(Policy):
 
     @staticmethod
     def due(request: Request) -> float:
-        return request.arrival_time + request.deadline
+        """When it is due (inf: no deadline)."""
+        return float("inf") if request.deadline is None else request.arrival_time + request.deadline
 
     def sort_key(self, request: Request) -> Any:
-        return (self.due(request), request.arrival_time)
+        return (request.deadline is None, self.due(request), request.arrival_time)
 
     def time_to_finish(self, request: Request, now: float) -> float:
         """Seconds the request still needs, by `estimate` or the built-in estimate."""
@@ -58,7 +61,7 @@ class EDF(Policy):
         return prefill_left / self.prefill_tokens_per_s + out_left * self.tpot
 
     def admit(self, request: Request) -> str:
-        if not self.slo_admission:
+        if not self.slo_admission or request.deadline is None:
             return ADMIT
         now = self.now()
         return ADMIT if now + self.time_to_finish(request, now) <= self.due(request) else self.on_miss

@@ -15,43 +15,67 @@ freed). On shutdown the app stops taking requests, lets running ones finish for
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
-from typing import Any, Awaitable, Callable
+import logging
+from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolkit.entrypoints.async_engine import AsyncEngine, EngineDeadError, Overloaded
 from toolkit.serving import protocol as P
+from toolkit.serving.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from toolkit.serving.handlers import OpenAIHandlers
 from toolkit.serving.metrics import ServerMetrics
 from toolkit.serving.tools.request import ToolConfig
+from toolkit.serving.text_check import refuse_lone_surrogates
+
+log = logging.getLogger(__name__)
 
 
 def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str | None = None,
               max_pending: int | None = None, retry_after_s: int = 1,
               shutdown_timeout: float = 5.0, close_engine: bool = True,
               priority_hook: Callable[[Request, Any], int | None] | None = None,
+              max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+              allowed_hosts: Sequence[str] | None = None, protect_metrics: bool = False,
+              on_engine_dead: Callable[[], None] | None = None,
               tools: ToolConfig | None = None) -> FastAPI:
     """The app. `priority_hook(http_request, body) -> int | None` gives each request its
     priority (lower first, for the priority policy) in place of the body's `priority`.
+    Before any body is read (guard.py): the Host header against `allowed_hosts` (None: any),
+    the API key (every path but /health, and /metrics unless `protect_metrics`), the body
+    size (413 past `max_body_bytes`; None: no limit). `on_engine_dead()` is called once if
+    the engine stops while the server is not shutting down (`python -m toolkit.serve` then
+    exits non-zero, so a supervisor restarts it, instead of answering 503 forever).
     `tools`: the tool-call parser, auto tool choice and reasoning parser (vLLM's flags)."""
     handlers = OpenAIHandlers(engine, model_name, tools=tools)
     metrics = ServerMetrics(model_name)
     state = {"draining": False}
+    # tokenizing and rendering a request (the chat template) run here, off the event loop:
+    # a long prompt never holds the other clients' streams
+    prepare_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="toolkit-prepare")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.add_step_observer(metrics.observe_step)
         engine.finished_listeners.append(metrics.observe_finished)
+        watch = asyncio.ensure_future(_watch_engine(engine, state, on_engine_dead)) if on_engine_dead else None
         yield
         state["draining"] = True
+        if watch is not None:
+            watch.cancel()
+        prepare_pool.shutdown(wait=False, cancel_futures=True)
         if close_engine:
             await engine.shutdown(timeout=shutdown_timeout)
 
     app = FastAPI(title="toolkit OpenAI-compatible server", lifespan=lifespan)
+    app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes,
+                       allowed_hosts=allowed_hosts, protect_metrics=protect_metrics)
     app.state.engine, app.state.metrics, app.state.handlers = engine, metrics, handlers
 
     def error(status: int, message: str, *, type: str = "invalid_request_error",
@@ -72,6 +96,18 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
                          param=".".join(loc) or None)
         return error(400, f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid')}",
                      param=".".join(loc) or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body that is not UTF-8 or nests too deep, unknown routes,
+        # wrong methods) in OpenAI's error body, not {"detail": ...}
+        message = str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in message:
+            message = ("the body could not be parsed: it must be a JSON object in UTF-8 "
+                       "(and nest less deeply)")
+        return JSONResponse(P.error_body(message, type="invalid_request_error" if exc.status_code < 500
+                                         else "server_error"),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -108,7 +144,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         if busy is not None:
             return busy
         priority = priority_hook(request, body) if priority_hook is not None else None
-        prep = prepare(body, priority)
+        prep = await asyncio.get_running_loop().run_in_executor(prepare_pool, _checked, prepare, body, priority)
         try:
             if body.stream:
                 include = bool(body.stream_options and body.stream_options.include_usage)
@@ -145,6 +181,22 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+async def _watch_engine(engine: AsyncEngine, state: dict, on_dead: Callable[[], None]) -> None:
+    while engine.is_running or state["draining"]:
+        if state["draining"]:
+            return
+        await asyncio.sleep(0.25)
+    log.error("the engine stopped (%r) while serving; the server stops", engine.error)
+    state["engine_dead"] = True
+    on_dead()
+
+
+def _checked(prepare: Callable, body: Any, priority: int | None) -> Any:
+    """prepare(body, priority) once every string of the body is valid Unicode."""
+    refuse_lone_surrogates(body)
+    return prepare(body, priority)
 
 
 async def _prepend(first: str, rest) -> Any:

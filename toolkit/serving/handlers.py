@@ -50,6 +50,7 @@ class OpenAIHandlers:
         except ValueError:                         # no chat template: chat is refused anyway
             template = None
         self.tools = (tools or ToolConfig()).resolve(template)   # the format, from the template
+        self._max_chars: int | None = None       # text longer than this cannot fit (see _check_chars)
 
     # -- preparation (raises ProtocolError for anything the client got wrong) --
     def check_model(self, name: str | None) -> None:
@@ -58,10 +59,25 @@ class OpenAIHandlers:
                                   f"`{self.model_name}`", status=404, param="model",
                                   code="model_not_found")
 
+    def _check_chars(self, text: str, param: str) -> None:
+        """Refuse, before tokenizing it, text that cannot fit max_model_len: no token is longer
+        than the vocabulary's longest entry, so such text needs more tokens than the model
+        takes (twice that bound: a normalizer may drop characters first)."""
+        if self._max_chars is None:
+            vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+            longest = max((len(t) for t in vocab), default=64)
+            self._max_chars = 2 * max(longest, 16) * self.max_model_len
+        if len(text) > self._max_chars:
+            raise P.ProtocolError(f"This model's maximum context length is {self.max_model_len} tokens; "
+                                  f"the text has {len(text)} characters, more than that many tokens "
+                                  f"can hold (at most {self._max_chars} here). Reduce the prompt.",
+                                  param=param)
+
     def _tokenize(self, prompt: str | list[int], param: str) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise P.ProtocolError("this server has no tokenizer; send token ids", param=param)
+            self._check_chars(prompt, param)
             return list(self.tokenizer.encode(prompt))
         vocab = self.engine.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
@@ -83,7 +99,10 @@ class OpenAIHandlers:
         if self.tokenizer is None:
             raise P.ProtocolError("chat needs a tokenizer with a chat template; this server has none")
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tools)
+        for m in req.messages:                     # before the template renders them all
+            self._check_chars(m.text(), "messages")
         text = self.render_chat(req, plan)
+        self._check_chars(text, "messages")
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         params = req.sampling_params(self.max_model_len, len(ids), tool_regex=plan.regex())
         return Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
@@ -93,6 +112,11 @@ class OpenAIHandlers:
     def render_chat(self, req: P.ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         messages = req.template_messages()
         kwargs = dict(req.chat_template_kwargs or {})
+        taken = sorted(set(kwargs) & _TEMPLATE_ARGS)
+        if taken:
+            raise P.ProtocolError(f"chat_template_kwargs may not set {taken}: the server sets "
+                                  f"{sorted(_TEMPLATE_ARGS)} (use the request's own fields, e.g. "
+                                  "add_generation_prompt)", param="chat_template_kwargs")
         if plan is not None:                       # tools in the prompt, tool calls in the history
             messages, extra = render_inputs(messages, plan)
             kwargs = {**extra, **kwargs}
@@ -206,8 +230,10 @@ class OpenAIHandlers:
                 cls = P.ChatCompletionChunk if chat else P.CompletionResponse
                 yield _sse(cls(id=prep.request_id, created=created, model=prep.model, choices=[],
                                usage=usage))
-        except (ValueError, RuntimeError) as e:      # a request that failed inside the engine
-            yield "data: " + json.dumps(P.error_body(str(e), type="server_error")) + "\n\n"
+        except Exception as e:                       # failed inside the engine: any error ends the
+            # stream with an error event, then [DONE] (a KeyError from a user's part included)
+            msg = str(e) if isinstance(e, (ValueError, RuntimeError)) else f"{type(e).__name__}: {e}"
+            yield "data: " + json.dumps(P.error_body(msg, type="server_error")) + "\n\n"
         finally:                                     # closed early (client gone): free its blocks
             for s in streams:
                 self.engine.abort(s.request_id)      # a finished request's id is ignored
@@ -247,6 +273,10 @@ class OpenAIHandlers:
             out.text_offset.append(offset)
             offset += len(tok)
         return out
+
+
+# what the server passes to the chat template itself (chat_template_kwargs may not repeat them)
+_TEMPLATE_ARGS = frozenset({"messages", "add_generation_prompt", "tokenizer"})
 
 
 def _finite(v: float | None) -> float:

@@ -2,7 +2,8 @@
 preemptions, tokens) and by each request's final output (latencies, finish reasons).
 
 Each `ServerMetrics` owns its registry (no global state: two apps in one process, as tests
-build them, do not collide). Names follow vLLM's, with the `toolkit_` prefix.
+build them, do not collide). Names follow vLLM's, with the `toolkit_` prefix, and each is
+rendered a second time under vLLM's own `vllm:` prefix, so existing vLLM dashboards work.
 """
 
 from __future__ import annotations
@@ -82,4 +83,7 @@ class ServerMetrics:
                 self.tpot.labels(m).observe(tpot)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry).decode()
+        # the same families under vLLM's names (vllm:num_requests_running, ...)
+        vllm = "".join(line.replace("toolkit_", "vllm:", 1) + "\n" for line in text.splitlines())
+        return (text + vllm).encode()

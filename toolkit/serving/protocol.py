@@ -19,6 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from toolkit.types import SamplingParams
 
+# per-request size bounds: past them a 400 at once (a 1M-entry logit_bias took 8.5 s to refuse)
+MAX_LOGIT_BIAS = 1024        # entries
+MAX_STOP = 64                # stop strings; each at most MAX_STOP_CHARS characters
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+
 
 class ProtocolError(ValueError):
     """A request the server refuses: HTTP status, OpenAI error type, the parameter."""
@@ -39,7 +45,9 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict types (no "10" for an int, no true for 1, no "yes" for a bool) and no
+    # Infinity / NaN: a field's JSON type must be its own
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -130,12 +138,26 @@ class _SamplingFields(_Strict):
         except (ValueError, TypeError) as e:
             raise ProtocolError(f"{param}: {e}", param=param) from None
 
+    def _check_sizes(self, stop: list[str] | None) -> None:
+        for name, have, limit in (("logit_bias", self.logit_bias, MAX_LOGIT_BIAS), ("stop", stop, MAX_STOP),
+                                  ("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS)):
+            if have is not None and len(have) > limit:
+                raise ProtocolError(f"{name} has {len(have)} entries; at most {limit} are allowed",
+                                    param=name)
+        long = [s for s in stop or () if len(s) > MAX_STOP_CHARS]
+        if long:
+            raise ProtocolError(f"stop strings must be at most {MAX_STOP_CHARS} characters, got one of "
+                                f"{len(long[0])}", param="stop")
+
     def _sampling(self, *, max_tokens: int, logprobs: int | None, structured: Any,
                   default_temperature: float = 1.0) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        self._check_sizes(stop)
         bias = None
         if self.logit_bias:
             try:
+                if not all(k.isascii() and k.isdigit() for k in self.logit_bias):   # not " 5", "5_0"
+                    raise ValueError
                 bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except ValueError:
                 raise ProtocolError("logit_bias keys must be token ids (integers as strings), got "

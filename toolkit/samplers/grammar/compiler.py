@@ -25,6 +25,7 @@ from toolkit.samplers.grammar.spec import Structured
 from toolkit.samplers.grammar.vocabulary import TokenizerVocabulary, VocabularyCache
 
 CacheKey = tuple[str, Structured]
+SMALL_KINDS = ("choice", "json_object")     # compiled on the small pool
 
 
 class GrammarCache:
@@ -75,6 +76,9 @@ class GrammarCompiler:
         self.cache = cache if cache is not None else GrammarCache()
         self.max_mask_cache_bytes = max_mask_cache_bytes
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+        # choices and json_object (fast, bounded DFAs) compile on a worker of their own: they
+        # never queue behind a user's large schema or slow regex
+        self._small_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile-small")
 
     def validate(self, spec: Any) -> Structured:
         """The spec as a `Structured` after the cheap checks; raises ValueError (add_request)."""
@@ -91,9 +95,10 @@ class GrammarCompiler:
         key = (self.vocab.fingerprint, s)
         if s is None or key not in self.cache:    # a cached spec passed these checks already
             s = self.validate(spec)
+        pool = self._small_pool if s.kind in SMALL_KINDS else self._pool
         return self.cache.get_or_submit(
             key,
-            lambda: self._pool.submit(CompiledGrammar.compile, s, self.vocab, self.max_mask_cache_bytes))
+            lambda: pool.submit(CompiledGrammar.compile, s, self.vocab, self.max_mask_cache_bytes))
 
     def compile(self, spec: Any, timeout: float | None = None) -> CompiledGrammar:
         """Blocking compile (notebooks, tests)."""
@@ -104,6 +109,7 @@ class GrammarCompiler:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._small_pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> GrammarCompiler:
         return self

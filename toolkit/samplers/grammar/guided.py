@@ -12,9 +12,26 @@ outlines-core builds a DFA from a regex, so a context-free grammar is refused by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from toolkit.samplers.grammar.spec import Structured
+
+
+@dataclass
+class GuidedDecodingParams:
+    """vLLM's GuidedDecodingParams (StructuredOutputsParams): set exactly one of json,
+    regex, choice, json_object; `SamplingParams(guided_decoding=GuidedDecodingParams(...))`."""
+
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+    grammar: str | None = None
+    whitespace_pattern: str | None = None
+
+
+StructuredOutputsParams = GuidedDecodingParams
 
 _KINDS = ("json", "regex", "choice", "json_object", "grammar")
 _IGNORED = ("backend", "disable_fallback", "disable_any_whitespace", "disable_additional_properties",

@@ -70,6 +70,13 @@ def _unsupported_regex_features(pattern: str) -> list[str]:
     return sorted(found)
 
 
+# bounds on what a request may ask to compile (past them a ValueError at add_request: a 400):
+# the DFA build's time grows with the regex (a 3000-property schema became a 316M-character
+# regex and took minutes of CPU); 30 optional properties are ~20k characters, 0.6 s here
+MAX_SPEC_CHARS = 64 << 10            # the schema's JSON text, the regex, the choices' JSON list
+MAX_GRAMMAR_CHARS = 100_000          # the regex outlines-core compiles
+
+
 @dataclass(frozen=True)
 class Structured:
     """One grammar spec. Build it with the class methods, which validate their input."""
@@ -156,7 +163,14 @@ class Structured:
         raises ValueError for what only the DFA build finds (a regex outside Rust's syntax,
         a vocabulary that cannot spell the pattern).
         """
+        if len(self.value) > MAX_SPEC_CHARS:
+            raise ValueError(f"{self.describe()}: the spec has {len(self.value)} characters; at most "
+                             f"{MAX_SPEC_CHARS} are compiled (simplify the schema, regex or choices)")
         regex = self.to_regex()
+        if len(regex) > MAX_GRAMMAR_CHARS:
+            raise ValueError(f"{self.describe()}: as a regex this grammar has {len(regex)} characters; "
+                             f"at most {MAX_GRAMMAR_CHARS} compile in bounded time (optional properties "
+                             "grow it fastest: mark properties required, or use fewer)")
         if not regex:
             raise ValueError(f"{self.describe()}: the pattern is empty after removing ^ and $ anchors")
         if self.kind == "regex" and not re.search(r"\\[pP]", regex):
