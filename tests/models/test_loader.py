@@ -13,6 +13,7 @@ from paged import PagedRunner
 from safetensors.torch import load_file, save_file
 
 from toolkit.models import load_model, model_class
+from toolkit.models.loader import load_config
 from toolkit.models.weights import iterate_weights
 
 TOKENS = list(range(3, 40, 3))
@@ -175,3 +176,12 @@ def test_hf_random_checkpoint_loads_exactly(tmp_path):
     qkv = model.model.layers[1].self_attn.qkv_proj.weight
     assert torch.equal(qkv, torch.cat([q.q_proj.weight, q.k_proj.weight, q.v_proj.weight]))
     assert torch.equal(model.model.layers[1].self_attn.k_norm.weight, q.k_norm.weight)
+
+
+def test_a_hub_id_says_to_download_it_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                       # no such relative folder here
+    with pytest.raises(FileNotFoundError, match="hub id.*huggingface-cli download meta-llama/Llama-3.1-8B"):
+        load_config("meta-llama/Llama-3.1-8B")
+    with pytest.raises(FileNotFoundError) as e:
+        load_config(tmp_path / "missing")
+    assert "hub id" not in str(e.value)

@@ -63,9 +63,13 @@ def model_class(config: Any, model_impl: str = "auto") -> type:
 def load_config(folder: str | os.PathLike) -> Any:
     path = Path(folder)
     if not path.is_dir():
+        hub = str(folder).count("/") == 1 and not str(folder).startswith((".", "/", "~"))
+        hint = (f"; {str(folder)!r} looks like a Hugging Face hub id: the toolkit reads local "
+                f"folders only, so download it first (`huggingface-cli download {folder} "
+                f"--local-dir <folder>`) and pass the folder") if hub else ""
         raise FileNotFoundError(
             f"model folder {str(path)!r} does not exist (expected a local Hugging Face "
-            f"folder with config.json and weights)"
+            f"folder with config.json and weights){hint}"
         )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; a Hugging Face model folder needs one")

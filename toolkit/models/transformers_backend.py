@@ -15,16 +15,14 @@ Families whose attention does not go through transformers' attention-function in
 from __future__ import annotations
 
 import copy
-import os
 import zlib
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from toolkit.models.base import ModelSpec, WeightReport
+from toolkit.models.base import ModelSpec
 from toolkit.models.transformers.attention import (
     ATTN_IMPLEMENTATION,
     CONTEXT_KWARG,
@@ -222,29 +220,9 @@ def load_transformers_model(source: Any, *, dtype: torch.dtype = torch.float32,
                             load_format: str = "auto", group: Any = None,
                             kernels: str = "auto") -> TransformersForCausalLM:
     """A TransformersForCausalLM from a local HF folder or a transformers config (random
-    weights, as with load_format="dummy"); mirrors toolkit.models.loader.load_model.
-    group: a tensor-parallel Group; only one rank (None or size 1) is supported."""
-    from toolkit.models.loader import _eos_token_ids, load_config
-    from toolkit.models.weights import iterate_weights, resolve_format
+    weights): `load_model(..., model_impl="transformers")`. group: a tensor-parallel Group;
+    only one rank (None or size 1) is supported."""
+    from toolkit.models.loader import load_model
 
-    folder = None
-    if isinstance(source, (str, os.PathLike)):
-        folder = Path(source)
-        config = load_config(folder)
-    elif hasattr(source, "to_dict") and hasattr(source, "model_type"):
-        config, load_format = source, "dummy"
-    else:
-        raise ValueError(f"source must be a local model folder or a transformers config, got "
-                         f"{type(source).__name__}")
-    fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
-    model = TransformersForCausalLM(config, dtype=dtype, device=device, group=group, kernels=kernels,
-                                    eos_token_ids=_eos_token_ids(folder, config))
-    if fmt == "dummy":
-        model.init_random()
-    else:
-        loaded = model.load_weights(iterate_weights(folder, fmt))
-        missing = WeightReport(model.expected_weights()).missing(loaded)
-        if missing:
-            raise ValueError(f"checkpoint in {folder} lacks {len(missing)} tensor(s) the model "
-                             f"needs: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    return model.eval()
+    return load_model(source, dtype=dtype, device=device, load_format=load_format, group=group,
+                      kernels=kernels, model_impl="transformers")
