@@ -179,3 +179,24 @@ def test_unsupported_rope_and_refusals_name_what_is_valid():
                                       "long_factor": [1.0] * 8})
     with pytest.raises(ValueError, match="longrope"):
         load_model(phi)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_cuda_graphs_replay_the_new_families_as_eager_runs_them(family):
+    """bf16 on the GPU, random weights: the Triton kernels per layer kind (Gemma's local and
+    global layers, Phi-3's partial rotary) replayed from CUDA graphs give the eager run's
+    greedy tokens, on the same batches."""
+    from model_configs import new_family_config
+
+    cfg = new_family_config(family)
+    prompts = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (14, 9, 30)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    got = []
+    for graphs in (False, True):
+        with LLM(cfg, dtype="bfloat16", device="cuda", cuda_graphs=graphs, max_num_seqs=4,
+                 max_num_batched_tokens=64, gpu_memory_utilization=0.05) as llm:
+            got.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+            if graphs:
+                assert llm.engine.runner.graphs is not None
+    assert got[0] == got[1]
