@@ -60,8 +60,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="any other LLM(...) option; repeatable")
     p.add_argument("--engine", choices=["process", "thread"], default="process",
                    help="where the engine loop runs: its own process (default; the HTTP side never "
-                        "holds its GIL: 0.96x LLM.generate through HTTP on the H200, against 0.72x "
-                        "for a thread, benchmarks/RESULTS.md) or a thread of the server's process")
+                        "holds its GIL, so serving keeps close to LLM.generate's throughput; "
+                        "docs/decisions/0003-engine-in-its-own-process.md) or a thread of the "
+                        "server's process")
     p.add_argument("--tool-call-parser", default="auto",
                    choices=["auto", "hermes", "llama3_json", "pythonic"],
                    help="how the model writes tool calls (default auto: from the chat template; a "

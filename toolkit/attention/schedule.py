@@ -70,12 +70,12 @@ def split_size(programs: int, longest: int, *, target_programs: int, min_split_t
     """Keys per split of a step whose decode sequences make `programs` programs unsplit and
     see at most `longest` keys (1 << 62: no split).
 
-    Measured on the H200 (benchmarks/RESULTS.md, Attention): splitting pays while programs
-    are few (batch 1, 4096 keys: 16 splits 19.0 us, no split 89 us), but at batch 64 (512
-    programs, half the target of 4 x 132 SMs) two splits of 256 keys cost more than none
-    (60.0 vs 56.5 us), while two of 2048 save 10% (276 vs 309 us): once the unsplit programs
-    reach half the target, a split must hold busy_min_split_tokens keys. And at batch 1,
-    16384 keys, 32 splits beat 64 (36.1 vs 39.7 us): max_splits caps the parts."""
+    Splitting pays while programs are few (at batch 1 a long sequence is otherwise one
+    program per KV head on a GPU of >100 SMs), but each split adds a partial result to write
+    and merge: once the unsplit programs reach half the target, a short split costs more than
+    it saves, so a split must then hold busy_min_split_tokens keys; and past some count more
+    parts only add merge work, so max_splits caps them. The thresholds are the H200's
+    (`python -m benchmarks attention` times split and unsplit decode launches)."""
     if programs >= target_programs:
         return 1 << 62
     want = -(-target_programs // programs)

@@ -1,6 +1,6 @@
 """Launch configurations of the paged-attention kernel, by dtype, head size and GQA group.
 
-Chosen from measurements on an H200 (benchmarks/NOTES_attention.md); under Triton's CPU
+Chosen from measurements on an H200 (`python -m benchmarks attention`); under Triton's CPU
 interpreter small tiles keep tests fast and make every masked/unmasked loop path run.
 """
 
@@ -35,15 +35,14 @@ class KernelConfig:
 
     def decode_tile(self, programs: int) -> TileConfig:
         """A decode launch's tiles for a grid of `programs` (work rows, splits included, x KV
-        heads): with many programs, small 1-warp tiles keep several in flight per SM (H200:
-        b64 c512 47.9 vs 56.4 us, b256 c512 138.8 vs 152.0, split b16 c4096 83.5 vs 93.2); with
-        few, the wide default tile (b1 c4096: 19.0 vs 24.3)."""
+        heads): with many programs, small 1-warp tiles keep several in flight per SM; with
+        few, the wide default tile is faster (H200: `python -m benchmarks attention`)."""
         if self.decode_many is not None and programs >= self.many_programs:
             return self.decode_many
         return self.decode
 
     def prefill_tile(self, max_prefill_kv_len: int) -> TileConfig:
-        """Long key loops amortize a deeper, wider pipeline (measured: H200, NOTES_attention.md)."""
+        """Long key loops amortize a deeper, wider pipeline (H200: `python -m benchmarks attention`)."""
         if self.prefill_long is not None and max_prefill_kv_len >= self.long_prefill_keys:
             return self.prefill_long
         return self.prefill
@@ -100,15 +99,15 @@ def gpu_config(dtype: torch.dtype, head_dim: int, group: int, sms: int) -> Kerne
         pre = TileConfig(block_q=max(1, 64 // g_pad), block_n=32, num_warps=8 if d_pad > 128 else 4,
                          num_stages=2)
         return KernelConfig(dec, pre, target_programs=4 * sms, min_split_tokens=256)
-    # H200, bf16, d128 (benchmarks/NOTES_attention.md v1): decode 128-key steps, 3 stages, 4 warps
-    # (90.7% of copy at b64 c4096 vs 81.1% with 64); prefill 128 rows x 64 keys, 4 warps, and
-    # 128 keys with 8 warps when rows see >= 2048 keys (294 vs 266 TFLOP/s at 1x4096). Splits:
-    # at most 32 per sequence, and >= 512 keys once the batch alone makes half the target's
-    # programs (schedule.split_size: b1 c16384 36.1 vs 39.7 us, b64 c512 56.5 vs 60.0 us).
-    # Unsplit decode launches of >= 3 programs per SM take 1-warp tiles of 32 keys x 4 stages
-    # (NOTES v2, 2026-12-02 (f): b64 c512 1.18x, b256 c512 1.10x faster; split b16 c4096 1.12x
-    # and b64 c4096 1.05x too, whose split variant TritonPagedAttention.warm_up compiles; at b1,
-    # 128-256 programs, 0.78-0.83x).
+    # H200, bf16, d128 (tiles chosen with `python -m benchmarks attention`): decode steps of
+    # 128 keys, 3 stages, 4 warps (64-key steps left copy bandwidth unused at large batches);
+    # prefill 128 rows x 64 keys, 4 warps, and 128 keys with 8 warps when rows see >= 2048 keys
+    # (the long loop amortizes the deeper pipeline). Splits: at most 32 per sequence, and >= 512
+    # keys once the batch alone makes half the target's programs (schedule.split_size says
+    # why). Decode launches of >= 3 programs per SM take 1-warp tiles of 32 keys x 4 stages:
+    # several programs in flight per SM hide memory latency better than one wide one, split
+    # launches included (whose variant TritonPagedAttention.warm_up compiles); with few
+    # programs the wide tile is faster.
     dec = TileConfig(block_q=max(1, 16 // g_pad), block_n=128, num_warps=4, num_stages=3)
     many = TileConfig(block_q=dec.block_q, block_n=32, num_warps=1, num_stages=4)
     pre = TileConfig(block_q=max(1, 128 // g_pad), block_n=64, num_warps=4, num_stages=3)

@@ -25,31 +25,25 @@ an empty inner node holding the subtree, and the subtree is reachable again as s
 the prefix is recomputed and republished, exactly as the hash chain's orphaned hashes
 become reachable again. Empty nodes without children are pruned at once.
 
-Where it beats the hash chain and where it does not (reasoning, CPU measurements of
-benchmarks/prefix_cache.py on a shared 2-core machine, and the H200 runs in
-benchmarks/RESULTS.md, "Prefix caches" and "Host (CPU) tier": at the Llama-3.1-8B shape the
-two found the same hits on every trace (87.8% shared, 82.8% chat; with the CPU tier under a
-1536-block pool 84.4% and 82.8%), throughput within 4% on the warm chat trace, and the
-tree's host time per 1-2k-token request 103-158 us against the chain's 39-66 us):
+Where it beats the hash chain and where it does not (reasoning, and what
+`benchmarks/prefix_cache.py` measures: the two find the same hits on every trace, with or
+without the CPU tier, throughput is the same within noise, and the tree costs the host more
+per request):
 - Hits, evictions, TTFT and throughput: no difference, by construction. Both follow the
   reference policy block for block (the conformance suite checks it), so hit rates are
-  identical on every trace (CPU, tiny model: 48.3% shared, 62.1% chat, for both; 67.0% for
-  both with a 48-block pool that evicted 40 cached blocks and preempted 10 times) and
-  greedy outputs are the same. The CPU TTFT / tok/s differences
-  were within the noise of the shared cores.
+  identical on every trace (a small pool that evicts and preempts included) and greedy
+  outputs are the same.
 - Collisions: lookups compare token ids, so a colliding or forged block hash makes a miss
   where the chain would serve another prompt's KV (tests/blocks/test_radix.py); only a
   collision of a parent's hash at publish time can misplace a block. In practice both
   rest on the same 128-bit bound. (Linking a published block to its parent by the
   request's previous block id instead of its hash would remove that last dependence.)
 - Inspection: the cache is a tree a notebook can walk (`prefixes()`, `num_nodes()`).
-- Host cost: it is slower. Per 1-2k-token request (99 blocks of 16; best of 5, prefix cache
-  alone; two runs on the loaded machine) the hash chain's lookup + publish + free took
-  103 / 325 us and the tree's 337 / 706 us (2-3x: a token tuple, a dict probe and a node
-  per block), on top of the 505 / 1044 us of hashing both pay (the manager still hashes:
-  the contract and the tree's publish take hashes). That is +40% of the prefix cache's
-  host time, 0.2-0.4 ms per admitted request: small against a GPU prefill of that prompt,
-  but not zero on a host-bound step. A tree that linked blocks by id would need no hashes,
+- Host cost: it is slower. Its lookup + publish + free cost 2-3x the hash chain's (a token
+  tuple, a dict probe and a node per block), on top of the hashing both pay (the manager
+  still hashes: the contract and the tree's publish take hashes): a fraction of a
+  millisecond per 1-2k-token request, small against a GPU prefill of that prompt, but not
+  zero on a host-bound step. A tree that linked blocks by id would need no hashes,
   and then, skipping the chain's BLAKE2b, it would cost the host less than the chain.
 - Not done here (the shared policy forbids it for every allocator): dedup of a prefix
   computed twice by requests admitted in the same step (SGLang repoints the later request

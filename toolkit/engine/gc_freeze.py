@@ -4,9 +4,10 @@ A step allocates thousands of small objects (lists, dicts, the step's result), s
 collector runs several young-generation passes per step, and every so often a full pass
 over every tracked object in the process: the model's modules, torch, transformers and
 Triton's caches, several hundred thousand objects that a step never makes garbage of. That
-full pass is a pause inside some step: on the H200 machine 250-300 ms a pass over ~470k
-objects, 1-3 passes in an 11 s generate of the nano-vllm workload (`benchmarks/engine_core.py`
-counts them; RESULTS.md, "Engine core"); with the heap frozen, 22 ms of passes in all.
+full pass is a pause inside some step: hundreds of milliseconds a pass over a heap of
+several hundred thousand objects, a few times a run; with the heap frozen the passes left
+are small (`benchmarks/engine_core.py` counts them;
+docs/decisions/0007-gc-freeze-during-generate.md).
 
 `frozen_heap()` moves every object alive when a loop starts into the collector's permanent
 generation for the loop's duration (`gc.freeze`), so the passes inside the loop look only at
@@ -19,8 +20,8 @@ Inside the block the young generation's threshold is also raised, from Python's 
 YOUNG_THRESHOLD container allocations (restored at the end). A decode step at batch 256
 allocates a few thousand containers (the step's scheduled requests, block-table copies,
 outputs), most of them dead by the step's end; at 700 a young pass ran about once a step
-over the step's live objects: 989 young passes, 125 ms, in a 6.0 s generate of the nano
-workload on the H200 (2026-12-02 (p)), host time inside steps whose pace is the host's.
+over the step's live objects, host time inside steps whose pace is the host's (about 2% of
+a nano-workload generate on the H200).
 Passes 30x rarer find most of those objects freed already by reference counting; garbage
 cycles wait at most that many allocations longer.
 """

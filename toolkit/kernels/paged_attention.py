@@ -14,9 +14,9 @@ program writes its normalized partial output and log-sum-exp, merged later by
 toolkit.kernels.merge_attention_states, or, with FUSE_MERGE, in the same launch: each
 program counts itself done on its (partial row, KV head) counter, and the sequence's last
 split to finish merges the partials and resets the counter to zero for the next launch (one
-kernel instead of two; H200: equal to two launches or up to 2 points of copy bandwidth
-better, benchmarks/RESULTS.md, attention (j); merging 4 splits per round trip in series had
-been 1.2-1.5x slower, attention (b)).
+kernel instead of two; the last split loads up to 16 partials as one tile, so the merge is one
+L2 round trip rather than a serial chain of them, which is what made an earlier fused merge
+slower than two launches: docs/decisions/0010-split-merge-in-the-decode-launch.md).
 """
 
 from __future__ import annotations
@@ -247,9 +247,9 @@ def paged_attention(
     An fp8 (e4m3fn) cache holds K / k_scale and V / v_scale: tiles are converted to q's dtype
     (exact), k_scale is folded into the softmax scale and v_scale into the output. Under a
     bf16 q the tiles and q are converted to fp16 instead: e4m3 -> fp16 is exact and has a
-    native conversion on Hopper (cvt.rn.f16x2.e4m3x2), and converting to bf16 made fp8 decode
-    slower than bf16's (H200: 0.83-1.15x of bf16 before, 1.27-1.61x after; benchmarks/
-    RESULTS.md, "FP8 KV cache"). q -> fp16 keeps more mantissa than bf16 and is exact for
+    native conversion on Hopper (cvt.rn.f16x2.e4m3x2), while converting to bf16 made fp8 decode
+    no faster than a bf16 cache's (docs/decisions/0011-fp8-kv-cache-scales-and-fp16-math.md;
+    `benchmarks/fp8_kv.py` times it). q -> fp16 keeps more mantissa than bf16 and is exact for
     |q| < 65504; the products still accumulate in fp32.
     """
     check_scales(kv_cache, k_scale, v_scale)

@@ -22,10 +22,10 @@ seconds of admitting a request.
   no per-token term fits.
 - mixed_ktokens: prefill_tokens x decode_seqs / 1000 in a step that is not eager: a prompt
   chunk beside many decodes costs more than the two apart (H200, 8B: 333 prompt tokens beside
-  ~120 decodes, 17.1 ms of GPU time against 12.6 modelled without it; with it, fitted to one
-  load's steps, the other load's steps of that kind within 5%; benchmarks/RESULTS.md,
-  simulator (k)). Empirical: such steps run attention eagerly between CUDA-graph pieces,
-  and where the extra time goes is not measured.
+  ~120 decodes, 17.1 ms of GPU time against 12.6 modelled without it; with the term, a fit
+  to one load predicts the other load's steps of that kind within 5%;
+  docs/decisions/0008-simulator-cost-model.md). Empirical: such steps run attention eagerly
+  between CUDA-graph pieces, and where the extra time goes is not measured.
 
 Admission (`admission`, outside any step): the host seconds of `engine.add_request` for a
 prompt of n tokens, `per_request + per_token * n` (validating and copying the prompt ids,

@@ -220,8 +220,8 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                     k += 1
                 if k > frozen_at or host["steps"] >= refrozen_step + 256:
                     # what the run keeps (its requests, the recorder's steps) frozen as it
-                    # comes: with 1000 requests queued at 1.2x saturation the collector's
-                    # passes (7-8 of them full) took 0.9-1.2 s of a 27-30 s run (H200, RESULTS (k))
+                    # comes: with 1000 requests queued, unfrozen, the collector's full passes
+                    # over them took a few percent of a run (docs/decisions/0007-*.md)
                     heap.refreeze()
                     frozen_at, refrozen_step = k, host["steps"]
                 if not engine.has_unfinished():

@@ -18,13 +18,13 @@ piece allocates and drops is reused by the pieces and buckets captured after it 
 replay at the same time). Two per-layer tensors outlive their piece: q, which attention reads
 after the piece, and attention's output, which the next piece reads. Kept as they were (one
 of each per layer per bucket), they would cost 224 KiB a token of every bucket for
-Qwen3-0.6B (28 layers x 8 KiB): 0.8 GiB for the buckets to 512 tokens, 11.5 GiB to 8192;
-on the 8B, graphs to 1024 tokens took 8.4 GiB more than to 512 (RESULTS, engine core (n)).
+Qwen3-0.6B (28 layers x 8 KiB): 0.8 GiB for the buckets to 512 tokens, 11.5 GiB to 8192.
 So each attention output is a view of one buffer shared by every layer and bucket (a piece
 has read it before the next attention writes it), and the call keeps a weak view of q
 (`weak_view`): its memory goes back to the pool once the model drops q (inside the next
 piece's capture), for what is allocated after that, which runs after attention has read it.
-Graphs to 8192 tokens reserved 0.5 GiB more than graphs to 512 (RESULTS, engine core (p)).
+With both, graphs to 8192 tokens reserve about half a GiB more than graphs to 512
+(docs/decisions/0002-cuda-graphs-for-every-step.md; `benchmarks/capture_size.py`).
 
 Full graphs: a backend that declares `supports_static_decode` (Triton) can also run a decode
 step's attention over fixed-capacity tables (attention/static_plan.py), so each bucket gets

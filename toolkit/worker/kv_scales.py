@@ -16,9 +16,9 @@ e4m3's largest. Where the scales come from, first match wins:
    headroom of 448/200 = 2.24x (K) and 4.48x (V) above the calibration's largest value before
    e4m3 saturates at 448. e4m3 being floating point, a scale sets the range, not the relative
    precision (3 mantissa bits whatever the scale); headroom costs only at the small end, where
-   values fall into e4m3's subnormals. Measured on the embedded model (benchmarks/fp8_kv.py,
-   benchmarks/RESULTS.md): these constants gave the lowest KL of the scales tried (amax/448
-   and 2 x amax/448 for both), though the three are within a few tens of percent of each other.
+   values fall into e4m3's subnormals. Of the scales tried (these, amax/448 and 2 x amax/448
+   for both) these gave the lowest KL, though the three are within a few tens of percent of
+   each other (`benchmarks/fp8_kv.py`; docs/decisions/0011-fp8-kv-cache-scales-and-fp16-math.md).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 K_HEADROOM = 448 / 200          # vLLM: k_scale = amax / K_SCALE_CONSTANT (200)
 V_HEADROOM = 448 / 100          # vLLM: v_scale = amax / V_SCALE_CONSTANT (100)
-# what fp8 costs, measured (benchmarks/fp8_kv.py --mode cpu, benchmarks/RESULTS.md "FP8 KV cache"):
+# what fp8 costs, measured (`python -m benchmarks.fp8_kv --mode cpu`; docs/decisions/0011-*.md):
 # shown by the engine's repr and docs/interfaces.md next to the knob
 MEASURED_COST = ("measured on SmolLM2-135M vs float32: next-token KL 6.3e-3 nats, total variation "
                  "0.029, top-1 97.3%, greedy equal for 27% of 128 tokens before the first difference; "

@@ -2,9 +2,8 @@
 
 After the forward, a plain step still launched the LM head and the sampler from Python: about
 twenty kernels (eight of them Triton, each 20-40 us of host time) for 0.1-0.3 ms of GPU work.
-Measured without a profiler on the H200 (benchmarks/host_parts.py, RESULTS engine core (o)),
-that was 0.6-0.8 ms of host time in every step, and the nano workload's decode steps wait on
-the host.
+That is most of a millisecond of host time in every step (`benchmarks/host_parts.py`
+measures it without a profiler), and the nano workload's decode steps wait on the host.
 
 When the sampler says a step's sampling is its fused tail alone (`Sampler.graph_tail`: a
 fixed sequence of kernels over per-row tensors, no host decision), the rows are padded to a
