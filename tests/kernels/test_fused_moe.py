@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from moe_cases import routed
 
 from toolkit.kernels import moe_torch, reference_moe

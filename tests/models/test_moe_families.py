@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from moe_configs import MOE_FAMILIES, build_hf_moe, moe_config
 from paged import PagedRunner, greedy
+from safetensors.torch import load_file
 
 from toolkit import LLM, SamplingParams
 from toolkit.models import load_model
@@ -77,7 +77,6 @@ def test_greedy_on_the_paged_path_equals_hf_generate(family, checkpoint):
         assert g == _hf_greedy(hf, p, 8), family
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_greedy_through_llm_equals_hf_generate_under_preemption(family, checkpoint):
     hf, folder = checkpoint(family)
@@ -97,7 +96,7 @@ def test_greedy_through_llm_equals_hf_generate_under_preemption(family, checkpoi
 def test_every_checkpoint_tensor_fills_every_shard(family, checkpoint):
     """load_weights reports each (parameter, shard) written; a checkpoint of the family fills all
     of them: every expert's w1 / w3 / w2, the gates, the dense layers."""
-    hf, folder = checkpoint(family)
+    _, folder = checkpoint(family)
     model = load_model(folder)
     want = {(name, i) for name, n in model.expected_weights().items() for i in range(n)}
     got = model.load_weights(load_file(f"{folder}/model.safetensors").items())   # the checkpoint's names

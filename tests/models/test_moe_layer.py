@@ -10,7 +10,8 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from moe_configs import MOE_FAMILIES, build_hf_moe
 from paged import PagedRunner
 

@@ -94,6 +94,11 @@ def _launch(a, b, c, w, align, n, k_dim, top_k, glu, weighted, block_m, block_n,
                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
 
 
+def _block(n: int) -> int:
+    """A tile size for a dimension of n: a power of two in [16, 64] (tl.dot needs >= 16)."""
+    return max(16, min(64, triton.next_power_of_2(n)))
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, *, workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
                   block_m: int | None = None) -> torch.Tensor:
@@ -118,8 +123,6 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()           # [T*k]
     bm = block_m or (16 if t * k <= 256 else 64)
     align = moe_align_block_size(topk_ids, e, bm)
-    bn = lambda n: max(16, min(64, triton.next_power_of_2(n)))                  # noqa: E731
-    bk = lambda kk: max(16, min(64, triton.next_power_of_2(kk)))                # noqa: E731
-    _launch(x, w13, h, weights, align, i, d, k, True, False, bm, bn(i), bk(d))   # h = silu(x W1) * x W3
-    _launch(h, w2, y, weights, align, d, i, 1, False, True, bm, bn(d), bk(i))    # y = w * h W2
+    _launch(x, w13, h, weights, align, i, d, k, True, False, bm, _block(i), _block(d))   # h = silu(x W1) * x W3
+    _launch(h, w2, y, weights, align, d, i, 1, False, True, bm, _block(d), _block(i))    # y = w * h W2
     return y.view(t, k, d).sum(dim=1, dtype=torch.float32).to(x.dtype)         # [T, D]

@@ -21,10 +21,10 @@ from toolkit.models.llama import STACKED, head_dim_of
 
 
 class MoeDecoderLayer(nn.Module):
-    def __init__(self, m: "MoeCausalLM", attn: nn.Module, mlp: nn.Module, mlp_name: str) -> None:
+    def __init__(self, m: MoeCausalLM, attn: nn.Module, mlp: nn.Module, mlp_name: str) -> None:
         super().__init__()
         c = m.config
-        norm = dict(ops=m.ops, dtype=m.dtype, device=m.device)
+        norm = {"ops": m.ops, "dtype": m.dtype, "device": m.device}
         self.self_attn, self.mlp_name = attn, mlp_name
         setattr(self, mlp_name, mlp)               # Hugging Face's name: `mlp` or `block_sparse_moe`
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm)

@@ -53,7 +53,7 @@ class OlmoeAttention(nn.Module):
         if h_kv < g.size:
             raise ValueError(f"OLMoE's k norm spans all KV heads: {h_kv} KV heads cannot be split over "
                              f"tensor_parallel_size {g.size}; valid sizes divide {h_kv}")
-        norm = dict(eps=c.rms_norm_eps, group=g, dtype=m.dtype, device=m.device)
+        norm = {"eps": c.rms_norm_eps, "group": g, "dtype": m.dtype, "device": m.device}
         self.q_norm = WidthRMSNorm(h * d, self.qkv_proj.parts["q"][1], **norm)
         self.k_norm = WidthRMSNorm(h_kv * d, self.qkv_proj.parts["k"][1], **norm)
         self.clip = getattr(c, "clip_qkv", None)
