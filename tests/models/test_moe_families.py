@@ -135,3 +135,29 @@ def test_a_bad_expert_shard_names_what_is_valid():
         FusedMoE(3, 8, 6, dtype=torch.float32, device="cpu", group=type("G", (), {"rank": 0, "size": 4})())
     with pytest.raises(ValueError, match=r"num_experts_per_tok must be in \[1, 3\]"):
         SparseMoeBlock(3, 4, 8, 6, True, dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_on_the_gpu_the_fused_kernel_serves_the_family(family, checkpoint):
+    """On CUDA (kernels="auto": the Triton fused MoE and model kernels), float32: the ragged
+    logits stay close to Hugging Face's on the GPU and greedy decoding equals its generate."""
+    hf, folder = checkpoint(family)
+    model = load_model(folder, device="cuda")
+    experts = next(m for m in model.modules() if isinstance(m, FusedMoE))
+    assert experts.impl.__module__ == "toolkit.kernels.fused_moe"
+    hf = hf.to("cuda")
+    try:
+        toks = [5, 17, 99, 3, 42, 8, 150, 7, 7, 200, 60]
+        runner = PagedRunner(model, block_size=4)
+        got = runner.step([runner.new_table()], [toks], [0])
+        with torch.no_grad():
+            want = hf(torch.tensor([toks], device="cuda")).logits[0].float()
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+        prompt = toks[:7]
+        ids = torch.tensor([prompt], device="cuda")
+        want_ids = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert greedy(model, [prompt], max_new_tokens=8)[0] == want_ids
+    finally:
+        hf.to("cpu")
