@@ -23,9 +23,10 @@ def moe_config(family: str) -> Any:
         return tf.Qwen3MoeConfig(**small, head_dim=16, intermediate_size=56, moe_intermediate_size=24,
                                  num_experts=7, num_experts_per_tok=3, norm_topk_prob=True,
                                  decoder_sparse_step=1, mlp_only_layers=[1], tie_word_embeddings=False)
-    if family == "olmoe":        # 6 experts top-2, not renormalised; q/k norm over the full width, clip
+    if family == "olmoe":        # 6 experts top-2, not renormalised; q/k norm over the full width; clip_qkv
+        # 1.5 clips about 12% of the normed q/k values
         return tf.OlmoeConfig(**small, intermediate_size=36, num_experts=6, num_experts_per_tok=2,
-                              norm_topk_prob=False, clip_qkv=4.0, pad_token_id=0, eos_token_id=1,
+                              norm_topk_prob=False, clip_qkv=1.5, pad_token_id=0, eos_token_id=1,
                               bos_token_id=2, tie_word_embeddings=False)
     raise ValueError(family)
 
