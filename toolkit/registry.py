@@ -40,6 +40,9 @@ REGISTRY: dict[str, dict[str, str | type]] = {
         "Gemma2ForCausalLM": "toolkit.models.gemma:Gemma2ForCausalLM",
         "Gemma3ForCausalLM": "toolkit.models.gemma:Gemma3ForCausalLM",
         "Phi3ForCausalLM": "toolkit.models.phi3:Phi3ForCausalLM",
+        "MixtralForCausalLM": "toolkit.models.mixtral:MixtralForCausalLM",
+        "Qwen3MoeForCausalLM": "toolkit.models.qwen3_moe:Qwen3MoeForCausalLM",
+        "OlmoeForCausalLM": "toolkit.models.olmoe:OlmoeForCausalLM",
     },
     "proposer": {
         "ngram": "toolkit.samplers.speculative.ngram:NgramProposer",
