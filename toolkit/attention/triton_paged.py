@@ -227,7 +227,7 @@ class TritonPagedAttention:
         if len(self.schedule.decode):
             # the tile by launch size, split launches included (their rows are the splits);
             # warm_up() compiles the split variant of decode_many, which short warm-up steps
-            # never launch (first seen inside generate it compiled there: H200, 2026-12-02 (f))
+            # never launch (otherwise the first long decode inside generate compiles it)
             t = cfg.decode_tile(len(self.schedule.decode) * self.num_kv_heads)
             fused = self._part_out is not None and cfg.fused_merge
             merge = dict(merge_rows=work["merge"], counters=self._counters) if fused else {}

@@ -17,6 +17,15 @@ from toolkit.models.layers.linear import mark, vector
 from toolkit.models.layers.parallel import shape_of, take
 
 
+def copy_whole(param: nn.Parameter, loaded: Any, what: str, offset: float = 0.0) -> None:
+    """A norm's checkpoint tensor, whole on every rank (+ offset, in float32)."""
+    if shape_of(loaded) != tuple(param.shape):
+        raise ValueError(f"shape mismatch for {what}: checkpoint has {shape_of(loaded)}, the "
+                         f"model expects {tuple(param.shape)}")
+    value = take(loaded)
+    param.data.copy_(value.float() + offset if offset else value)
+
+
 class RMSNorm(nn.Module):
     init = "ones"
 
@@ -27,10 +36,7 @@ class RMSNorm(nn.Module):
                            self.init)
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        if shape_of(loaded) != tuple(param.shape):
-            raise ValueError(f"shape mismatch for a norm: checkpoint has {shape_of(loaded)}, the "
-                             f"model expects {tuple(param.shape)}")
-        param.data.copy_(take(loaded))
+        copy_whole(param, loaded, "a norm")
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,10 +53,7 @@ class GemmaRMSNorm(RMSNorm):
     init = "zeros"
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        if shape_of(loaded) != tuple(param.shape):
-            raise ValueError(f"shape mismatch for a norm: checkpoint has {shape_of(loaded)}, the "
-                             f"model expects {tuple(param.shape)}")
-        param.data.copy_(take(loaded).float() + 1.0)
+        copy_whole(param, loaded, "a norm", offset=1.0)
 
 
 class LayerNorm(nn.Module):
@@ -66,10 +69,7 @@ class LayerNorm(nn.Module):
         self.bias = mark(vector(n, dtype, dev), self._load, [(None, (n,))], "zeros") if bias else None
 
     def _load(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        if shape_of(loaded) != tuple(param.shape):
-            raise ValueError(f"shape mismatch for a layer norm: checkpoint has {shape_of(loaded)}, "
-                             f"the model expects {tuple(param.shape)}")
-        param.data.copy_(take(loaded))
+        copy_whole(param, loaded, "a layer norm")
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
