@@ -6,10 +6,13 @@ attention reuses it), runs the model, gathers the rows that produce a token
 (`logits_indices [N]`) and samples them. A request verifying k draft tokens owns 1 + k
 consecutive rows (row j predicts the token after drafts[:j]).
 
-The forward is launched before the sampling metadata and grammar bitmasks are built, so
-that host work overlaps the GPU's. `launch` returns a `Launched` (worker/inflight.py) whose
-tokens may still be on the device; with async scheduling the next step's placeholder input
-ids are gathered from them on the device (`prepare(out, prev)`); `launch(out).result()` runs a step synchronously.
+A step is two calls (vLLM V1's split): `execute_model(out, prev)` prepares the batch and
+launches the forward through the executor (this process's ModelRunner, or N tensor-parallel
+ranks'); `sample_tokens(forwarded, grammars, ended)` builds the sampling metadata and the
+grammar bitmasks and samples, so that host work overlaps the GPU's forward. It returns a
+`Launched` (worker/inflight.py) whose tokens may still be on the device; with async
+scheduling the next step's placeholder input ids are gathered from them on the device
+(`prepare(out, prev)`). `launch(out).result()` runs both, synchronously.
 """
 
 from __future__ import annotations
