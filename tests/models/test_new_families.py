@@ -200,3 +200,46 @@ def test_cuda_graphs_replay_the_new_families_as_eager_runs_them(family):
             if graphs:
                 assert llm.engine.runner.graphs is not None
     assert got[0] == got[1]
+
+
+class _Recording:
+    """A LinearMethod of one's own: dense arithmetic that counts its calls, as a quantized or
+    LoRA method would plug in (toolkit/models/layers/linear.py's protocol)."""
+
+    def __init__(self, name: str, calls: dict) -> None:
+        from toolkit.models.layers import UnquantizedLinearMethod
+
+        self.name, self.calls, self.dense = name, calls, UnquantizedLinearMethod()
+
+    def create_weights(self, layer, in_features, out_features, dtype, device) -> None:
+        self.dense.create_weights(layer, in_features, out_features, dtype, device)
+
+    def apply(self, layer, x, bias=None):
+        self.calls[self.name] = self.calls.get(self.name, 0) + 1
+        return self.dense.apply(layer, x, bias)
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_a_linear_method_plugs_into_every_linear_layer_by_name(family, checkpoint):
+    """load_model(linear_method=): every linear layer asks for its method by its module name,
+    loads the checkpoint into it and runs it; no model file knows of the method."""
+    from toolkit.models.layers import LinearMethod
+    from toolkit.models.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    hf, folder = checkpoint(family)
+    asked, calls = [], {}
+
+    def method_for(name: str):
+        asked.append(name)
+        return _Recording(name, calls) if name.endswith(("qkv_proj", "down_proj")) else None
+
+    model = load_model(folder, linear_method=method_for)
+    linears = {n for n, mod in model.named_modules() if isinstance(mod, (ColumnParallelLinear, RowParallelLinear))}
+    assert set(asked) == linears and len(asked) == len(linears)          # every one, by its own name
+    assert all(isinstance(m.method, LinearMethod) for n, m in model.named_modules() if n in linears)
+    tokens = {s: list(range(3, 3 + sum(c))) for s, c in SCHEDULE.items()}
+    got = _schedule_logits(model, tokens, PagedRunner(model, block_size=4))
+    assert set(calls) == {n for n in linears if n.endswith(("qkv_proj", "down_proj"))}
+    with torch.no_grad():
+        want = hf(torch.tensor([tokens["a"]])).logits[0].float()
+    torch.testing.assert_close(got["a"], want, rtol=1e-4, atol=1e-4)

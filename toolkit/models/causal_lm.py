@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from toolkit.models.base import LayerAttention, ModelSpec, eos_ids
 from toolkit.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from toolkit.models.layers.linear import LinearMethod
 from toolkit.models.layers.parallel import single_process
 from toolkit.models.ops import model_ops
 
@@ -38,9 +39,13 @@ class CausalLM(nn.Module):
 
     def __init__(self, config: Any, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", group: Any = None, kernels: str = "auto",
-                 eos_token_ids: list[int] | None = None) -> None:
+                 eos_token_ids: list[int] | None = None,
+                 linear_method: Callable[[str], LinearMethod | None] | None = None) -> None:
         super().__init__()
         self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        # the layer's name (Hugging Face's module path) -> its arithmetic; None: dense. What a
+        # quantization config or LoRA plugs in, with no change to a model file
+        self.linear_method = linear_method
         self.group = group if group is not None else single_process()
         self.ops = model_ops(self.device, kernels)
         self._eos = tuple(eos_token_ids) if eos_token_ids is not None else eos_ids(config)
@@ -50,6 +55,12 @@ class CausalLM(nn.Module):
     def layout(self) -> dict[str, Any]:
         """dtype / device / group keywords of the layers."""
         return dict(dtype=self.dtype, device=self.device, group=self.group)
+
+    def linear(self, prefix: str) -> dict[str, Any]:
+        """The keywords of the linear layer named `prefix` (e.g. "model.layers.3.mlp.down_proj"):
+        layout() and the LinearMethod linear_method chose for it."""
+        method = self.linear_method(prefix) if self.linear_method is not None else None
+        return dict(self.layout(), method=method)
 
     def make_head(self, vocab_size: int, hidden: int, tied: bool) -> None:
         self.model.embed_tokens = VocabParallelEmbedding(vocab_size, hidden, **self.layout())

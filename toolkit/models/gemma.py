@@ -25,11 +25,11 @@ class GemmaAttention(nn.Module):
     def __init__(self, m: CausalLM, layer: int, kind: LayerAttention, rotary: RotaryEmbedding,
                  qk_norm: bool) -> None:
         super().__init__()
-        c, g = m.config, m.group
+        c, g, name = m.config, m.group, f"model.layers.{layer}.self_attn"
         h, h_kv, d = c.num_attention_heads, kv_heads_of(c), head_dim_of(c)
         bias = bool(getattr(c, "attention_bias", False))
-        self.qkv_proj = qkv(c.hidden_size, d, h, h_kv, bias, **m.layout())
-        self.o_proj = RowParallelLinear(h * d, c.hidden_size, bias, **m.layout(),
+        self.qkv_proj = qkv(c.hidden_size, d, h, h_kv, bias, **m.linear(f"{name}.qkv_proj"))
+        self.o_proj = RowParallelLinear(h * d, c.hidden_size, bias, **m.linear(f"{name}.o_proj"),
                                         cols=head_slice(h, d, g.rank, g.size))
         norm = dict(ops=m.ops, dtype=m.dtype, device=m.device)
         self.q_norm = GemmaRMSNorm(d, c.rms_norm_eps, **norm) if qk_norm else None
@@ -51,7 +51,8 @@ class GemmaDecoderLayer(nn.Module):
         norm = dict(ops=m.ops, dtype=m.dtype, device=m.device)
         self.self_attn = GemmaAttention(m, layer, kind, rotary, qk_norm)
         self.mlp = GatedMLP(m, c.hidden_size, c.intermediate_size, False,
-                            getattr(c, "hidden_activation", None) or "gelu_pytorch_tanh")
+                            getattr(c, "hidden_activation", None) or "gelu_pytorch_tanh",
+                            f"model.layers.{layer}.mlp")
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
             setattr(self, name, GemmaRMSNorm(c.hidden_size, c.rms_norm_eps, **norm))

@@ -44,10 +44,10 @@ class LlamaAttention(nn.Module):
     def __init__(self, m: "LlamaForCausalLM", layer: int, kind: LayerAttention, rotary: RotaryEmbedding,
                  qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
-        c, g, lay = m.config, m.group, m.layout()
+        c, g, name = m.config, m.group, f"model.layers.{layer}.self_attn"
         h, h_kv, d = c.num_attention_heads, kv_heads_of(c), head_dim_of(c)
-        self.qkv_proj = qkv(c.hidden_size, d, h, h_kv, qkv_bias, **lay)
-        self.o_proj = RowParallelLinear(h * d, c.hidden_size, o_bias, **lay,
+        self.qkv_proj = qkv(c.hidden_size, d, h, h_kv, qkv_bias, **m.linear(f"{name}.qkv_proj"))
+        self.o_proj = RowParallelLinear(h * d, c.hidden_size, o_bias, **m.linear(f"{name}.o_proj"),
                                         cols=head_slice(h, d, g.rank, g.size))
         self.q_norm = RMSNorm(d, c.rms_norm_eps, ops=m.ops, dtype=m.dtype, device=m.device) if qk_norm else None
         self.k_norm = RMSNorm(d, c.rms_norm_eps, ops=m.ops, dtype=m.dtype, device=m.device) if qk_norm else None
@@ -63,10 +63,12 @@ class LlamaAttention(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate(x)) * up(x)), gate | up merged: [T, D] -> [T, 2I / N] -> [T, I / N] -> [T, D]."""
 
-    def __init__(self, m: CausalLM, hidden: int, intermediate: int, bias: bool, act: str) -> None:
+    def __init__(self, m: CausalLM, hidden: int, intermediate: int, bias: bool, act: str,
+                 prefix: str) -> None:
         super().__init__()
-        self.gate_up_proj = merged_column(hidden, [intermediate, intermediate], bias, **m.layout())
-        self.down_proj = RowParallelLinear(intermediate, hidden, bias, **m.layout())
+        self.gate_up_proj = merged_column(hidden, [intermediate, intermediate], bias,
+                                          **m.linear(f"{prefix}.gate_up_proj"))
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias, **m.linear(f"{prefix}.down_proj"))
         self.act = glu(act, m.ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +84,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(m, layer, kind, rotary, flags["qkv_bias"], flags["o_bias"],
                                         flags["qk_norm"])
         self.mlp = GatedMLP(m, c.hidden_size, c.intermediate_size, bool(getattr(c, "mlp_bias", False)),
-                            getattr(c, "hidden_act", "silu"))
+                            getattr(c, "hidden_act", "silu"), f"model.layers.{layer}.mlp")
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm)
 

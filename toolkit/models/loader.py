@@ -87,6 +87,7 @@ def load_model(
     group: Any = None,
     kernels: str = "auto",
     model_impl: str = "auto",
+    linear_method: Any = None,
 ) -> torch.nn.Module:
     """A model from a local HF folder (safetensors, or .bin with load_format="pt") or random weights.
 
@@ -95,7 +96,8 @@ def load_model(
     activations stay finite in bf16 through many layers. group: this rank's tensor-parallel
     Group (None: one process); its layers read only their slices of each tensor. kernels:
     "auto" | "triton" | "cpu" | "torch" (toolkit/models/ops.py). model_impl: "auto" | "native"
-    | "transformers" (model_class).
+    | "transformers" (model_class). linear_method: layer name -> its LinearMethod (None: dense),
+    for a native model (a quantization config or LoRA plugs in here).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -111,8 +113,9 @@ def load_model(
         )
     cls = model_class(config, model_impl)
     fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
+    extra = {"linear_method": linear_method} if linear_method is not None else {}
     model = cls(config, dtype=dtype, device=device, group=group, kernels=kernels,
-                eos_token_ids=_eos_token_ids(folder, config))
+                eos_token_ids=_eos_token_ids(folder, config), **extra)
     if fmt == "dummy":
         model.init_random()
     else:

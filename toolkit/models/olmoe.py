@@ -45,11 +45,12 @@ class WidthRMSNorm(nn.Module):
 class OlmoeAttention(nn.Module):
     def __init__(self, m: MoeCausalLM, layer: int, kind: LayerAttention, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        c, g, lay = m.config, m.group, m.layout()
+        c, g, name = m.config, m.group, f"model.layers.{layer}.self_attn"
         h, h_kv, d = c.num_attention_heads, kv_heads_of(c), head_dim_of(c)
         bias = bool(getattr(c, "attention_bias", False))
-        self.qkv_proj = qkv(c.hidden_size, d, h, h_kv, bias, **lay)
-        self.o_proj = RowParallelLinear(h * d, c.hidden_size, bias, **lay, cols=head_slice(h, d, g.rank, g.size))
+        self.qkv_proj = qkv(c.hidden_size, d, h, h_kv, bias, **m.linear(f"{name}.qkv_proj"))
+        self.o_proj = RowParallelLinear(h * d, c.hidden_size, bias, **m.linear(f"{name}.o_proj"),
+                                        cols=head_slice(h, d, g.rank, g.size))
         if h_kv < g.size:
             raise ValueError(f"OLMoE's k norm spans all KV heads: {h_kv} KV heads cannot be split over "
                              f"tensor_parallel_size {g.size}; valid sizes divide {h_kv}")

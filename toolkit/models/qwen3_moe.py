@@ -23,6 +23,7 @@ class Qwen3MoeForCausalLM(MoeCausalLM):
         sparse = (layer not in (c.mlp_only_layers or []) and c.num_experts > 0
                   and (layer + 1) % c.decoder_sparse_step == 0)
         if not sparse:
-            return GatedMLP(self, c.hidden_size, c.intermediate_size, False, c.hidden_act)
+            return GatedMLP(self, c.hidden_size, c.intermediate_size, False, c.hidden_act,
+                            f"model.layers.{layer}.mlp")
         return self.sparse_block(c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size,
                                  renormalize=bool(c.norm_topk_prob))
