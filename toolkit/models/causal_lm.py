@@ -31,7 +31,7 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "self_attn.k_scale", "self_attn.v_sca
 class CausalLM(nn.Module):
     """Base of the native decoders. A subclass builds `self.model` (embed_tokens, layers,
     norm: Hugging Face's module names) and, unless tied, `self.lm_head`, then calls
-    `self.finish(spec)`."""
+    `self.finish(...)` with the numbers of its spec."""
 
     # checkpoint submodule -> (the merged submodule here, shard id), e.g. q_proj -> (qkv_proj, "q")
     stacked: dict[str, tuple[str, Any]] = {}
