@@ -232,3 +232,25 @@ def test_notebook_dir_finds_the_notebooks_folder_from_anywhere(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)                         # a kernel started elsewhere
     here = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
     assert notebook_dir() == here and (notebook_dir() / "03_attention.ipynb").exists()
+
+
+@pytest.mark.parametrize("total", [40, 65536])
+def test_the_kv_panel_keeps_a_readable_scale(total):
+    """A cache far larger than the run's peak is named in the title, not drawn as a line that
+    would flatten the used and cached blocks to the axis; one of similar size is a line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from toolkit.engine.observe import StepRecord
+    from toolkit.notebook.plots import plot_steps
+
+    recs = [StepRecord(step=i, start_time=0.0, duration=0.0, grants={}, num_prefill_tokens=0,
+                       num_decode_tokens=4, num_draft_tokens=0, num_accepted_tokens=0, num_running=4,
+                       num_waiting=0, num_preempted=0, num_finished=0, kv_blocks_used=10 + i,
+                       kv_blocks_cached=5, kv_blocks_total=total) for i in range(8)]
+    fig = plot_steps(recs)
+    kv = fig.axes[2]
+    lines = [ln for ln in kv.get_lines() if ln.get_label() == "total"]
+    if total == 40:
+        assert lines and kv.get_ylim()[1] >= 40 and kv.get_title() == "KV cache"
+    else:
+        assert not lines and kv.get_ylim()[1] < 30 and "65,536" in kv.get_title()

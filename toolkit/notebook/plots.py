@@ -30,11 +30,18 @@ def plot_steps(records: Sequence[StepRecord], axes: Any = None, title: str | Non
     if pre:
         b.scatter(*zip(*pre), marker="x", color="tab:red", label="preempted", zorder=3)
     b.set(xlabel="step", ylabel="requests", title="queue depths")
-    c.fill_between(steps, [r.kv_blocks_used for r in records], step="post", alpha=0.5, label="used")
-    c.step(steps, [r.kv_blocks_cached for r in records], where="post", color="tab:green", label="cached")
-    if records:
-        c.axhline(records[-1].kv_blocks_total, color="k", ls="--", lw=0.8, label="total")
-    c.set(xlabel="step", ylabel="KV blocks", title="KV cache")
+    used, cached = [r.kv_blocks_used for r in records], [r.kv_blocks_cached for r in records]
+    c.fill_between(steps, used, step="post", alpha=0.5, label="used")
+    c.step(steps, cached, where="post", color="tab:green", label="cached")
+    total = records[-1].kv_blocks_total if records else 0
+    peak = max(used + cached, default=0)
+    if total and total <= 4 * peak:      # the cache's size as a line where it fits the scale
+        c.axhline(total, color="k", ls="--", lw=0.8, label="total")
+        c.set(title="KV cache")
+    else:                                # a cache far larger than the run: a line at its size
+        c.set(title=f"KV cache (of {total:,} blocks)")   # would flatten used and cached to 0
+        c.set_ylim(top=max(1.0, 1.15 * peak))
+    c.set(xlabel="step", ylabel="KV blocks")
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
