@@ -13,7 +13,8 @@ At TP=1 the group is `SingleProcess` and these are plain linear layers: one code
 A layer owns the layout (which rows or columns of which checkpoint tensor its rank holds);
 its `LinearMethod` owns the arithmetic and the parameters that hold the weight (dense today;
 quantized forms and LoRA wrap or replace it without a model-file change). Every parameter
-carries three attributes the loaders read:
+carries three attributes the loaders read (the layer's, unless the method set its own on a
+parameter, e.g. a quantization scale):
     weight_loader(param, loaded, shard_id)   copies this rank's part of a checkpoint tensor
     shards        [(shard_id, full checkpoint shape)]: what a checkpoint must provide
     init          "normal" | "zeros" | "ones": the random-weights rule
@@ -100,8 +101,9 @@ class ColumnParallelLinear(nn.Module):
             self.offsets[sid], off = off, off + s.size
         self.method.create_weights(self, in_features, self.out_features, dtype, device)
         shards = [(sid, (rows, in_features)) for sid, (rows, _) in parts.items()]
-        for _, p in self.named_parameters(recurse=False):       # the method's weights
-            mark(p, self.weight_loader, shards, "normal")
+        for _, p in self.named_parameters(recurse=False):       # the method's weights, unless
+            if not hasattr(p, "weight_loader"):                  # it placed them itself (scales)
+                mark(p, self.weight_loader, shards, "normal")
         self.bias = None
         if bias:
             self.bias = mark(vector(self.out_features, dtype, device), self.weight_loader,
@@ -185,8 +187,9 @@ class RowParallelLinear(nn.Module):
         self.in_full, self.out_features = in_features, out_features
         self.cols = cols if cols is not None else even_slice(in_features, self.group.rank, self.group.size)
         self.method.create_weights(self, self.cols.size, out_features, dtype, device)
-        for n, p in self.named_parameters(recurse=False):
-            mark(p, self.weight_loader, [(None, (out_features, in_features))], "normal")
+        for _, p in self.named_parameters(recurse=False):       # as ColumnParallelLinear's
+            if not hasattr(p, "weight_loader"):
+                mark(p, self.weight_loader, [(None, (out_features, in_features))], "normal")
         self.bias = None
         if bias:
             self.bias = mark(vector(out_features, dtype, device), self.weight_loader,
