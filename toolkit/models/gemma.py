@@ -16,31 +16,8 @@ from torch import nn
 
 from toolkit.models.base import LayerAttention, layer_kinds
 from toolkit.models.causal_lm import CausalLM
-from toolkit.models.layers import Attention, GemmaRMSNorm, RotaryEmbedding, RowParallelLinear, qkv
-from toolkit.models.layers.parallel import head_slice
-from toolkit.models.llama import STACKED, GatedMLP, head_dim_of, kv_heads_of
-
-
-class GemmaAttention(nn.Module):
-    def __init__(self, m: CausalLM, layer: int, kind: LayerAttention, rotary: RotaryEmbedding,
-                 qk_norm: bool) -> None:
-        super().__init__()
-        c, g, name = m.config, m.group, f"model.layers.{layer}.self_attn"
-        h, h_kv, d = c.num_attention_heads, kv_heads_of(c), head_dim_of(c)
-        bias = bool(getattr(c, "attention_bias", False))
-        self.qkv_proj = qkv(c.hidden_size, d, h, h_kv, bias, **m.linear(f"{name}.qkv_proj"))
-        self.o_proj = RowParallelLinear(h * d, c.hidden_size, bias, **m.linear(f"{name}.o_proj"),
-                                        cols=head_slice(h, d, g.rank, g.size))
-        norm = dict(ops=m.ops, dtype=m.dtype, device=m.device)
-        self.q_norm = GemmaRMSNorm(d, c.rms_norm_eps, **norm) if qk_norm else None
-        self.k_norm = GemmaRMSNorm(d, c.rms_norm_eps, **norm) if qk_norm else None
-        self.attn = Attention(layer, self.qkv_proj.parts["q"][1].size // d,
-                              self.qkv_proj.parts["k"][1].size // d, d, kind, rotary)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, backend: Any) -> torch.Tensor:
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        norm = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None else None
-        return self.o_proj(self.attn(positions, q, k, v, backend, norm))
+from toolkit.models.layers import GemmaRMSNorm, RotaryEmbedding
+from toolkit.models.llama import STACKED, GatedMLP, LlamaAttention, head_dim_of
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -49,7 +26,8 @@ class GemmaDecoderLayer(nn.Module):
         super().__init__()
         c = m.config
         norm = dict(ops=m.ops, dtype=m.dtype, device=m.device)
-        self.self_attn = GemmaAttention(m, layer, kind, rotary, qk_norm)
+        bias = bool(getattr(c, "attention_bias", False))
+        self.self_attn = LlamaAttention(m, layer, kind, rotary, bias, bias, GemmaRMSNorm if qk_norm else False)
         self.mlp = GatedMLP(m, c.hidden_size, c.intermediate_size, False,
                             getattr(c, "hidden_activation", None) or "gelu_pytorch_tanh",
                             f"model.layers.{layer}.mlp")

@@ -41,16 +41,20 @@ def kv_heads_of(config: Any) -> int:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, m: "LlamaForCausalLM", layer: int, kind: LayerAttention, rotary: RotaryEmbedding,
-                 qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, m: CausalLM, layer: int, kind: LayerAttention, rotary: RotaryEmbedding,
+                 qkv_bias: bool, o_bias: bool, qk_norm: bool | type = False) -> None:
+        """qk_norm: an RMSNorm over each head of q and k before rotary (True: RMSNorm; or the
+        norm class, e.g. GemmaRMSNorm)."""
         super().__init__()
         c, g, name = m.config, m.group, f"model.layers.{layer}.self_attn"
         h, h_kv, d = c.num_attention_heads, kv_heads_of(c), head_dim_of(c)
         self.qkv_proj = qkv(c.hidden_size, d, h, h_kv, qkv_bias, **m.linear(f"{name}.qkv_proj"))
         self.o_proj = RowParallelLinear(h * d, c.hidden_size, o_bias, **m.linear(f"{name}.o_proj"),
                                         cols=head_slice(h, d, g.rank, g.size))
-        self.q_norm = RMSNorm(d, c.rms_norm_eps, ops=m.ops, dtype=m.dtype, device=m.device) if qk_norm else None
-        self.k_norm = RMSNorm(d, c.rms_norm_eps, ops=m.ops, dtype=m.dtype, device=m.device) if qk_norm else None
+        norm_cls = RMSNorm if qk_norm is True else qk_norm
+        norm = dict(ops=m.ops, dtype=m.dtype, device=m.device)
+        self.q_norm = norm_cls(d, c.rms_norm_eps, **norm) if norm_cls else None
+        self.k_norm = norm_cls(d, c.rms_norm_eps, **norm) if norm_cls else None
         self.attn = Attention(layer, self.qkv_proj.parts["q"][1].size // d,
                               self.qkv_proj.parts["k"][1].size // d, d, kind, rotary)
 
@@ -75,16 +79,17 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, m: "LlamaForCausalLM", layer: int, kind: LayerAttention, rotary: RotaryEmbedding,
-                 flags: dict[str, bool]) -> None:
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer: attention and an MLP, an RMSNorm before each, one residual
+    stream (the norms fuse its add). mlp_name: Hugging Face's module name of the MLP (`mlp`,
+    or Mixtral's `block_sparse_moe`)."""
+
+    def __init__(self, m: CausalLM, attn: nn.Module, mlp: nn.Module, mlp_name: str = "mlp") -> None:
         super().__init__()
         c = m.config
         norm = dict(ops=m.ops, dtype=m.dtype, device=m.device)
-        self.self_attn = LlamaAttention(m, layer, kind, rotary, flags["qkv_bias"], flags["o_bias"],
-                                        flags["qk_norm"])
-        self.mlp = GatedMLP(m, c.hidden_size, c.intermediate_size, bool(getattr(c, "mlp_bias", False)),
-                            getattr(c, "hidden_act", "silu"), f"model.layers.{layer}.mlp")
+        self.self_attn, self.mlp_name = attn, mlp_name
+        setattr(self, mlp_name, mlp)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm)
 
@@ -93,7 +98,7 @@ class LlamaDecoderLayer(nn.Module):
         h, residual = self.input_layernorm(x, residual)
         h = self.self_attn(positions, h, backend)
         h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        return getattr(self, self.mlp_name)(h), residual
 
 
 class LlamaForCausalLM(CausalLM):
@@ -117,7 +122,10 @@ class LlamaForCausalLM(CausalLM):
         self.model = nn.Module()
         tied = bool(getattr(c, "tie_word_embeddings", False))
         self.make_head(c.vocab_size, c.hidden_size, tied)
-        self.model.layers = nn.ModuleList(LlamaDecoderLayer(self, i, kinds[i], rotary, flags) for i in range(n))
+        self.model.layers = nn.ModuleList(DecoderLayer(
+            self, LlamaAttention(self, i, kinds[i], rotary, flags["qkv_bias"], flags["o_bias"], flags["qk_norm"]),
+            GatedMLP(self, c.hidden_size, c.intermediate_size, bool(getattr(c, "mlp_bias", False)),
+                     getattr(c, "hidden_act", "silu"), f"model.layers.{i}.mlp")) for i in range(n))
         self.model.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, ops=self.ops, dtype=self.dtype,
                                   device=self.device)
         a = self.model.layers[0].self_attn.attn

@@ -17,25 +17,7 @@ from toolkit.models.base import LayerAttention, layer_kinds
 from toolkit.models.causal_lm import CausalLM
 from toolkit.models.layers import RMSNorm, RotaryEmbedding
 from toolkit.models.layers.moe import SparseMoeBlock, expert_shard
-from toolkit.models.llama import STACKED, head_dim_of
-
-
-class MoeDecoderLayer(nn.Module):
-    def __init__(self, m: MoeCausalLM, attn: nn.Module, mlp: nn.Module, mlp_name: str) -> None:
-        super().__init__()
-        c = m.config
-        norm = {"ops": m.ops, "dtype": m.dtype, "device": m.device}
-        self.self_attn, self.mlp_name = attn, mlp_name
-        setattr(self, mlp_name, mlp)               # Hugging Face's name: `mlp` or `block_sparse_moe`
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
-                backend: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(positions, h, backend)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return getattr(self, self.mlp_name)(h), residual
+from toolkit.models.llama import STACKED, DecoderLayer, head_dim_of
 
 
 class MoeCausalLM(CausalLM):
@@ -54,7 +36,7 @@ class MoeCausalLM(CausalLM):
         self.model = nn.Module()
         self.make_head(c.vocab_size, c.hidden_size, bool(getattr(c, "tie_word_embeddings", False)))
         self.model.layers = nn.ModuleList(
-            MoeDecoderLayer(self, self.attention(i, kinds[i], rotary), self.mlp(i), self.mlp_name) for i in range(n))
+            DecoderLayer(self, self.attention(i, kinds[i], rotary), self.mlp(i), self.mlp_name) for i in range(n))
         self.model.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, ops=self.ops, dtype=self.dtype, device=self.device)
         a = self.model.layers[0].self_attn.attn
         self.finish(num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=d, hidden=c.hidden_size,
