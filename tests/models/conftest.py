@@ -12,7 +12,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))   # the test-only helpers in paged.py
 
-from model_configs import build_hf
+from model_configs import NEW_FAMILIES, build_hf, build_hf_new
+from moe_configs import MOE_FAMILIES, build_hf_moe
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,8 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], t
 
     def get(family: str) -> tuple[torch.nn.Module, Path]:
         if family not in made:
-            hf = build_hf(family)
+            build = build_hf_new if family in NEW_FAMILIES else build_hf_moe if family in MOE_FAMILIES else build_hf
+            hf = build(family)
             folder = tmp_path_factory.mktemp(family)
             hf.save_pretrained(folder)
             made[family] = (hf, folder)

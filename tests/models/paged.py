@@ -94,3 +94,23 @@ def greedy(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int
         logits = runner.step(tables, [[t] for t in nxt], starts)
         nxt = logits.argmax(-1).tolist()
     return out
+
+
+def run_schedule(runner: PagedRunner, schedule: dict[str, list[int]],
+                 tokens: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    """The logits [S, V] of every token of every sequence, run step by step: step i gives
+    sequence s its next schedule[s][i] tokens (0: it sits the step out; a 1 after its prompt
+    is a decode), all of the step's sequences in one ragged batch."""
+    tables = {s: runner.new_table() for s in schedule}
+    done = {s: 0 for s in schedule}
+    got: dict[str, list[torch.Tensor]] = {s: [] for s in schedule}
+    vocab = runner.model.spec.vocab_size
+    for step in range(max(len(c) for c in schedule.values())):
+        seqs = [s for s, c in schedule.items() if step < len(c) and c[step] > 0]
+        chunks = [tokens[s][done[s]:done[s] + schedule[s][step]] for s in seqs]
+        logits = runner.step([tables[s] for s in seqs], chunks, [done[s] for s in seqs])   # [T, V]
+        assert logits.dtype == torch.float32 and logits.shape == (sum(map(len, chunks)), vocab)
+        for s, part in zip(seqs, logits.split([len(c) for c in chunks])):
+            got[s].append(part)
+            done[s] += schedule[s][step]
+    return {s: torch.cat(v) for s, v in got.items()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_configs import FAMILIES
-from paged import PagedRunner, greedy
+from paged import PagedRunner, greedy, run_schedule
 
 from toolkit.models import load_model
 from toolkit.models.llama import LlamaForCausalLM
@@ -23,19 +23,7 @@ SCHEDULE = {
 
 
 def _run_schedule(model: LlamaForCausalLM, tokens: dict[str, list[int]], runner=None) -> dict[str, torch.Tensor]:
-    runner = runner or PagedRunner(model, block_size=4)
-    tables = {s: runner.new_table() for s in SCHEDULE}
-    done = {s: 0 for s in SCHEDULE}
-    got: dict[str, list[torch.Tensor]] = {s: [] for s in SCHEDULE}
-    for step in range(max(len(c) for c in SCHEDULE.values())):
-        seqs = [s for s, c in SCHEDULE.items() if step < len(c) and c[step] > 0]
-        chunks = [tokens[s][done[s]:done[s] + SCHEDULE[s][step]] for s in seqs]
-        logits = runner.step([tables[s] for s in seqs], chunks, [done[s] for s in seqs])   # [T, V]
-        assert logits.dtype == torch.float32 and logits.shape == (sum(map(len, chunks)), model.spec.vocab_size)
-        for s, part in zip(seqs, logits.split([len(c) for c in chunks])):
-            got[s].append(part)
-            done[s] += SCHEDULE[s][step]
-    return {s: torch.cat(v) for s, v in got.items()}
+    return run_schedule(runner or PagedRunner(model, block_size=4), SCHEDULE, tokens)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

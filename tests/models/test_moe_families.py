@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from moe_configs import MOE_FAMILIES, build_hf_moe, moe_config
-from paged import PagedRunner, greedy
+from moe_configs import MOE_FAMILIES, moe_config
+from paged import PagedRunner, greedy, run_schedule
 from safetensors.torch import load_file
 
 from toolkit import LLM, SamplingParams
@@ -21,20 +21,6 @@ ARCH = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "ol
 SCHEDULE = {"a": [11, 1, 1], "b": [1, 1, 1, 1], "c": [6, 5, 1], "d": [0, 4, 2]}
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    made = {}
-
-    def get(family: str):
-        if family not in made:
-            hf = build_hf_moe(family)
-            path = tmp_path_factory.mktemp(family)
-            hf.save_pretrained(path)
-            made[family] = (hf, str(path))
-        return made[family]
-    return get
-
-
 def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt])
     return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
@@ -42,34 +28,24 @@ def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_ragged_paged_logits_equal_hf(family, checkpoint):
-    hf, folder = checkpoint(family)
+def test_ragged_paged_logits_equal_hf(family, hf_checkpoint):
+    hf, folder = hf_checkpoint(family)
     model = load_model(folder)
     assert type(model).__name__ == hf.config.architectures[0]
     g = torch.Generator().manual_seed(1)
     tokens = {s: torch.randint(0, 211, (sum(c),), generator=g).tolist() for s, c in SCHEDULE.items()}
-    runner = PagedRunner(model, block_size=4)
-    tables = {s: runner.new_table() for s in SCHEDULE}
-    done = {s: 0 for s in SCHEDULE}
-    got: dict[str, list[torch.Tensor]] = {s: [] for s in SCHEDULE}
-    for step in range(max(len(c) for c in SCHEDULE.values())):
-        seqs = [s for s, c in SCHEDULE.items() if step < len(c) and c[step] > 0]
-        chunks = [tokens[s][done[s]:done[s] + SCHEDULE[s][step]] for s in seqs]
-        logits = runner.step([tables[s] for s in seqs], chunks, [done[s] for s in seqs])
-        for s, part in zip(seqs, logits.split([len(c) for c in chunks])):
-            got[s].append(part)
-            done[s] += SCHEDULE[s][step]
+    got = run_schedule(PagedRunner(model, block_size=4), SCHEDULE, tokens)
     for s, toks in tokens.items():
         with torch.no_grad():
             want = hf(torch.tensor([toks])).logits[0].float()      # [S, V]
         assert want.std() > 0.1, "logits too flat to be a meaningful comparison"
-        torch.testing.assert_close(torch.cat(got[s]), want, rtol=1e-4, atol=1e-4,
+        torch.testing.assert_close(got[s], want, rtol=1e-4, atol=1e-4,
                                    msg=lambda m, s=s: f"{family}/{s}: {m}")
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_greedy_on_the_paged_path_equals_hf_generate(family, checkpoint):
-    hf, folder = checkpoint(family)
+def test_greedy_on_the_paged_path_equals_hf_generate(family, hf_checkpoint):
+    hf, folder = hf_checkpoint(family)
     model = load_model(folder)
     prompts = [[5, 17, 99, 3, 42, 8, 150], [7, 7, 200], [60, 1, 2, 3, 4, 5, 6, 9, 11, 13]]
     got = greedy(model, prompts, max_new_tokens=8, prefill_chunk=4)
@@ -78,8 +54,8 @@ def test_greedy_on_the_paged_path_equals_hf_generate(family, checkpoint):
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_greedy_through_llm_equals_hf_generate_under_preemption(family, checkpoint):
-    hf, folder = checkpoint(family)
+def test_greedy_through_llm_equals_hf_generate_under_preemption(family, hf_checkpoint):
+    hf, folder = hf_checkpoint(family)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 211, (n,), generator=g).tolist() for n in (14, 9, 17)]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -93,10 +69,10 @@ def test_greedy_through_llm_equals_hf_generate_under_preemption(family, checkpoi
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_every_checkpoint_tensor_fills_every_shard(family, checkpoint):
+def test_every_checkpoint_tensor_fills_every_shard(family, hf_checkpoint):
     """load_weights reports each (parameter, shard) written; a checkpoint of the family fills all
     of them: every expert's w1 / w3 / w2, the gates, the dense layers."""
-    _, folder = checkpoint(family)
+    _, folder = hf_checkpoint(family)
     model = load_model(folder)
     want = {(name, i) for name, n in model.expected_weights().items() for i in range(n)}
     got = model.load_weights(load_file(f"{folder}/model.safetensors").items())   # the checkpoint's names
@@ -139,10 +115,10 @@ def test_a_bad_expert_shard_names_what_is_valid():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_on_the_gpu_the_fused_kernel_serves_the_family(family, checkpoint):
+def test_on_the_gpu_the_fused_kernel_serves_the_family(family, hf_checkpoint):
     """On CUDA (kernels="auto": the Triton fused MoE and model kernels), float32: the ragged
     logits stay close to Hugging Face's on the GPU and greedy decoding equals its generate."""
-    hf, folder = checkpoint(family)
+    hf, folder = hf_checkpoint(family)
     model = load_model(folder, device="cuda")
     experts = next(m for m in model.modules() if isinstance(m, FusedMoE))
     assert experts.impl.__module__ == "toolkit.kernels.fused_moe"

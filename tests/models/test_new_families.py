@@ -11,8 +11,8 @@ from functools import partial
 
 import pytest
 import torch
-from model_configs import NEW_FAMILIES, build_hf_new
-from paged import PagedRunner
+from model_configs import NEW_FAMILIES
+from paged import PagedRunner, run_schedule
 
 from toolkit import LLM, SamplingParams
 from toolkit.attention.layerwise import LayerwiseAttention, build_attention
@@ -25,37 +25,13 @@ from toolkit.models.llama import LlamaForCausalLM
 SCHEDULE = {"a": [13, 1, 1, 1], "b": [1, 1, 1, 1, 1], "c": [10, 9, 2, 1], "d": [7], "e": [0, 0, 5, 3]}
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    made = {}
-
-    def get(family: str):
-        if family not in made:
-            hf = build_hf_new(family)
-            path = tmp_path_factory.mktemp(family)
-            hf.save_pretrained(path)
-            made[family] = (hf, str(path))
-        return made[family]
-    return get
-
-
 def _schedule_logits(model, tokens: dict[str, list[int]], runner: PagedRunner) -> dict[str, torch.Tensor]:
-    tables = {s: runner.new_table() for s in SCHEDULE}
-    done = {s: 0 for s in SCHEDULE}
-    got: dict[str, list[torch.Tensor]] = {s: [] for s in SCHEDULE}
-    for step in range(max(len(c) for c in SCHEDULE.values())):
-        seqs = [s for s, c in SCHEDULE.items() if step < len(c) and c[step] > 0]
-        chunks = [tokens[s][done[s]:done[s] + SCHEDULE[s][step]] for s in seqs]
-        logits = runner.step([tables[s] for s in seqs], chunks, [done[s] for s in seqs])
-        for s, part in zip(seqs, logits.split([len(c) for c in chunks])):
-            got[s].append(part)
-            done[s] += SCHEDULE[s][step]
-    return {s: torch.cat(v) for s, v in got.items()}
+    return run_schedule(runner, SCHEDULE, tokens)
 
 
 @pytest.mark.parametrize("family", NEW_FAMILIES)
-def test_ragged_paged_logits_equal_hf(family, checkpoint):
-    hf, folder = checkpoint(family)
+def test_ragged_paged_logits_equal_hf(family, hf_checkpoint):
+    hf, folder = hf_checkpoint(family)
     model = load_model(folder)
     assert type(model).__name__ == hf.config.architectures[0]
     g = torch.Generator().manual_seed(1)
@@ -69,8 +45,8 @@ def test_ragged_paged_logits_equal_hf(family, checkpoint):
 
 
 @pytest.mark.parametrize("family", NEW_FAMILIES)
-def test_greedy_through_llm_equals_hf_generate_under_preemption(family, checkpoint):
-    hf, folder = checkpoint(family)
+def test_greedy_through_llm_equals_hf_generate_under_preemption(family, hf_checkpoint):
+    hf, folder = hf_checkpoint(family)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 211, (n,), generator=g).tolist() for n in (14, 9, 17)]   # > every window
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -86,8 +62,8 @@ def test_greedy_through_llm_equals_hf_generate_under_preemption(family, checkpoi
         assert o.outputs[0].token_ids == want, family
 
 
-def test_layers_attend_as_the_config_says(checkpoint):
-    _, folder = checkpoint("gemma2")
+def test_layers_attend_as_the_config_says(hf_checkpoint):
+    _, folder = hf_checkpoint("gemma2")
     model = load_model(folder)
     scale = 24 ** -0.5
     assert model.spec.layers == (LayerAttention("sliding", 6, 5.0, scale), LayerAttention("full", None, 5.0, scale)) * 2
@@ -97,17 +73,17 @@ def test_layers_attend_as_the_config_says(checkpoint):
     assert [b.sliding_window for b in attn.by_layer] == [6, None, 6, None]
     assert all(b.soft_cap == 5.0 and b.scale == pytest.approx(scale) for b in attn.backends)
     # a model whose layers all attend alike gets its one backend, unwrapped
-    _, phi = checkpoint("phi3")
+    _, phi = hf_checkpoint("phi3")
     m = load_model(phi)
     assert isinstance(build_attention(m.spec, partial(TorchAttention, PagedRunner(m).kv_cache)), TorchAttention)
 
 
-def test_triton_attention_per_layer_equals_the_reference(checkpoint):
+def test_triton_attention_per_layer_equals_the_reference(hf_checkpoint):
     """Gemma 2's local and global layers through the Triton paged kernels (interpreted on the
     CPU, fp32): the windowed and soft-capped schedules against the torch reference backend."""
     from toolkit.attention.triton_paged import TritonPagedAttention
 
-    _, folder = checkpoint("gemma2")
+    _, folder = hf_checkpoint("gemma2")
     model = load_model(folder)
     g = torch.Generator().manual_seed(4)
     tokens = {s: torch.randint(0, 211, (sum(c),), generator=g).tolist() for s, c in SCHEDULE.items()}
@@ -220,13 +196,13 @@ class _Recording:
 
 
 @pytest.mark.parametrize("family", NEW_FAMILIES)
-def test_a_linear_method_plugs_into_every_linear_layer_by_name(family, checkpoint):
+def test_a_linear_method_plugs_into_every_linear_layer_by_name(family, hf_checkpoint):
     """load_model(linear_method=): every linear layer asks for its method by its module name,
     loads the checkpoint into it and runs it; no model file knows of the method."""
     from toolkit.models.layers import LinearMethod
     from toolkit.models.layers.linear import ColumnParallelLinear, RowParallelLinear
 
-    hf, folder = checkpoint(family)
+    hf, folder = hf_checkpoint(family)
     asked, calls = [], {}
 
     def method_for(name: str):
