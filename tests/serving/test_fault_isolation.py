@@ -128,3 +128,36 @@ def test_a_closed_sse_response_closes_the_handler_stream_at_once():
         await outer.aclose()                 # what the server does when the client is gone
         return bool(closed)
     assert asyncio.run(run())
+
+
+class _VictimRaises(FCFS):
+    """FCFS whose victim() raises: preemption becomes a fault of the request that needed room."""
+
+    def victim(self, running):
+        raise KeyError("victim broke")
+
+
+def test_a_policy_raising_in_victim_ends_only_the_request_that_needed_room():
+    """Blocks run out (6 blocks for 7 requests of 2 blocks each), so a growing request needs a
+    victim; victim() raises: that request ends with the error (its blocks freed), the others
+    finish, nothing leaks, the engine goes on."""
+    torch.manual_seed(0)
+    ae = AsyncEngine(LLM(config(), num_blocks=6, block_size=8, max_num_seqs=8,
+                         enable_prefix_caching=False, policy=_VictimRaises()))
+    try:
+        async def one(rid: str):
+            ids = []
+            async for d in ae.generate([5, 6, int(rid[-1]) + 7, 9, 10, 11, 12], PARAMS, request_id=rid):
+                ids += d.outputs[0].token_ids
+            return ids
+
+        async def run():
+            return await asyncio.gather(*(one(f"r{i}") for i in range(7)), return_exceptions=True)
+        outs = asyncio.run(run())
+        faults = [o for o in outs if isinstance(o, RequestFault)]
+        assert faults and all("victim" in str(f) and "making room" in str(f) for f in faults), outs
+        done = [o for o in outs if isinstance(o, list)]
+        assert done and all(len(o) == 6 for o in done) and len(done) + len(faults) == 7, outs
+        assert _free(ae) and ae.num_unfinished == 0 and ae.is_running
+    finally:
+        ae.close()

@@ -204,14 +204,29 @@ class ContinuousBatchingScheduler(SchedulerCore):
         victims among running[i:] as needed. False if req itself was preempted."""
         while not self.kv.allocate_slots(req, end, limit=limit, out=out):
             candidates = self.running[i:]
-            victim = self.policy.victim(candidates)
-            if victim not in candidates:
-                raise ValueError(f"policy {self.policy!r} chose {getattr(victim, 'request_id', victim)!r}, "
-                                 "which is not one of the candidates it was given")
+            victim = self._victim(req, candidates)
             self._preempt(victim, out)
             if victim is req:
                 return False
         return True
+
+    def _victim(self, req: Request, candidates: list[Request]) -> Request:
+        """policy.victim(candidates), made room for req. A raise or a choice outside the
+        candidates is charged to req, the request that needed the room (RequestFault): the
+        engine ends it, which frees its blocks, and the others go on."""
+        try:
+            victim = self.policy.victim(candidates)
+        except Exception as e:
+            raise RequestFault([req.request_id],
+                               f"the scheduling policy {self.policy!r} raised in victim while making "
+                               f"room for request {req.request_id!r}: {type(e).__name__}: {e}") from e
+        if not any(victim is c for c in candidates):
+            raise RequestFault([req.request_id],
+                               f"the scheduling policy {self.policy!r} chose "
+                               f"{getattr(victim, 'request_id', victim)!r} as the victim while making "
+                               f"room for request {req.request_id!r}, which is not one of the "
+                               "candidates it was given")
+        return victim
 
     def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
         hits = self.kv.admission_hits(req)   # device prefix hit, host tier, or its swapped-out KV
