@@ -96,12 +96,16 @@ class EngineConfig:
     # "reference" (every op's slow reference twin: the model's ops, the attention backend
     # "torch", the reference sampler, the cache copies). A part given explicitly wins.
     kernels: str = "auto"
+    # sampling defaults for requests that leave a field unset: "auto" (the model folder's
+    # generation_config.json: temperature, top_p, top_k, min_p, repetition_penalty,
+    # max_new_tokens), "vllm" (SamplingParams' own defaults), or a folder holding one
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
                            ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
-                           ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str), ("model_impl", str), ("kernels", str),
+                           ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str), ("model_impl", str), ("kernels", str), ("generation_config", str),
                            ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
                            ("cuda_graphs", bool), ("max_cudagraph_capture_size", int), ("warmup", bool), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
             v = getattr(self, name)

@@ -56,6 +56,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one, in place of the tokenizer's")
     p.add_argument("--load-format", default="auto", help="auto, safetensors, pt or dummy (random weights)")
+    p.add_argument("--generation-config", default="auto",
+                   help="sampling defaults for fields a request leaves unset: auto (the model folder's "
+                        "generation_config.json), vllm (none: SamplingParams' defaults), or a folder "
+                        "holding a generation_config.json")
+    p.add_argument("--enable-log-requests", action="store_true",
+                   help="log each request (id, prompt tokens, the sampling fields it sets) at INFO")
+    p.add_argument("--disable-log-requests", action="store_true",
+                   help="vLLM's older flag: requests are not logged (the default here); overrides "
+                        "--enable-log-requests")
     p.add_argument("--engine-arg", action="append", default=[], metavar="NAME=VALUE",
                    help="any other LLM(...) option; repeatable")
     p.add_argument("--engine", choices=["process", "thread"], default="process",
@@ -78,7 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"scheduler": args.scheduler, "attention": args.attention,
-                            "load_format": args.load_format}
+                            "load_format": args.load_format, "generation_config": args.generation_config}
     for flag in ("allocator", "max_num_seqs", "max_model_len", "block_size", "dtype",
                  "gpu_memory_utilization", "tensor_parallel_size", "seed", "enable_prefix_caching"):
         if getattr(args, flag, None) is not None:
@@ -106,6 +115,21 @@ def read_chat_template(value: str) -> str:
     return value
 
 
+def sampling_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """--generation-config: the sampling defaults requests get (models/generation_defaults.py)."""
+    from toolkit.models.generation_defaults import generation_defaults
+
+    folder = args.model
+    if folder is None and args.generation_config == "auto":
+        from toolkit.models import default_model_path
+
+        folder = default_model_path()
+    try:
+        return generation_defaults(args.generation_config, folder)
+    except ValueError as e:
+        raise SystemExit(f"--generation-config: {e}") from None
+
+
 def allowed_hosts(args: argparse.Namespace) -> list[str] | None:
     """--allowed-hosts, or the loopback names for a loopback bind (None: any host)."""
     from toolkit.serving.guard import LOOPBACK_HOSTS
@@ -131,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                       else "smollm2-135m-instruct")
     engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
+    defaults = sampling_defaults(args)
     if args.chat_template is not None:           # the server renders chats with this tokenizer copy
         engine.tokenizer.chat_template = read_chat_template(args.chat_template)
     dead: list[bool] = []
@@ -143,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = build_app(engine, model_name=name, api_key=args.api_key, max_pending=args.max_pending,
                     shutdown_timeout=args.shutdown_timeout, max_body_bytes=args.max_request_body_bytes,
                     allowed_hosts=allowed_hosts(args), protect_metrics=args.protect_metrics,
-                    on_engine_dead=engine_dead,
+                    on_engine_dead=engine_dead, sampling_defaults=defaults,
+                    log_requests=args.enable_log_requests and not args.disable_log_requests,
                     tools=ToolConfig(args.tool_call_parser, args.enable_auto_tool_choice,
                                      args.reasoning_parser))
     server.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -45,6 +45,20 @@ class LLM:
                                    scheduler=scheduler, sampler=sampler, attention=attention,
                                    proposer=proposer, draft_model=draft_model, config=self.config,
                                    load_format=load_format)
+        from toolkit.models.generation_defaults import generation_defaults
+
+        folder = model if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else None
+        if model is None:
+            from toolkit.models import default_model_path
+
+            folder = default_model_path()
+        self._sampling_defaults = generation_defaults(self.config.generation_config, folder)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The SamplingParams of a generate / chat given none (vLLM's name): SamplingParams'
+        own defaults, with the model's generation_config.json sampling fields over them
+        (EngineConfig.generation_config: "auto"; "vllm" ignores the file)."""
+        return SamplingParams(**self._sampling_defaults)
 
     @property
     def tokenizer(self):
@@ -76,7 +90,8 @@ class LLM:
         while the engine runs, and the recording is plotted at the end."""
         engine = self._engine()
         prompts = _as_prompt_list(prompts)
-        params = _as_params_list(sampling_params, len(prompts))
+        params = _as_params_list(sampling_params if sampling_params is not None
+                                 else self.get_default_sampling_params(), len(prompts))
         # scheduling fields (one value or one per prompt), stored on each request for the policy
         fields = per_prompt_fields(len(prompts), priority=priority, priorities=priorities,
                                    client_id=client_id, deadline=deadline,

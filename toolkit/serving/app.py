@@ -19,7 +19,7 @@ import concurrent.futures
 import contextlib
 import hmac
 import logging
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -44,7 +44,8 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
               max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
               allowed_hosts: Sequence[str] | None = None, protect_metrics: bool = False,
               on_engine_dead: Callable[[], None] | None = None,
-              tools: ToolConfig | None = None) -> FastAPI:
+              tools: ToolConfig | None = None, sampling_defaults: Mapping[str, Any] | None = None,
+              log_requests: bool = False) -> FastAPI:
     """The app. `priority_hook(http_request, body) -> int | None` gives each request its
     priority (lower first, for the priority policy) in place of the body's `priority`.
     Before any body is read (guard.py): the Host header against `allowed_hosts` (None: any),
@@ -52,8 +53,11 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     size (413 past `max_body_bytes`; None: no limit). `on_engine_dead()` is called once if
     the engine stops while the server is not shutting down (`python -m toolkit.serve` then
     exits non-zero, so a supervisor restarts it, instead of answering 503 forever).
-    `tools`: the tool-call parser, auto tool choice and reasoning parser (vLLM's flags)."""
-    handlers = OpenAIHandlers(engine, model_name, tools=tools)
+    `tools`: the tool-call parser, auto tool choice and reasoning parser (vLLM's flags).
+    `sampling_defaults` (--generation-config) fill the sampling fields a request leaves unset;
+    `log_requests` (--enable-log-requests) logs each request at INFO."""
+    handlers = OpenAIHandlers(engine, model_name, tools=tools, sampling_defaults=sampling_defaults,
+                              log_requests=log_requests)
     metrics = ServerMetrics(model_name)
     state = {"draining": False}
     # tokenizing and rendering a request (the chat template) run here, off the event loop:

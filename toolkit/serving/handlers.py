@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 from toolkit.entrypoints.async_engine import AsyncEngine
 from toolkit.models.chat import apply_chat_template, chat_template_of
@@ -16,7 +17,9 @@ from toolkit.serving import protocol as P
 from toolkit.serving.tools.output import StreamedChoices, message_fields
 from toolkit.serving.tools.request import ToolConfig, ToolPlan, plan_tools
 from toolkit.serving.tools.template import render_inputs
-from toolkit.types import CompletionOutput, RequestOutput, SamplingParams
+from toolkit.types import CompletionOutput, RequestOutput, SamplingParams, _non_defaults
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,8 +44,14 @@ class OpenAIHandlers:
     params, priority, client), `complete` runs it to one response, `stream` to SSE lines."""
 
     def __init__(self, engine: AsyncEngine, model_name: str, *, max_model_len: int | None = None,
-                 tools: ToolConfig | None = None) -> None:
+                 tools: ToolConfig | None = None, sampling_defaults: Mapping[str, Any] | None = None,
+                 log_requests: bool = False) -> None:
+        """`sampling_defaults`: SamplingParams fields for what a request leaves unset (the
+        model's generation_config.json; models/generation_defaults.py). `log_requests`: log
+        each prepared request (id, prompt tokens, the sampling fields it sets) at INFO."""
         self.engine, self.model_name = engine, model_name
+        self.sampling_defaults = dict(sampling_defaults or {})
+        self.log_requests = log_requests
         self.tokenizer = engine.tokenizer
         self.max_model_len = max_model_len or engine.max_model_len
         try:
@@ -89,10 +98,12 @@ class OpenAIHandlers:
         self.check_model(req.model)
         prompts = req.prompts()
         ids = [self._tokenize(p, "prompt") for p in prompts]
-        params = [req.sampling_params(self.max_model_len, len(i)) for i in ids]
+        params = [req.sampling_params(self.max_model_len, len(i), defaults=self.sampling_defaults)
+                  for i in ids]
         texts = [p if isinstance(p, str) else (self._decode(p) if req.echo else None) for p in prompts]
-        return Prepared(req.request_id or P.new_id("cmpl"), self.model_name, ids, texts, params,
-                        req.priority if priority is None else priority, req.n, echo=req.echo, client_id=req.user)
+        return self._logged(Prepared(req.request_id or P.new_id("cmpl"), self.model_name, ids, texts, params,
+                                     req.priority if priority is None else priority, req.n, echo=req.echo,
+                                     client_id=req.user))
 
     def prepare_chat(self, req: P.ChatCompletionRequest, priority: int | None = None) -> Prepared:
         self.check_model(req.model)
@@ -104,10 +115,18 @@ class OpenAIHandlers:
         text = self.render_chat(req, plan)
         self._check_chars(text, "messages")
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        params = req.sampling_params(self.max_model_len, len(ids), tool_regex=plan.regex())
-        return Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
-                        [params], req.priority if priority is None else priority, req.n, client_id=req.user,
-                        tools=plan)
+        params = req.sampling_params(self.max_model_len, len(ids), tool_regex=plan.regex(),
+                                     defaults=self.sampling_defaults)
+        return self._logged(Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
+                                     [params], req.priority if priority is None else priority, req.n,
+                                     client_id=req.user, tools=plan))
+
+    def _logged(self, prep: Prepared) -> Prepared:
+        if self.log_requests:
+            log.info("request %s: %d prompt(s), %s prompt tokens, params %s", prep.request_id,
+                     len(prep.prompts), [len(p) for p in prep.prompts],
+                     {k: v for k, v in _non_defaults(prep.params[0]) if k != "structured"})
+        return prep
 
     def render_chat(self, req: P.ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
         messages = req.template_messages()

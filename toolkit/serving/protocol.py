@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -150,7 +150,11 @@ class _SamplingFields(_Strict):
                                 f"{len(long[0])}", param="stop")
 
     def _sampling(self, *, max_tokens: int, logprobs: int | None, structured: Any,
-                  default_temperature: float = 1.0) -> SamplingParams:
+                  default_temperature: float = 1.0,
+                  defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+        """`defaults`: the server's sampling defaults (--generation-config) for the fields
+        the request leaves unset."""
+        defaults = defaults or {}
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         self._check_sizes(stop)
         bias = None
@@ -172,11 +176,14 @@ class _SamplingFields(_Strict):
             ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=bias,
             structured=structured,
-            temperature=default_temperature if self.temperature is None else self.temperature)
+            temperature=(defaults.get("temperature", default_temperature) if self.temperature is None
+                         else self.temperature))
         for name in ("top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
                      "repetition_penalty"):
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
+            elif name in defaults:
+                kw[name] = defaults[name]
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:
@@ -213,7 +220,8 @@ class CompletionRequest(_SamplingFields):
             return [list(p)]                   # type: ignore[arg-type]
         return list(p)                         # type: ignore[arg-type]
 
-    def sampling_params(self, max_model_len: int, prompt_len: int) -> SamplingParams:
+    def sampling_params(self, max_model_len: int, prompt_len: int,
+                        defaults: Mapping[str, Any] | None = None) -> SamplingParams:
         if self.suffix is not None:
             raise ProtocolError("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
@@ -222,7 +230,7 @@ class CompletionRequest(_SamplingFields):
         if self.echo and self.logprobs is not None:
             raise ProtocolError("echo with logprobs (prompt logprobs) is not supported", param="echo")
         return self._sampling(max_tokens=_max_tokens(self.max_tokens, max_model_len, prompt_len, 16),
-                              logprobs=self.logprobs, structured=self._structured())
+                              logprobs=self.logprobs, structured=self._structured(), defaults=defaults)
 
 
 class ContentPart(_Strict):
@@ -297,7 +305,8 @@ class ChatCompletionRequest(_SamplingFields):
         return out
 
     def sampling_params(self, max_model_len: int, prompt_len: int,
-                        tool_regex: str | None = None) -> SamplingParams:
+                        tool_regex: str | None = None,
+                        defaults: Mapping[str, Any] | None = None) -> SamplingParams:
         """`tool_regex`: the grammar of a forced tool call (tool_choice required / named)."""
         if self.top_logprobs is not None and not self.logprobs:
             raise ProtocolError("top_logprobs needs logprobs=true", param="top_logprobs")
@@ -313,7 +322,7 @@ class ChatCompletionRequest(_SamplingFields):
             structured = Structured.regex(tool_regex)
         return self._sampling(max_tokens=_max_tokens(limit, max_model_len, prompt_len, None),
                               logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-                              structured=structured)
+                              structured=structured, defaults=defaults)
 
 
 def _max_tokens(asked: int | None, max_model_len: int, prompt_len: int, default: int | None) -> int:
