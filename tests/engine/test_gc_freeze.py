@@ -192,3 +192,35 @@ def test_overlapping_blocks_never_leave_the_threshold_raised() -> None:
     assert gc.get_threshold() == before
     second.__exit__(None, None, None)
     assert gc.get_threshold() == before
+
+
+def test_run_on_engine_shows_its_progress_in_output_tokens(monkeypatch) -> None:
+    """A long run_on_engine is not silent (issue 54 item 10): a bar over the trace's output
+    tokens, advanced once a step by the tokens that step delivered; use_tqdm=False: none."""
+    import contextlib
+
+    import toolkit.simulator.replay as replay
+    from toolkit.simulator import make_trace
+
+    bars = []
+
+    class _Bar:
+        def __init__(self, total, enabled):
+            self.total, self.enabled, self.done, self.calls = total, enabled, 0, 0
+
+        def update(self, n=1):
+            self.done, self.calls = self.done + n, self.calls + 1
+
+    @contextlib.contextmanager
+    def fake(total, enabled=True, desc="", unit="it"):
+        bars.append(_Bar(total, enabled))
+        yield bars[-1]
+
+    monkeypatch.setattr(replay, "progress_bar", fake)
+    trace = make_trace([(8, 3), (5, 2), (6, 4)], rate=1e9, vocab_size=128, seed=1)
+    run = _run_tiny(monkeypatch, trace, lambda: None, realtime=False)
+    (bar,) = bars
+    assert bar.enabled and bar.total == bar.done == 9 == sum(len(t.token_times) for t in run.requests.values())
+    assert 1 <= bar.calls <= len(run.steps)
+    _run_tiny(monkeypatch, trace, lambda: None, realtime=False, use_tqdm=False)
+    assert not bars[-1].enabled

@@ -27,6 +27,7 @@ import numpy as np
 
 from toolkit.engine.gc_freeze import GcPauses, frozen_heap
 from toolkit.kernels.compiles import triton_compiles
+from toolkit.progress import progress_bar
 from toolkit.simulator.cost import CostModel, _is_decode, as_features, step_features
 from toolkit.simulator.result import RequestTiming, RunResult, StepLog
 from toolkit.simulator.trace import Trace, TraceRequest
@@ -180,10 +181,11 @@ def _cuda_allocator_counts(engine: Any) -> dict[str, int] | None:
 
 
 def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime: bool = True,
-                  time_limit: float | None = None) -> RunResult:
+                  time_limit: float | None = None, use_tqdm: bool = True) -> RunResult:
     """Run the trace on the real engine: each request is added when its arrival time comes
     (realtime=False: all at once, for a saturation measurement), with the trace's policy
-    fields; returns the RunResult (token times as engine.step() returned them)."""
+    fields; returns the RunResult (token times as engine.step() returned them). `use_tqdm`:
+    a bar over the trace's output tokens (one update a step), so a long run is not silent."""
     from toolkit.types import SamplingParams
 
     engine = _engine_of(target)
@@ -203,7 +205,9 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
     try:
         # Triton compiles inside the run (a specialization the warm-up missed) are steps of
         # seconds that no cost model predicts: counted, so a run that had one says so
-        with frozen_heap() as heap, GcPauses() as pauses, triton_compiles(strict=False) as compiles:
+        total = sum(r.output_len for r in pending)
+        with frozen_heap() as heap, GcPauses() as pauses, triton_compiles(strict=False) as compiles, \
+                progress_bar(total, enabled=use_tqdm, desc=label, unit="tok") as bar:
             while k < len(pending) or engine.has_unfinished():
                 now = time.monotonic() - t0
                 if time_limit is not None and now > time_limit:
@@ -244,6 +248,7 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                         rec.steps[-1].wait = sum(waits)          # period and wait are the call's
                     last = (rec.steps[-1], call + took, host["add_s"])
                 t = time.monotonic() - t0
+                done = 0
                 for o in outs:
                     rt = timing.get(o.request_id)
                     if rt is None:
@@ -252,8 +257,11 @@ def run_on_engine(target: Any, trace: Trace, *, label: str = "engine", realtime:
                     if new and not rt.token_times:
                         rt.first_token_step = host["steps"]
                     rt.token_times.extend([t] * new)
+                    done += new
                     if o.finished:
                         rt.finish, rt.finish_reason = t, o.finish_reason
+                if done:
+                    bar.update(done)
     except BaseException:
         engine.abort([r.request_id for r in pending[:k] if timing[r.request_id].finish is None])
         raise
