@@ -52,6 +52,31 @@ def test_grouped_topk_equals_the_twin(case):
         assert len(set(row)) <= opts["topk_group"]                           # from the kept groups only
 
 
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("g,size,topk_group,k", [
+    (6, 1, 3, 1),      # groups of one expert, top-1
+    (6, 1, 6, 6),      # groups of one, every group kept, top-k = E
+    (3, 2, 3, 6),      # top-k = E
+    (2, 3, 1, 3),      # top-k = every expert of the one kept group
+    (1, 6, 1, 1),      # one group: plain top-1
+])
+def test_the_edges_equal_the_twin(g, size, topk_group, k, scoring):
+    """Always run (hypothesis may not draw them): groups of one, top-k = 1 and = E, a kept
+    group exhausted; tied and -inf logits, with and without a tied bias."""
+    e = g * size
+    logits = torch.tensor([[0.0] * e, [1.0, float("-inf")] * (e // 2) + [1.0] * (e % 2),
+                           [3.0 - (x % 3) for x in range(e)]])
+    for bias in (None, torch.tensor([0.5 * (x % 2) for x in range(e)])):
+        opts = dict(num_expert_group=g, topk_group=topk_group, scoring_func=scoring, e_score_correction_bias=bias,
+                    routed_scaling_factor=1.5)
+        w, ids = moe_torch.grouped_topk(logits, k, True, **opts)
+        w_ref, ids_ref = reference_moe.grouped_topk(logits, k, True, **opts)
+        assert torch.equal(ids, ids_ref) and torch.isfinite(w).all()
+        torch.testing.assert_close(w, w_ref, rtol=1e-6, atol=1e-7)
+        if k == e:
+            assert sorted(ids[0].tolist()) == list(range(e))
+
+
 @given(st.integers(1, 6), st.integers(1, 8), st.data())
 def test_one_group_without_bias_is_plain_softmax_top_k(t, e, data):
     """n_group = topk_group = 1, softmax, no bias: the ungrouped router's weights."""
