@@ -54,7 +54,10 @@ def grouped_mm_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top
     flat = topk_ids.reshape(-1)                                                 # [T*k]
     order = torch.argsort(flat, stable=True)
     xs = x.index_select(0, order // k)                                          # [T*k, D] by expert
-    offs = torch.cumsum(torch.bincount(flat, minlength=w13.shape[0]), 0).to(torch.int32)   # [E]
+    # per-expert counts by scatter_add (CUDA's bincount reads the max on the host)
+    counts = torch.zeros(w13.shape[0], dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32))                      # [E]
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)                           # [E] group ends
     h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)                  # [T*k, 2I]
     gate, up = h.chunk(2, dim=-1)
     ys = torch._grouped_mm(F.silu(gate) * up, w2.transpose(1, 2), offs=offs)   # [T*k, D]

@@ -64,12 +64,16 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
     return weights, ids
 
 
-def check_grouped(router_logits: torch.Tensor, top_k: int, num_expert_group: int, topk_group: int,
+def check_grouped(router_logits: torch.Tensor | int, top_k: int, num_expert_group: int, topk_group: int,
                   scoring_func: str, e_score_correction_bias: torch.Tensor | None) -> None:
-    """ValueError unless the grouped top-k's options fit the logits [T, E] (`grouped_topk`'s doc)."""
-    if router_logits.dim() != 2:
+    """ValueError unless the grouped top-k's options fit the logits [T, E], or E experts when
+    given an int (`grouped_topk`'s doc)."""
+    if isinstance(router_logits, int):
+        e = router_logits
+    elif router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [T, E], got {tuple(router_logits.shape)}")
-    e = router_logits.shape[1]
+    else:
+        e = router_logits.shape[1]
     if scoring_func not in ("softmax", "sigmoid"):
         raise ValueError(f"scoring_func must be 'softmax' or 'sigmoid', got {scoring_func!r}")
     if num_expert_group < 1 or e % num_expert_group:

@@ -156,7 +156,7 @@ class SparseMoeBlock(nn.Module):
         if grouped is not None:
             from toolkit.kernels import moe_torch, reference_moe
             from toolkit.kernels.reference_moe import check_grouped
-            check_grouped(torch.empty(0, num_experts), top_k, grouped.num_expert_group, grouped.topk_group,
+            check_grouped(num_experts, top_k, grouped.num_expert_group, grouped.topk_group,
                           grouped.scoring_func, None)
             self.select_grouped = (reference_moe if kernels == "torch" else moe_torch).grouped_topk
             if grouped.correction_bias:
