@@ -31,4 +31,6 @@ CATALOG = {b.name: b for b in [
     Benchmark("speculative", "speculative", "n-gram and draft-model speculation: acceptance and tok/s"),
     Benchmark("structured", "structured", "grammar-constrained generation: mask cost and tok/s"),
     Benchmark("floor", "floor", "a workload's floor: every op at its roofline, as the engine would run it"),
+    Benchmark("moe", "moe", "Qwen3-30B-A3B: the fused MoE kernel against the per-expert loop and torch's "
+              "grouped GEMM, the decode step against its roofline, ShareGPT against Hugging Face"),
 ]}

@@ -67,8 +67,35 @@ def _attention(raw: dict) -> list[dict]:
     return out
 
 
+def _moe(raw: dict) -> list[dict]:
+    """The MoE layer's kernels as % of its roofline (the fused kernel against the per-expert
+    loop and torch's grouped GEMM; on a CPU run, grouped GEMM against the loop), the decode step
+    in ms against its roofline's, and ShareGPT tok/s against Hugging Face."""
+    out, shape = [], raw["shape"]
+    config = {"shape": shape, "toy": bool(raw.get("toy"))}
+    for r in raw.get("kernel", []):
+        share = {n: round(100 * v, 1) for n, v in r["share"].items()}
+        mine = "fused" if "fused" in share else "grouped_mm"
+        for peer in ("loop", "grouped_mm"):
+            if peer != mine and peer in share:
+                out.append(figure(f"MoE layer {mine}, {shape}, {r['tokens']} tokens", share[mine], "% of roofline",
+                                  peer={"loop": "per-expert loop", "grouped_mm": "torch._grouped_mm"}[peer],
+                                  peer_value=share[peer], config={**config, "tokens": r["tokens"]}))
+    for r in raw.get("decode", []):
+        out.append(figure(f"decode step, {shape}, batch {r['batch']} x {r['context']}", round(r["measured_ms"], 3),
+                          "ms", peer="roofline", peer_value=round(r["floor_ms"], 3),
+                          config={**config, "batch": r["batch"], "context": r["context"]}))
+    tput = raw.get("sharegpt")
+    if tput and tput.get("hf"):
+        tk = tput["toolkit"].get("hf_subset", tput["toolkit"]["all"])
+        out.append(figure(f"output throughput, {shape}, {tput['workload']}", round(tk["tok_s"], 1), "tok/s",
+                          peer=f"Hugging Face ({tput['hf']['requests']} requests)",
+                          peer_value=round(tput["hf"]["tok_s"], 1), config=config))
+    return out
+
+
 EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
-    "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention}
+    "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention, "moe": _moe}
 
 
 def extract(name: str, raw: Any) -> list[dict]:

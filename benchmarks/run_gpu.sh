@@ -58,6 +58,9 @@ for step in "$@"; do
     launch_costs) timeout ${LC_TIMEOUT:-200} python3 -m benchmarks.launch_costs ${LC_ARGS:-} --out $OUT/launch_costs.json 2>&1 | grep -v Warning | tail -30 ;;
     # #21 probe: a steady decode step's host pieces timed without a profiler, per batch size
     host_parts) timeout ${HP_TIMEOUT:-240} python3 -m benchmarks.host_parts ${HP_ARGS:---shape qwen3 --batches 1,16,64,256} --out $OUT/host_parts.json 2>&1 | grep -v Warning | tail -70 ;;
+    # #44 at the Qwen3-30B-A3B shape: the MoE layer's kernels and the decode step (MOE_PARTS=kernel,decode),
+    # then ShareGPT against HF in a second call (MOE_PARTS=sharegpt MOE_TAG=_sharegpt; carry benchmarks/data)
+    moe) OUT=$OUT timeout ${MOE_TIMEOUT:-570} python3 -m benchmarks moe --parts ${MOE_PARTS:-kernel,decode} ${MOE_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/moe${MOE_TAG:-}.log | tail -40 ;;
     # #21 / #18 probe: the sweep's eager mixed steps with the TMA prefill path and without it, one process
     mixed_steps) timeout ${MS_TIMEOUT:-300} python3 benchmarks/mixed_steps.py ${MS_ARGS:---shape llama8b --profile} --out $OUT/mixed_steps.json 2>&1 | grep -v Warning | tail -30 ;;
     # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)

@@ -15,7 +15,9 @@ GPU_ENGINE = dict(dtype="bfloat16", max_num_seqs=128, max_num_batched_tokens=819
 TINY_ENGINE = dict(device="cpu", dtype="float32", num_blocks=1024, max_num_seqs=32,
                    max_num_batched_tokens=512, max_model_len=2048, enable_prefix_caching=True)
 
-SHAPE_NAMES = {"qwen3": "qwen3-0.6b", "llama8b": "llama-3.1-8b", "tiny": "tiny-llama"}
+SHAPE_NAMES = {"qwen3": "qwen3-0.6b", "llama8b": "llama-3.1-8b", "tiny": "tiny-llama",
+               "qwen3moe": "qwen3-30b-a3b", "tiny-moe": "tiny-moe"}
+TINY_SHAPES = ("tiny", "tiny-moe")         # the CPU stand-ins
 
 
 def tiny_config() -> Any:
@@ -27,10 +29,23 @@ def tiny_config() -> Any:
                        eos_token_id=2, bos_token_id=1)
 
 
-def model_config(shape: str) -> Any:
-    from toolkit.models.shapes import llama31_8b, qwen3_0_6b
+def tiny_moe_config() -> Any:
+    """A 2-layer Qwen3-MoE of hidden 64, 32 experts of 64, top-4 (random weights): the CPU
+    stand-in for a mixture-of-experts shape (a decode batch of 1 touches 4 experts a layer,
+    one of 32 about 23)."""
+    from transformers import Qwen3MoeConfig
 
-    return {"qwen3": qwen3_0_6b, "llama8b": llama31_8b, "tiny": tiny_config}[shape]()
+    return Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_experts=32,
+                          num_experts_per_tok=4, norm_topk_prob=True, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                          max_position_embeddings=2048, eos_token_id=2, bos_token_id=1)
+
+
+def model_config(shape: str) -> Any:
+    from toolkit.models.shapes import llama31_8b, qwen3_0_6b, qwen3_30b_a3b
+
+    return {"qwen3": qwen3_0_6b, "llama8b": llama31_8b, "tiny": tiny_config, "qwen3moe": qwen3_30b_a3b,
+            "tiny-moe": tiny_moe_config}[shape]()
 
 
 def build_llm(shape: str, **overrides: Any) -> Any:
@@ -40,9 +55,9 @@ def build_llm(shape: str, **overrides: Any) -> Any:
 
     from toolkit import LLM
 
-    if shape == "tiny":
+    if shape in TINY_SHAPES:
         torch.set_num_threads(1)            # steadier step times on a shared CPU
-        return LLM(tiny_config(), **{**TINY_ENGINE, **overrides})
+        return LLM(model_config(shape), **{**TINY_ENGINE, **overrides})
     return LLM(model_config(shape), **{**GPU_ENGINE, **overrides})
 
 
@@ -83,3 +98,9 @@ GPU_SWEEP = dict(
 TINY_SWEEP = dict(decode=[(1, 32), (8, 64), (16, 128), (32, 64), (32, 160)],
                   prefill=[32, 128, 256, 448, (32, 4), (64, 4)],
                   mixed=[(8, 64, 128), (16, 64, 256), (8, 64, 32, 4)], steps=6, warmup=2)
+# a mixture-of-experts shape: decode batches from 1 up (the experts a step touches rise from k
+# toward E along them: cost.moe_experts), the rest as the dense sweeps
+TINY_MOE_SWEEP = dict(decode=[(1, 32), (2, 32), (4, 64), (8, 64), (16, 64), (32, 64), (32, 160)],
+                      prefill=[32, 128, 256, (32, 4)], mixed=[(8, 64, 128), (16, 64, 32, 4)], steps=6, warmup=2)
+MOE_GPU_SWEEP = dict(GPU_SWEEP, decode=[(1, 256), (2, 256), (4, 256), (8, 512), (16, 256), (32, 512), (64, 256),
+                                        (96, 512), (128, 512), (64, 1024), (128, 1024), (128, 2048)])

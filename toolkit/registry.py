@@ -43,6 +43,7 @@ REGISTRY: dict[str, dict[str, str | type]] = {
         "MixtralForCausalLM": "toolkit.models.mixtral:MixtralForCausalLM",
         "Qwen3MoeForCausalLM": "toolkit.models.qwen3_moe:Qwen3MoeForCausalLM",
         "OlmoeForCausalLM": "toolkit.models.olmoe:OlmoeForCausalLM",
+        "Dots1ForCausalLM": "toolkit.models.dots1:Dots1ForCausalLM",
     },
     "proposer": {
         "ngram": "toolkit.samplers.speculative.ngram:NgramProposer",

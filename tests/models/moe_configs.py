@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from model_configs import randomize
 
-MOE_FAMILIES = ["mixtral", "qwen3_moe", "olmoe"]
+MOE_FAMILIES = ["mixtral", "qwen3_moe", "olmoe", "dots1"]
 
 
 def moe_config(family: str) -> Any:
@@ -28,6 +28,12 @@ def moe_config(family: str) -> Any:
         return tf.OlmoeConfig(**small, intermediate_size=36, num_experts=6, num_experts_per_tok=2,
                               norm_topk_prob=False, clip_qkv=1.5, pad_token_id=0, eos_token_id=1,
                               bos_token_id=2, tie_word_embeddings=False)
+    if family == "dots1":        # 8 experts in 4 groups, the best 2 groups kept, top-3 by sigmoid + bias,
+        # scaled by 2.5; one shared expert; layer 0 dense (first_k_dense_replace)
+        return tf.Dots1Config(**small, head_dim=16, intermediate_size=56, moe_intermediate_size=24,
+                              n_routed_experts=8, n_shared_experts=1, n_group=4, topk_group=2,
+                              num_experts_per_tok=3, norm_topk_prob=True, routed_scaling_factor=2.5,
+                              first_k_dense_replace=1, sliding_window=None, tie_word_embeddings=False)
     raise ValueError(family)
 
 
@@ -38,4 +44,8 @@ def build_hf_moe(family: str, seed: int = 0) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_config(moe_config(family), dtype=torch.float32,
                                              attn_implementation="eager").eval()
     randomize(model, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):    # a buffer randomize() leaves at 0: make it steer
+            b.copy_(torch.randn(b.shape, generator=g) * 0.1)
     return model

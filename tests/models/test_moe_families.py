@@ -14,10 +14,12 @@ from safetensors.torch import load_file
 
 from toolkit import LLM, SamplingParams
 from toolkit.models import load_model
-from toolkit.models.layers.moe import FusedMoE, SparseMoeBlock
+from toolkit.models.layers.moe import FusedMoE, GroupedTopK, SparseMoeBlock
 
 # sequence -> its chunks, one per step (a chunk of 1 after the prompt is a decode step)
-ARCH = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+ARCH = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
+        "dots1": "Dots1ForCausalLM"}
+SPARSE = {"qwen3_moe": [0, 2], "dots1": [1, 2]}     # the layers with experts where not all
 SCHEDULE = {"a": [11, 1, 1], "b": [1, 1, 1, 1], "c": [6, 5, 1], "d": [0, 4, 2]}
 
 
@@ -80,7 +82,7 @@ def test_every_checkpoint_tensor_fills_every_shard(family, hf_checkpoint):
     experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
     c = moe_config(family)
     sparse = [i for i, layer in enumerate(model.model.layers) if isinstance(getattr(layer, layer.mlp_name), SparseMoeBlock)]
-    assert sparse == ([0, 2] if family == "qwen3_moe" else list(range(c.num_hidden_layers)))
+    assert sparse == SPARSE.get(family, list(range(c.num_hidden_layers)))
     assert len(experts) == len(sparse)
 
 
@@ -111,6 +113,8 @@ def test_a_bad_expert_shard_names_what_is_valid():
         FusedMoE(3, 8, 6, dtype=torch.float32, device="cpu", group=type("G", (), {"rank": 0, "size": 4})())
     with pytest.raises(ValueError, match=r"num_experts_per_tok must be in \[1, 3\]"):
         SparseMoeBlock(3, 4, 8, 6, True, dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="n_group 4 must be >= 1 and divide the 6 experts"):
+        SparseMoeBlock(6, 2, 8, 6, True, dtype=torch.float32, device="cpu", grouped=GroupedTopK(4, 1))
 
 
 @pytest.mark.gpu

@@ -16,7 +16,7 @@ from moe_configs import MOE_FAMILIES, build_hf_moe
 from paged import PagedRunner
 
 from toolkit.models import load_model
-from toolkit.models.layers.moe import FusedMoE, SparseMoeBlock
+from toolkit.models.layers.moe import FusedMoE, GroupedTopK, SparseMoeBlock
 from toolkit.parallel.group import Group
 
 # ---------------------------------------------------------------- ranks as threads (tests/engine/test_tensor_parallel.py)
@@ -103,17 +103,26 @@ def test_tensor_parallel_experts_sum_to_the_full_layer(groups, size, e, d, per, 
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+GROUPED = GroupedTopK(num_expert_group=3, topk_group=2, scoring_func="sigmoid", correction_bias=True,
+                      routed_scaling_factor=1.5)
+
+
+@pytest.mark.parametrize("grouped", [None, GROUPED])
 @pytest.mark.parametrize("kernels", ["triton", "torch"])
-def test_the_layer_s_arithmetic_choices_agree(kernels):
-    """A SparseMoeBlock through the Triton kernel (interpreted) and the twin equals the CPU path."""
-    e, d, i = 5, 12, 10
+def test_the_layer_s_arithmetic_choices_agree(kernels, grouped):
+    """A SparseMoeBlock through the Triton kernel (interpreted) and the twins equals the CPU
+    path, with softmax top-k and with grouped top-k (its bias loaded)."""
+    e, d, i = 6, 12, 10
     ck = _experts_checkpoint(e, d, i, 7)
     g = torch.Generator().manual_seed(8)
-    gate, x = torch.randn(e, d, generator=g), torch.randn(9, d, generator=g)
+    gate, x, bias = torch.randn(e, d, generator=g), torch.randn(9, d, generator=g), torch.randn(e, generator=g)
     out = {}
     for choice in ("cpu", kernels):
-        block = SparseMoeBlock(e, 3, d, i, True, dtype=torch.float32, device="cpu", kernels=choice)
+        block = SparseMoeBlock(e, 3, d, i, True, dtype=torch.float32, device="cpu", kernels=choice, grouped=grouped)
         block.gate.weight_loader(block.gate.weight, gate, None)
+        if grouped is not None:
+            p = block.gate.e_score_correction_bias
+            p.weight_loader(p, bias, None)
         _load(block.experts, ck)
         out[choice] = block(x)
     torch.testing.assert_close(out[kernels], out["cpu"], rtol=1e-5, atol=1e-5)

@@ -38,11 +38,11 @@ def const(c: float):
 # -- cost model --
 def test_fit_recovers_a_linear_model_and_refuses_negative_terms(tmp_path) -> None:
     rng = np.random.default_rng(0)
-    true = np.array([2e-3, 1e-5, 5e-5, 2e-7, 0.0, 3e-4, 9e-3, 4e-5])
+    true = np.array([2e-3, 1e-5, 5e-5, 2e-7, 0.0, 3e-4, 9e-3, 4e-5, 6e-5])
     X = np.column_stack([np.ones(40), rng.integers(0, 8192, 40), rng.integers(0, 256, 40),
                          rng.integers(0, 500_000, 40), rng.integers(0, 3000, 40),
                          rng.integers(0, 8, 40), rng.integers(0, 2, 40),
-                         rng.integers(0, 60, 40)]).astype(float)
+                         rng.integers(0, 60, 40), rng.uniform(0, 32, 40)]).astype(float)
     m = CostModel.fit(zip(X, X @ true))
     assert np.allclose([m.coef[f] for f in FEATURES], true, rtol=1e-6, atol=1e-12)
     assert m.fit_error["max_rel"] < 1e-6

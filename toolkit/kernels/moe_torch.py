@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from toolkit.kernels.reference_moe import check_experts
+from toolkit.kernels.reference_moe import check_experts, check_grouped
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,3 +55,38 @@ def _silu_and_mul(h: torch.Tensor) -> torch.Tensor:
     """h [n, 2I] -> silu(h[:, :I]) * h[:, I:]  [n, I]."""
     gate, up = h.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def grouped_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool, *, num_expert_group: int,
+                 topk_group: int, scoring_func: str = "softmax",
+                 e_score_correction_bias: torch.Tensor | None = None,
+                 routed_scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2/V3's grouped top-k (the twin's doc: `reference_moe.grouped_topk`), batched:
+    router_logits [T, E] -> (weights float32 [T, k], ids int64 [T, k]). Every device, no host
+    sync (CUDA-graph safe). Stable descending sorts pick the groups and the experts, so ties go
+    to the lower id as in the twin (torch.topk's order under ties is unspecified)."""
+    check_grouped(router_logits, top_k, num_expert_group, topk_group, scoring_func, e_score_correction_bias)
+    t, e = router_logits.shape
+    g, size = num_expert_group, e // num_expert_group
+    if scoring_func == "softmax":
+        scores = torch.softmax(router_logits, dim=-1, dtype=torch.float32)      # [T, E]
+    else:
+        scores = torch.sigmoid(router_logits.float())                           # [T, E]
+    bias = e_score_correction_bias
+    choice = scores if bias is None else scores + bias.float()                  # [T, E] selection only
+    per_group = choice.view(t, g, size)                                         # [T, G, E/G]
+    if bias is None:
+        group_scores = per_group.amax(dim=-1)                                   # [T, G]
+    else:
+        group_scores = per_group.topk(min(2, size), dim=-1).values.sum(dim=-1)  # [T, G]
+    kept = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
+    mask = torch.zeros(t, g, dtype=torch.bool, device=scores.device).scatter_(1, kept, True)
+    allowed = mask.unsqueeze(-1).expand(t, g, size).reshape(t, e)               # [T, E]
+    masked = choice.masked_fill(~allowed, float("-inf"))
+    ids = torch.sort(masked, dim=-1, descending=True, stable=True).indices[:, :top_k]   # [T, k]
+    weights = scores.gather(1, ids)                                             # [T, k] unbiased
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if routed_scaling_factor != 1.0:
+        weights = weights * routed_scaling_factor
+    return weights, ids

@@ -16,7 +16,7 @@ from torch import nn
 from toolkit.models.base import LayerAttention, layer_kinds
 from toolkit.models.causal_lm import CausalLM
 from toolkit.models.layers import RMSNorm, RotaryEmbedding
-from toolkit.models.layers.moe import SparseMoeBlock, expert_shard
+from toolkit.models.layers.moe import GroupedTopK, SparseMoeBlock, expert_shard
 from toolkit.models.llama import STACKED, DecoderLayer, head_dim_of
 
 
@@ -48,12 +48,14 @@ class MoeCausalLM(CausalLM):
     def mlp(self, layer: int) -> nn.Module:
         raise NotImplementedError
 
-    def sparse_block(self, num_experts: int, top_k: int, intermediate: int, renormalize: bool) -> SparseMoeBlock:
+    def sparse_block(self, num_experts: int, top_k: int, intermediate: int, renormalize: bool,
+                     grouped: GroupedTopK | None = None, shared_experts: nn.Module | None = None) -> SparseMoeBlock:
         act = getattr(self.config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"the experts' activation {act!r} is not supported; supported: 'silu'")
         return SparseMoeBlock(num_experts, top_k, self.config.hidden_size, intermediate, renormalize,
-                              **self.layout(), kernels=self.moe_kernels)
+                              **self.layout(), kernels=self.moe_kernels, grouped=grouped,
+                              shared_experts=shared_experts)
 
     def map_name(self, name: str) -> tuple[str, Any]:
         """One expert's projection -> (the layer's stacked parameter, (expert, "w1"|"w3"|"w2"));

@@ -26,11 +26,11 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from toolkit.simulator.cost import CostModel
+from toolkit.simulator.cost import CostModel, moe_routing
 from toolkit.simulator.replay import TraceRecorder, _engine_of
 from toolkit.types import SamplingParams
 
@@ -46,8 +46,9 @@ def device_key(engine_or_llm: Any, shape: str) -> str:
 
 
 class _Shapes:
-    def __init__(self, engine: Any, steps: int, warmup: int, seed: int) -> None:
-        self.engine, self.steps, self.warmup = engine, steps, warmup
+    def __init__(self, engine: Any, steps: int, warmup: int, seed: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.engine, self.steps, self.warmup, self.clock = engine, steps, warmup, clock
         self.rng = random.Random(seed)
         self.vocab = engine.model.spec.vocab_size
         self.rec = TraceRecorder(engine)
@@ -82,10 +83,10 @@ class _Shapes:
             if prefill:
                 for _ in range(k):
                     self.add(prefill, 1)
-            t = time.perf_counter()
+            t = self.clock()
             self.engine.step()
             if i >= self.warmup:
-                walls.append(time.perf_counter() - t)
+                walls.append(self.clock() - t)
         feats = [s.features for s in self.rec.steps[first + self.warmup:]] or \
             [s.features for s in self.rec.steps[first:]]
         med = statistics.median(walls)
@@ -108,13 +109,15 @@ def _prompts_of(spec: int | Sequence[int]) -> tuple[int, int]:
 
 def profile_engine(target: Any, *, decode: Sequence[tuple[int, int]] = (), prefill: Sequence = (),
                    mixed: Sequence[tuple[int, ...]] = (), steps: int = 8, warmup: int = 2,
-                   seed: int = 0, outlier: float = 3.0, progress: bool = False) -> list[tuple[np.ndarray, float]]:
+                   seed: int = 0, outlier: float = 3.0, progress: bool = False,
+                   clock: Callable[[], float] = time.perf_counter) -> list[tuple[np.ndarray, float]]:
     """(features, seconds) samples, one per shape (see the module docstring). The engine
-    must be idle; it is left idle."""
+    must be idle; it is left idle. clock: wall time; `time.thread_time` (the CPU seconds of
+    this thread) measures a CPU engine of one torch thread apart from other load on the host."""
     engine = _engine_of(target)
     if engine.has_unfinished():
         raise ValueError("profile_engine needs an idle engine (it aborts what it adds, nothing else)")
-    sh = _Shapes(engine, steps, warmup, seed)
+    sh = _Shapes(engine, steps, warmup, seed, clock)
     samples: list[tuple[np.ndarray, float]] = []
     shapes = [("decode", b, c, None, 1) for b, c in decode] + \
         [("prefill", 0, 0, *_prompts_of(p)) for p in prefill] + \
@@ -166,5 +169,7 @@ def profile_admission(target: Any, *, lengths: Sequence[int] = (16, 256, 1024), 
 def fit_engine(target: Any, *, source: str, admission: bool = True, **shapes: Any) -> CostModel:
     """profile_engine (and profile_admission), then CostModel.fit."""
     adm = profile_admission(target) if admission else None
+    engine = _engine_of(target)
     return CostModel.fit(profile_engine(target, **shapes), source=source, admission=adm,
-                         graph_tokens=_engine_of(target).runner.graph_tokens)
+                         graph_tokens=engine.runner.graph_tokens,
+                         moe=moe_routing(getattr(engine.model, "config", None)))

@@ -4,6 +4,7 @@ seconds of admitting a request.
     t = c_const + c_prefill * prefill_tokens + c_decode * decode_seqs
         + c_decode_kv * decode_kv_tokens + c_prefill_attn * prefill_attn_ktokens
         + c_prefill_seqs * prefill_seqs + c_eager * eager_steps + c_mixed * mixed_ktokens
+        + c_moe * moe_experts
 
 - prefill_tokens: tokens of prompt (or recompute) chunks: the GEMMs' rows beyond decode.
 - decode_seqs: sequences decoding one token (+ drafts) this step.
@@ -27,6 +28,17 @@ seconds of admitting a request.
   docs/decisions/0008-simulator-cost-model.md). Empirical: such steps run attention eagerly
   between CUDA-graph pieces, and where the extra time goes is not measured.
 
+- moe_experts (a mixture-of-experts model; 0 for a dense one): the expected number of
+  distinct experts of a layer that the step's T tokens touch, each picking its top-k of E,
+  E * (1 - (1 - k / E)^T) (`experts_touched`: k at T = 1, E once T is large). A touched
+  expert's weights are read once per step whatever its tokens (the fused kernel's grouped
+  GEMM; the CPU path's per-expert loop), so this is the MoE step's weight-read term: a
+  decode batch of 1 reads k experts, not E, and the cost grows with the batch until every
+  expert is read. The FLOPs follow active, not total, parameters too: a token runs k
+  experts, which the per-token terms (prefill_tokens, decode_seqs) carry, fitted on the
+  MoE model (a tokens x k feature would be k times those columns, with nothing to tell
+  them apart). Uniform routing is assumed; a skewed router touches fewer.
+
 Admission (`admission`, outside any step): the host seconds of `engine.add_request` for a
 prompt of n tokens, `per_request + per_token * n` (validating and copying the prompt ids,
 building the Request). Whoever drives the engine (LLM.generate, the serving core,
@@ -46,14 +58,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from toolkit.types import ScheduledRequest, SchedulerOutput
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens", "prefill_seqs",
-            "eager_steps", "mixed_ktokens")
+            "eager_steps", "mixed_ktokens", "moe_experts")
 _PREFILL, _DECODE, _EAGER, _MIXED = (FEATURES.index(f) for f in
                                      ("prefill_tokens", "decode_seqs", "eager_steps", "mixed_ktokens"))
 ADMISSION = ("per_request", "per_token")     # host seconds of add_request: + per prompt token
@@ -66,9 +78,27 @@ def _is_decode(s: ScheduledRequest) -> bool:
     return s.num_new_tokens == 1 + s.num_spec_tokens and s.start >= s.request.num_prompt_tokens
 
 
-def step_features(out: SchedulerOutput, graph_tokens: int | None = None) -> np.ndarray:
+def experts_touched(tokens, num_experts: int, top_k: int):
+    """Expected distinct experts of one layer that `tokens` tokens touch when each picks top_k
+    of num_experts uniformly: E * (1 - (1 - k / E)^T); 0 at T = 0."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** np.asarray(tokens, dtype=np.float64))
+
+
+def moe_routing(config: Any) -> dict[str, int]:
+    """{"num_experts": E, "top_k": k} of a Hugging Face config of a mixture-of-experts model
+    (num_local_experts | num_experts | n_routed_experts, num_experts_per_tok); {} for a
+    dense one."""
+    k = getattr(config, "num_experts_per_tok", None)
+    e = next((getattr(config, n) for n in ("num_local_experts", "num_experts", "n_routed_experts")
+              if getattr(config, n, None)), None)
+    return {"num_experts": int(e), "top_k": int(k)} if e and k else {}
+
+
+def step_features(out: SchedulerOutput, graph_tokens: int | None = None,
+                  moe: dict[str, int] | None = None) -> np.ndarray:
     """float64 [len(FEATURES)] of one step's plan (before or after its update); graph_tokens:
-    the most tokens a step of the engine replays from CUDA graphs (None: it has none)."""
+    the most tokens a step of the engine replays from CUDA graphs (None: it has none); moe:
+    the model's routing ({"num_experts", "top_k"}; None or {}: dense, moe_experts 0)."""
     prefill = decode = decode_kv = chunks = tokens = 0
     attn = 0.0
     for s in out.scheduled:
@@ -82,7 +112,8 @@ def step_features(out: SchedulerOutput, graph_tokens: int | None = None) -> np.n
             attn += s.num_new_tokens * (s.start + s.end + 1) / 2 / 1000.0   # causal pairs
     eager = float(graph_tokens is not None and tokens > graph_tokens)
     mixed = float(mixed_ktokens(prefill, decode, eager))
-    return np.array([1.0, prefill, decode, decode_kv, attn, chunks, eager, mixed], dtype=np.float64)
+    experts = float(experts_touched(tokens, moe["num_experts"], moe["top_k"])) if moe else 0.0
+    return np.array([1.0, prefill, decode, decode_kv, attn, chunks, eager, mixed, experts], dtype=np.float64)
 
 
 def as_features(x, *, one_step: bool = False) -> np.ndarray:
@@ -112,13 +143,15 @@ class CostModel:
     a request = admission["per_request"] + admission["per_token"] * prompt tokens (none: 0).
     `source` says where the numbers come from. graph_tokens: the largest step the calibrated
     engine replayed from CUDA graphs (`EngineConfig.graph_tokens`, `Runner.graph_tokens`); set
-    it to simulate an engine whose limit differs."""
+    it to simulate an engine whose limit differs. moe: the model's routing, {"num_experts": E,
+    "top_k": k} (`moe_routing(config)`; empty for a dense model): what moe_experts counts."""
 
     coef: dict[str, float]
     source: str = "unfitted"
     fit_error: dict[str, float] = field(default_factory=dict)   # mean / max relative error of the fit
     admission: dict[str, float] = field(default_factory=dict)
     graph_tokens: int | None = None
+    moe: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for what, table, valid in (("cost features", self.coef, FEATURES), ("admission terms", self.admission, ADMISSION)):
@@ -128,6 +161,11 @@ class CostModel:
             bad = {k: v for k, v in table.items() if not (isinstance(v, (int, float)) and v >= 0)}
             if bad:
                 raise ValueError(f"cost coefficients must be numbers >= 0, got {bad}")
+        if self.moe:
+            e, k = self.moe.get("num_experts"), self.moe.get("top_k")
+            if set(self.moe) != {"num_experts", "top_k"} or not (isinstance(e, int) and isinstance(k, int)
+                                                                 and 1 <= k <= e):
+                raise ValueError(f"moe must be {{'num_experts': E, 'top_k': k}} with 1 <= k <= E, got {self.moe}")
         self._vec = np.array([float(self.coef.get(f, 0.0)) for f in FEATURES])
 
     def admission_time(self, prompt_len: int) -> float:
@@ -139,7 +177,7 @@ class CostModel:
         return self.predict(out)
 
     def predict(self, out: SchedulerOutput) -> float:
-        return float(self._vec @ step_features(out, self.graph_tokens))
+        return float(self._vec @ step_features(out, self.graph_tokens, self.moe))
 
     def predict_features(self, x: np.ndarray) -> np.ndarray:
         return as_features(x) @ self._vec
@@ -151,6 +189,8 @@ class CostModel:
         given, else max_tokens)."""
         c = self.coef
         step = c.get("const", 0.0) + batch * (c.get("decode_seqs", 0.0) + context * c.get("decode_kv_tokens", 0.0))
+        if self.moe:
+            step += c.get("moe_experts", 0.0) * float(experts_touched(batch, **self.moe))
 
         def estimate(request, now: float) -> float:
             p = max(request.num_tokens - request.num_computed_tokens, 0)
@@ -169,17 +209,18 @@ class CostModel:
     def fit(cls, samples: Iterable[tuple[np.ndarray | SchedulerOutput, float]], *,
             source: str = "fitted", features: Sequence[str] = FEATURES,
             weights: Sequence[float] | None = None, admission: dict[str, float] | None = None,
-            graph_tokens: int | None = None) -> "CostModel":
+            graph_tokens: int | None = None, moe: dict[str, int] | None = None) -> "CostModel":
         """Least squares on relative error with non-negative coefficients, scaled so the
         predicted total equals the measured total, over samples of (step features or
         SchedulerOutput, measured seconds); a sample may also be the sum of several steps'
         features against the sum of their seconds (the model is linear). `features` may
         leave some out (their coefficient is 0); `weights` weigh the samples' relative
         errors (e.g. so two sources count alike); `admission` and `graph_tokens` (the
-        engine's, as the samples' eager_steps were counted) are kept as given."""
+        engine's, as the samples' eager_steps were counted) and `moe` (the model's routing, as
+        their moe_experts were counted) are kept as given."""
         xs, ys = [], []
         for x, y in samples:
-            xs.append(step_features(x, graph_tokens) if isinstance(x, SchedulerOutput) else as_features(x))
+            xs.append(step_features(x, graph_tokens, moe) if isinstance(x, SchedulerOutput) else as_features(x))
             ys.append(float(y))
         X, y = (np.stack(xs), np.array(ys)) if xs else (np.zeros((0, len(FEATURES))), np.zeros(0))
         cols = [FEATURES.index(f) for f in features]
@@ -204,7 +245,8 @@ class CostModel:
         coef = dict.fromkeys(FEATURES, 0.0)
         for c, v in zip(cols, w):
             coef[FEATURES[c]] = float(v)
-        model = cls(coef, source=source, admission=dict(admission or {}), graph_tokens=graph_tokens)
+        model = cls(coef, source=source, admission=dict(admission or {}), graph_tokens=graph_tokens,
+                    moe=dict(moe or {}))
         rel = np.abs(model.predict_features(X) - y) / y
         model.fit_error = {"mean_rel": float(rel.mean()), "max_rel": float(rel.max()), "samples": len(y)}
         return model
@@ -212,12 +254,14 @@ class CostModel:
     # -- data --
     def to_dict(self) -> dict:
         return {"coef": dict(self.coef), "source": self.source, "fit_error": dict(self.fit_error),
-                "admission": dict(self.admission), "graph_tokens": self.graph_tokens}
+                "admission": dict(self.admission), "graph_tokens": self.graph_tokens,
+                **({"moe": dict(self.moe)} if self.moe else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         return cls(dict(d["coef"]), source=d.get("source", "?"), fit_error=dict(d.get("fit_error", {})),
-                   admission=dict(d.get("admission", {})), graph_tokens=d.get("graph_tokens"))
+                   admission=dict(d.get("admission", {})), graph_tokens=d.get("graph_tokens"),
+                   moe=dict(d.get("moe", {})))
 
     def save(self, key: str, path: str | Path = DEFAULT_FILE) -> None:
         """Add or replace entry `key` ("<device>/<model shape>") in the JSON file at path."""
@@ -245,12 +289,13 @@ class CostModel:
         terms = ", ".join(f"{k}={v:.3g}" for k, v in self.coef.items() if v)
         adm = "".join(f", admission {k}={v:.3g}" for k, v in self.admission.items() if v)
         graphs = f", graph_tokens={self.graph_tokens}" if self.graph_tokens is not None else ""
-        return f"CostModel({terms}{adm}{graphs}; {self.source})"
+        moe = f", moe top-{self.moe['top_k']} of {self.moe['num_experts']}" if self.moe else ""
+        return f"CostModel({terms}{adm}{graphs}{moe}; {self.source})"
 
 
 def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     """min ||A w - b|| with w >= 0: least squares on an active set, dropping the most
-    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 7 columns)."""
+    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 9 columns)."""
     active = list(range(A.shape[1]))
     w = np.zeros(A.shape[1])
     while active:

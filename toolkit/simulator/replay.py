@@ -28,7 +28,7 @@ import numpy as np
 from toolkit.engine.gc_freeze import GcPauses, frozen_heap
 from toolkit.kernels.compiles import triton_compiles
 from toolkit.progress import progress_bar
-from toolkit.simulator.cost import CostModel, _is_decode, as_features, step_features
+from toolkit.simulator.cost import CostModel, _is_decode, as_features, moe_routing, step_features
 from toolkit.simulator.result import RequestTiming, RunResult, StepLog
 from toolkit.simulator.trace import Trace, TraceRequest
 
@@ -65,6 +65,9 @@ class TraceRecorder:
         self.engine = None if target is None else _engine_of(target)   # None: a loaded recording
         # the engine's largest CUDA-graph step: a larger one is an eager step (cost.FEATURES)
         self.graph_tokens: int | None = None if self.engine is None else self.engine.runner.graph_tokens
+        # a mixture-of-experts model's routing: what the moe_experts feature counts ({}: dense)
+        self.moe: dict[str, int] = {} if self.engine is None else \
+            moe_routing(getattr(self.engine.model, "config", None))
         self.requests: dict[str, Any] = {}      # sequence id -> scheduler Request (first seen)
         self.steps: list[RecordedStep] = []
         self._trace: Trace | None = None        # a loaded recording's trace
@@ -87,7 +90,7 @@ class TraceRecorder:
                 prefill += s.num_new_tokens
         log = StepLog(rec.start_time, rec.duration, prefill, decode, rec.num_running, rec.num_waiting,
                       rec.num_preempted, rec.kv_blocks_used, rec.kv_blocks_total, by_client)
-        self.steps.append(RecordedStep(rec.start_time, rec.duration, step_features(out, self.graph_tokens),
+        self.steps.append(RecordedStep(rec.start_time, rec.duration, step_features(out, self.graph_tokens, self.moe),
                                        dict(rec.grants), log, gpu=rec.gpu_time, wait=rec.wait_time))
 
     def detach(self) -> None:
@@ -104,7 +107,8 @@ class TraceRecorder:
         trace = self.trace()
         Path(path).write_text(json.dumps({"trace": {"label": trace.label, "meta": trace.meta,
                                                     "requests": [dataclasses.asdict(r) for r in trace.requests]},
-                                          "steps": steps, "graph_tokens": self.graph_tokens}))
+                                          "steps": steps, "graph_tokens": self.graph_tokens,
+                                          "moe": self.moe}))
 
     @classmethod
     def load(cls, path: str) -> "TraceRecorder":
@@ -116,6 +120,7 @@ class TraceRecorder:
                                   StepLog(**s["log"]), s["period"], s.get("gap"), s.get("gpu"), s.get("wait"))
                      for s in d["steps"]]
         rec.graph_tokens = d.get("graph_tokens")
+        rec.moe = dict(d.get("moe", {}))
         return rec
 
     def trace(self, label: str = "recorded") -> Trace:
@@ -162,7 +167,8 @@ class TraceRecorder:
     def fit_cost(self, source: str = "refit from a recorded run", skip: int = 2, window: int = 32) -> CostModel:
         """A cost model fitted to the recorded steps' wall times, over sliding windows of
         `window` steps (see window_samples; window=1: step by step)."""
-        return CostModel.fit(self.window_samples(window, skip), source=source, graph_tokens=self.graph_tokens)
+        return CostModel.fit(self.window_samples(window, skip), source=source, graph_tokens=self.graph_tokens,
+                             moe=self.moe)
 
     def __repr__(self) -> str:
         return f"TraceRecorder({len(self.requests)} requests, {len(self.steps)} steps)"

@@ -11,6 +11,10 @@ down projection adds them (RowParallelLinear's rule). Checkpoints hold one tenso
 projection; the shard id of one is (expert, "w1" | "w3" | "w2") and `expert_shard` maps the
 Hugging Face names (Mixtral's w1/w3/w2, Qwen3-MoE's and OLMoE's gate/up/down_proj) to it.
 
+The router is softmax top-k, or DeepSeek-V2/V3's grouped top-k (`GroupedTopK`: the experts in
+groups, the best groups kept, an optional selection-only bias `gate.e_score_correction_bias`, a
+routed scaling factor). A block may add shared experts (a dense MLP every token runs).
+
 The arithmetic is picked by `kernels` like the model's other ops: the Triton fused kernel on
 CUDA (`toolkit/kernels/fused_moe.py`), the sorted torch path on the CPU
 (`toolkit/kernels/moe_torch.py`), the per-expert loop twin for "torch".
@@ -20,12 +24,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from toolkit.models.layers.linear import mark, replicated
+from toolkit.models.layers.linear import mark, replicated, vector
+from toolkit.models.layers.norm import copy_whole
 from toolkit.models.layers.parallel import Slice, shape_of, single_process, take
 
 # a checkpoint's per-expert projection names -> the shard's projection
@@ -116,27 +122,67 @@ class FusedMoE(nn.Module):
                 f"(features {self.cols.start}.. of {self.intermediate}), rank {self.group.rank}/{self.group.size}")
 
 
+@dataclass(frozen=True)
+class GroupedTopK:
+    """Grouped top-k routing (vLLM's `use_grouped_topk` options; Hugging Face's n_group,
+    topk_group, scoring_func, routed_scaling_factor). `correction_bias`: the gate holds an
+    `e_score_correction_bias` [E] (float32) added to the scores for selection only."""
+    num_expert_group: int
+    topk_group: int
+    scoring_func: str = "softmax"
+    correction_bias: bool = False
+    routed_scaling_factor: float = 1.0
+
+
 class SparseMoeBlock(nn.Module):
     """The router's gate (replicated [E, D], checkpoint name `gate.weight`), softmax top-k
-    (renormalised when `renormalize`), then the experts."""
+    (renormalised when `renormalize`) or `grouped` top-k, then the experts, plus the
+    `shared_experts` module's output on every token when given."""
 
     def __init__(self, num_experts: int, top_k: int, hidden: int, intermediate: int, renormalize: bool, *,
                  dtype: torch.dtype, device: torch.device | str, group: Any = None,
-                 kernels: str = "auto") -> None:
+                 kernels: str = "auto", grouped: GroupedTopK | None = None,
+                 shared_experts: nn.Module | None = None) -> None:
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok must be in [1, {num_experts}] (the number of "
                              f"experts), got {top_k}")
-        self.top_k, self.renormalize = top_k, renormalize
+        self.top_k, self.renormalize, self.grouped = top_k, renormalize, grouped
         self.gate = replicated(hidden, num_experts, False, dtype=dtype, device=device)
         self.experts = FusedMoE(num_experts, hidden, intermediate, dtype=dtype, device=device, group=group,
                                 kernels=kernels)
+        self.shared_experts = shared_experts
         _, self.select = experts_impl(torch.device(device), kernels)
+        if grouped is not None:
+            from toolkit.kernels import moe_torch, reference_moe
+            from toolkit.kernels.reference_moe import check_grouped
+            check_grouped(num_experts, top_k, grouped.num_expert_group, grouped.topk_group,
+                          grouped.scoring_func, None)
+            self.select_grouped = (reference_moe if kernels == "torch" else moe_torch).grouped_topk
+            if grouped.correction_bias:
+                self.gate.e_score_correction_bias = mark(
+                    vector(num_experts, torch.float32, torch.device(device)), self.bias_loader,
+                    [(None, (num_experts,))], "zeros")
+
+    def bias_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        """`gate.e_score_correction_bias`, whole on every rank, kept in float32."""
+        copy_whole(param, loaded, "the router's correction bias")
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits [T, E] -> (weights float32 [T, k], ids int64 [T, k]); no host sync."""
+        g = self.grouped
+        if g is None:
+            return self.select(logits, self.top_k, self.renormalize)
+        bias = self.gate.e_score_correction_bias if g.correction_bias else None
+        return self.select_grouped(logits, self.top_k, self.renormalize, num_expert_group=g.num_expert_group,
+                                   topk_group=g.topk_group, scoring_func=g.scoring_func,
+                                   e_score_correction_bias=bias, routed_scaling_factor=g.routed_scaling_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> [T, D]."""
-        weights, ids = self.select(self.gate(x), self.top_k, self.renormalize)  # [T, k] x 2
-        return self.experts(x, weights, ids)
+        weights, ids = self.route(self.gate(x))                                 # [T, k] x 2
+        out = self.experts(x, weights, ids)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
 
     def extra_repr(self) -> str:
-        return f"top_k={self.top_k}, renormalize={self.renormalize}"
+        return f"top_k={self.top_k}, renormalize={self.renormalize}" + (f", {self.grouped}" if self.grouped else "")
