@@ -96,13 +96,16 @@ class EngineConfig:
     # "reference" (every op's slow reference twin: the model's ops, the attention backend
     # "torch", the reference sampler, the cache copies). A part given explicitly wins.
     kernels: str = "auto"
+    # LLM.sleep() / wake_up() allowed (vLLM's flag): the weights' and the KV cache's device
+    # memory can be freed and brought back (toolkit/engine/sleep.py); update_weights needs no flag
+    enable_sleep_mode: bool = False
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
                            ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
                            ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str), ("model_impl", str), ("kernels", str),
-                           ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
+                           ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool), ("enable_sleep_mode", bool),
                            ("cuda_graphs", bool), ("max_cudagraph_capture_size", int), ("warmup", bool), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
             v = getattr(self, name)
             optional = name in ("max_model_len", "kv_cache_bytes", "num_blocks", "speculative",
