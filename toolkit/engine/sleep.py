@@ -27,6 +27,10 @@ from toolkit.worker.sleep import (TAGS, check_rank, load_rank, restore_rank, sle
 log = logging.getLogger(__name__)
 
 
+class EngineSleepingError(RuntimeError):
+    """A request reached an engine that is asleep (or whose level-2 weights are not reloaded)."""
+
+
 class SleepMode:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -46,11 +50,11 @@ class SleepMode:
             parts = " and ".join(f"the {'KV cache' if t == 'kv_cache' else t} (level {lv})"
                                  for t, lv in self.asleep.items())
             tags = sorted(self.asleep)
-            raise RuntimeError(f"the engine is asleep: {parts}; it cannot generate until it wakes: call "
+            raise EngineSleepingError(f"the engine is asleep: {parts}; it cannot generate until it wakes: call "
                                f"wake_up() (or wake_up(tags={tags}))")
         if self.stale:
             some = sorted(self.stale)[:3]
-            raise RuntimeError(f"sleep(level=2) discarded the weights and {len(self.stale)} of them have "
+            raise EngineSleepingError(f"sleep(level=2) discarded the weights and {len(self.stale)} of them have "
                                f"not been given again (e.g. {some}); call update_weights() with the "
                                "model's weights before generating")
 

@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from toolkit.engine.sleep import EngineSleepingError
 from toolkit.entrypoints.async_engine import AsyncEngine, EngineDeadError, Overloaded
 from toolkit.serving import protocol as P
 from toolkit.serving.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
@@ -44,7 +45,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
               max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
               allowed_hosts: Sequence[str] | None = None, protect_metrics: bool = False,
               on_engine_dead: Callable[[], None] | None = None,
-              tools: ToolConfig | None = None) -> FastAPI:
+              tools: ToolConfig | None = None, enable_sleep_mode: bool = False) -> FastAPI:
     """The app. `priority_hook(http_request, body) -> int | None` gives each request its
     priority (lower first, for the priority policy) in place of the body's `priority`.
     Before any body is read (guard.py): the Host header against `allowed_hosts` (None: any),
@@ -52,7 +53,9 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     size (413 past `max_body_bytes`; None: no limit). `on_engine_dead()` is called once if
     the engine stops while the server is not shutting down (`python -m toolkit.serve` then
     exits non-zero, so a supervisor restarts it, instead of answering 503 forever).
-    `tools`: the tool-call parser, auto tool choice and reasoning parser (vLLM's flags)."""
+    `tools`: the tool-call parser, auto tool choice and reasoning parser (vLLM's flags).
+    `enable_sleep_mode`: the development routes /sleep, /wake_up, /is_sleeping and
+    /reset_prefix_cache (sleep_routes.py); 404 without it."""
     handlers = OpenAIHandlers(engine, model_name, tools=tools)
     metrics = ServerMetrics(model_name)
     state = {"draining": False}
@@ -155,6 +158,8 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         except (Overloaded, EngineDeadError) as e:
             return error(503, str(e), type="server_error",
                          headers={"Retry-After": str(retry_after_s)})
+        except EngineSleepingError as e:          # sleep mode: asleep until /wake_up
+            return error(503, str(e), type="server_error", code="engine_sleeping")
         except (ValueError, TypeError) as e:
             return error(400, str(e))
 
@@ -179,6 +184,11 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    if enable_sleep_mode:
+        from toolkit.serving.sleep_routes import add_sleep_routes
+
+        add_sleep_routes(app, engine, v1, error)
 
     return app
 
