@@ -31,4 +31,6 @@ CATALOG = {b.name: b for b in [
     Benchmark("speculative", "speculative", "n-gram and draft-model speculation: acceptance and tok/s"),
     Benchmark("structured", "structured", "grammar-constrained generation: mask cost and tok/s"),
     Benchmark("floor", "floor", "a workload's floor: every op at its roofline, as the engine would run it"),
+    Benchmark("sleep_mode", "sleep_mode", "sleep / wake of both levels and update_weights GB/s "
+              "against building a new LLM"),
 ]}
