@@ -75,7 +75,7 @@ def test_sleep_level1_and_wake_gives_the_same_tokens(llm, want) -> None:
     weight = model.model.layers[0].self_attn.qkv_proj.weight
     nbytes = kv.nbytes + sum(p.untyped_storage().nbytes() for p in model.parameters())
     llm.sleep(level=1)
-    assert llm.is_sleeping()
+    assert llm.is_sleeping() and "SleepMode(asleep: weights (level 1), kv_cache (level 1))" in repr(llm)
     assert weight.untyped_storage().nbytes() == 0               # freed, the Parameter kept
     assert all(t.untyped_storage().nbytes() == 0 for t in kv.layers)
     assert llm.engine.sleep_mode.freed_bytes == nbytes

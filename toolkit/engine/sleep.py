@@ -40,6 +40,13 @@ class SleepMode:
         self.freed_bytes = 0                 # device bytes the last sleep freed (every rank)
         self._graph_args: tuple | None = None
 
+    def __repr__(self) -> str:
+        if not self.asleep:
+            state = "awake" + (f", {len(self.stale)} weights not reloaded" if self.stale else "")
+        else:
+            state = "asleep: " + ", ".join(f"{t} (level {lv})" for t, lv in self.asleep.items())
+        return f"SleepMode({state}{'' if self.enabled else ', disabled'})"
+
     # -- queries --
     def is_sleeping(self) -> bool:
         return bool(self.asleep)
