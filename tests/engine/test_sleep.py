@@ -265,3 +265,14 @@ def test_tensor_parallel_sleep_and_update(tiny_llama_dir, want, other_model) -> 
         llm.wake_up()
         llm.update_weights(state)
         assert _tokens(llm) == want["b"]
+
+
+def test_radix_prefix_cache_is_reset_too(tiny_llama_dir, want, other_model) -> None:
+    with LLM(tiny_llama_dir, allocator="radix", enable_sleep_mode=True, **OPTS) as llm:
+        assert _tokens(llm) == want["a"]
+        assert llm.engine.allocator.num_cached_blocks() > 0
+        llm.sleep(1)
+        _check_allocator_empty(llm)
+        llm.wake_up()
+        llm.update_weights(other_model[1])
+        assert _tokens(llm) == want["b"] and llm.engine.allocator.num_cached_blocks() > 0
