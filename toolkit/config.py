@@ -105,7 +105,7 @@ class EngineConfig:
                            ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
                            ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str), ("model_impl", str), ("kernels", str),
-                           ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool), ("enable_sleep_mode", bool),
+                           ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
                            ("cuda_graphs", bool), ("max_cudagraph_capture_size", int), ("warmup", bool), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
             v = getattr(self, name)
             optional = name in ("max_model_len", "kv_cache_bytes", "num_blocks", "speculative",
@@ -119,6 +119,9 @@ class EngineConfig:
                 what = {bool: "True or False", str: "a string", float: "a number", int: "an integer"}[kind]
                 raise TypeError(f"EngineConfig.{name} must be {what}{' or None' if optional else ''}, "
                                 f"got {type(v).__name__} {v!r}")
+        if not isinstance(self.enable_sleep_mode, bool):
+            raise TypeError(f"EngineConfig.enable_sleep_mode must be True or False, got "
+                            f"{type(self.enable_sleep_mode).__name__} {self.enable_sleep_mode!r}")
         _check(self.dtype in _DTYPES, "dtype", f"one of {_DTYPES}", self.dtype)
         _check(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
                "block_size", "a power of two in [1, 128]", self.block_size)

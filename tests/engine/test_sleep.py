@@ -203,6 +203,8 @@ def test_sleep_validation(tiny_llama_dir, llm) -> None:
         with pytest.raises(ValueError, match="enable_sleep_mode=True"):
             plain.sleep()
         assert not plain.is_sleeping()
+    with pytest.raises(TypeError, match="enable_sleep_mode must be True or False"):
+        LLM(tiny_llama_dir, enable_sleep_mode="yes", **OPTS)
     for level, err in ((0, ValueError), (3, ValueError), ("1", TypeError), (True, TypeError)):
         with pytest.raises(err, match="level"):
             llm.sleep(level)
