@@ -278,3 +278,18 @@ def test_radix_prefix_cache_is_reset_too(tiny_llama_dir, want, other_model) -> N
         llm.wake_up()
         llm.update_weights(other_model[1])
         assert _tokens(llm) == want["b"] and llm.engine.allocator.num_cached_blocks() > 0
+
+
+def test_fp8_kv_speculative_and_n_survive_sleep(tiny_llama_dir) -> None:
+    """An fp8 KV cache (its bytes are float8), n-gram drafts and n = 2 forks: the same tokens
+    after sleep(1) + wake."""
+    sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, n=2)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [1, 2, 3]]
+    with LLM(tiny_llama_dir, enable_sleep_mode=True, kv_cache_dtype="fp8", speculative="ngram",
+             num_speculative_tokens=2, **OPTS) as llm:
+        before = [[list(c.token_ids) for c in o.outputs] for o in llm.generate(prompts, sp, use_tqdm=False)]
+        llm.sleep(1)
+        llm.wake_up()
+        after = [[list(c.token_ids) for c in o.outputs] for o in llm.generate(prompts, sp, use_tqdm=False)]
+        assert after == before
+        _check_no_block_held(llm)
