@@ -33,4 +33,6 @@ CATALOG = {b.name: b for b in [
     Benchmark("floor", "floor", "a workload's floor: every op at its roofline, as the engine would run it"),
     Benchmark("moe", "moe", "Qwen3-30B-A3B: the fused MoE kernel against the per-expert loop and torch's "
               "grouped GEMM, the decode step against its roofline, ShareGPT against Hugging Face"),
+    Benchmark("sleep_mode", "sleep_mode", "sleep / wake of both levels and update_weights GB/s "
+              "against building a new LLM"),
 ]}

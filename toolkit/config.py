@@ -100,6 +100,9 @@ class EngineConfig:
     # generation_config.json: temperature, top_p, top_k, min_p, repetition_penalty,
     # max_new_tokens), "vllm" (SamplingParams' own defaults), or a folder holding one
     generation_config: str = "auto"
+    # LLM.sleep() / wake_up() allowed (vLLM's flag): the weights' and the KV cache's device
+    # memory can be freed and brought back (toolkit/engine/sleep.py); update_weights needs no flag
+    enable_sleep_mode: bool = False
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
@@ -120,6 +123,9 @@ class EngineConfig:
                 what = {bool: "True or False", str: "a string", float: "a number", int: "an integer"}[kind]
                 raise TypeError(f"EngineConfig.{name} must be {what}{' or None' if optional else ''}, "
                                 f"got {type(v).__name__} {v!r}")
+        if not isinstance(self.enable_sleep_mode, bool):
+            raise TypeError(f"EngineConfig.enable_sleep_mode must be True or False, got "
+                            f"{type(self.enable_sleep_mode).__name__} {self.enable_sleep_mode!r}")
         _check(self.dtype in _DTYPES, "dtype", f"one of {_DTYPES}", self.dtype)
         _check(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
                "block_size", "a power of two in [1, 128]", self.block_size)

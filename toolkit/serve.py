@@ -81,6 +81,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "with tools); vLLM's flag, on by default here")
     p.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1"],
                    help="split <think>...</think> into the message's reasoning_content")
+    p.add_argument("--enable-sleep-mode", action="store_true",
+                   help="build the engine with enable_sleep_mode and serve the development routes "
+                        "/sleep, /wake_up, /is_sleeping, /reset_prefix_cache (404 without it)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -94,6 +97,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
             opts[flag] = getattr(args, flag)
     if getattr(args, "enforce_eager", False):
         opts["cuda_graphs"] = False
+    if getattr(args, "enable_sleep_mode", False):
+        opts["enable_sleep_mode"] = True
     for item in args.engine_arg:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -171,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     on_engine_dead=engine_dead, sampling_defaults=defaults,
                     log_requests=args.enable_log_requests and not args.disable_log_requests,
                     tools=ToolConfig(args.tool_call_parser, args.enable_auto_tool_choice,
-                                     args.reasoning_parser))
+                                     args.reasoning_parser),
+                    enable_sleep_mode=args.enable_sleep_mode)
     server.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                                 timeout_graceful_shutdown=int(args.shutdown_timeout) + 1)))
     server[0].run()

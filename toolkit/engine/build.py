@@ -188,6 +188,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                     async_scheduling=(device.type == "cuda" if cfg.async_scheduling is None
                                       else cfg.async_scheduling))
     engine.startup = startup
+    engine.sleep_mode.enabled = cfg.enable_sleep_mode
     return engine
 
 

@@ -47,6 +47,9 @@ def engine_rows(engine: Any, html: bool) -> dict[str, Any]:
     }
     if engine.proposer is not None:
         rows["proposer"] = f"{engine.proposer!r}, k={engine.num_spec_tokens}"
+    sleep = getattr(engine, "sleep_mode", None)
+    if sleep is not None and (sleep.enabled or sleep.is_sleeping()):
+        rows["sleep mode"] = repr(sleep)
     return rows
 
 
@@ -61,7 +64,9 @@ def engine_repr(engine: Any, name: str = "Engine") -> str:
             f"allocator={type(alloc).__name__}, attention={type(r.attention).__name__}, "
             f"sampler={type(r.sampler).__name__}, kv={r.kv_cache.num_blocks}x{r.kv_cache.block_size} "
             f"tokens{fp8}, running={_count(engine.scheduler, 'num_running')}, "
-            f"waiting={_count(engine.scheduler, 'num_waiting')}, steps={engine.num_steps})")
+            f"waiting={_count(engine.scheduler, 'num_waiting')}, steps={engine.num_steps}"
+            + (f", {engine.sleep_mode!r}" if getattr(engine, "sleep_mode", None) is not None
+               and engine.sleep_mode.is_sleeping() else "") + ")")
 
 
 def engine_html(engine: Any, name: str = "Engine") -> str:

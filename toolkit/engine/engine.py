@@ -32,6 +32,7 @@ from toolkit.engine.observe import StepObserver, step_record
 from toolkit.engine.output import OUTPUT_KINDS, OutputProcessor, sequence_ids
 from toolkit.worker.runner import Runner
 from toolkit.engine.siblings import SiblingQueue
+from toolkit.engine.sleep import SleepMode
 from toolkit.engine.structured import StructuredOutputManager
 from toolkit.engine.vllm_compat import BestOf, resolve_words
 from toolkit.samplers.base import check_token_ids
@@ -89,6 +90,7 @@ class Engine:
         self.spec_drafted = 0            # draft tokens verified, over all requests
         self.spec_accepted = 0           # of which accepted
         self.spec_steps = 0              # verification rows (request-steps that had drafts)
+        self.sleep_mode = SleepMode(self)    # sleep / wake_up / update_weights (engine/sleep.py)
 
     # -- requests --
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
@@ -115,6 +117,7 @@ class Engine:
         sample 0 has computed the prompt, then start on its blocks (ref += 1; the partial last
         block is copied on write), or share its full blocks through the prefix cache."""
         self._check_open()
+        self.sleep_mode.check_awake()
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}"
@@ -261,6 +264,7 @@ class Engine:
         one (synchronous), or the one before (async scheduling: this step was launched first,
         so the host's work on the last one overlaps the GPU's on this one)."""
         self._check_open()
+        self.sleep_mode.check_awake()
         start = time.perf_counter()
         self._admit_waiting()                        # compiled grammars, siblings of a computed prompt
         out = self.scheduler.schedule()
@@ -427,6 +431,31 @@ class Engine:
         if prompt is None:
             raise TypeError("a prompt must be text or a list of token ids, got None")
         return None, token_id_list(prompt)
+
+    # -- sleep mode and weight updates (engine/sleep.py) --
+    def sleep(self, level: int = 1) -> None:
+        """Free the device memory of the KV cache and the weights (level 1: weights kept in
+        host memory; level 2: discarded). Needs an idle engine and enable_sleep_mode=True."""
+        self._check_open()
+        self.sleep_mode.sleep(level)
+
+    def wake_up(self, tags: Iterable[str] | str | None = None) -> None:
+        """Bring back "weights" and / or "kv_cache" (None: both)."""
+        self._check_open()
+        self.sleep_mode.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.sleep_mode.is_sleeping()
+
+    def update_weights(self, weights: Any) -> int:
+        """Load (checkpoint name, tensor) pairs in place, all or nothing; resets the prefix cache."""
+        self._check_open()
+        return self.sleep_mode.update_weights(weights)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing done) while requests are in flight."""
+        self._check_open()
+        return self.sleep_mode.reset_prefix_cache()
 
     def _check_open(self) -> None:
         if self.closed:

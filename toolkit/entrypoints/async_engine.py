@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import logging
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Sequence
 
+from toolkit.entrypoints import engine_calls
 from toolkit.entrypoints.core_thread import EngineDeadError, ThreadCore
 from toolkit.entrypoints.streams import OutputKind, Stream, signal_all
 from toolkit.types import RequestOutput, SamplingParams
@@ -207,6 +209,33 @@ class AsyncEngine:
         """Run fn(engine) where the engine lives, between two steps (a consistent
         snapshot, a setting); a Future of its result. Process mode: fn must pickle."""
         return self.core.call(fn)
+
+    # -- sleep mode and weight updates (vLLM's AsyncLLM names), run between two steps --
+    async def sleep(self, level: int = 1) -> None:
+        """Free the device memory of the weights and the KV cache (LLM.sleep); the engine must
+        be idle (RuntimeError otherwise) and built with enable_sleep_mode=True."""
+        await self._engine_call(engine_calls.sleep, level=level)
+
+    async def wake_up(self, tags: Sequence[str] | str | None = None) -> None:
+        await self._engine_call(engine_calls.wake_up,
+                                tags=list(tags) if isinstance(tags, (list, tuple)) else tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self._engine_call(engine_calls.is_sleeping)
+
+    async def update_weights(self, weights: Any) -> int:
+        """LLM.update_weights where the engine lives (process mode: the tensors travel over
+        the pipe, through shared memory)."""
+        if not isinstance(weights, (dict, list, tuple)):
+            weights = list(weights)               # a generator cannot travel to the engine's process
+        return await self._engine_call(engine_calls.update_weights, weights=weights)
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self._engine_call(engine_calls.reset_prefix_cache)
+
+    async def _engine_call(self, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        """fn(engine, **kwargs) between two steps (a partial of a module-level function: it pickles)."""
+        return await asyncio.wrap_future(self.core.call(functools.partial(fn, **kwargs) if kwargs else fn))
 
     # -- the core's side --
     def _on_outputs(self, outputs: list[RequestOutput], records: list[Any]) -> None:

@@ -161,6 +161,32 @@ class LLM:
             o.prompt = text                         # the rendered conversation, as vLLM fills it
         return outs
 
+    # -- sleep mode and weight updates (vLLM's names; toolkit/engine/sleep.py) --
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU memory of the KV cache and the weights until wake_up(): level 1 keeps
+        the weights in (pinned) host memory, level 2 discards them (give them again with
+        update_weights before generating). Needs enable_sleep_mode=True and no request in flight."""
+        self._engine().sleep(level)
+
+    def wake_up(self, tags: Sequence[str] | str | None = None) -> None:
+        """Bring back what sleep() freed: tags "weights" and / or "kv_cache" (None: both), e.g.
+        the weights first, update_weights, then the KV cache."""
+        self._engine().wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self._engine().is_sleeping()
+
+    def update_weights(self, weights: Any) -> int:
+        """Load new weights in place: (checkpoint name, tensor) pairs, or a dict, as a trainer
+        has them (full tensors; each tensor-parallel rank takes its slice). All or nothing: an
+        unknown name or a wrong shape raises ValueError and changes no weight. The prefix cache
+        is reset. Returns how many tensors were loaded."""
+        return self._engine().update_weights(weights)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False while requests are in flight."""
+        return self._engine().reset_prefix_cache()
+
     def _engine(self):
         if self.engine is None:
             raise RuntimeError("this LLM is closed (close() freed its KV cache and weights); "

@@ -213,7 +213,12 @@ class TPExecutor:
         self._check_alive()
         for conn in self.conns:
             conn.send(("call", fn, args))
-        results = [fn(self.runner, *args)]
+        try:
+            results = [fn(self.runner, *args)]
+        except BaseException:                # the workers' replies are read all the same, so
+            for rank in range(1, self.size):     # the next call does not take them for its own
+                self._expect(rank, "reply", timeout)
+            raise
         for rank in range(1, self.size):
             _, ok, value = self._expect(rank, "reply", timeout)
             if not ok:

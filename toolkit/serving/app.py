@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from toolkit.engine.sleep import EngineSleepingError
 from toolkit.entrypoints.async_engine import AsyncEngine, EngineDeadError, Overloaded
 from toolkit.serving import protocol as P
 from toolkit.serving.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
@@ -45,7 +46,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
               allowed_hosts: Sequence[str] | None = None, protect_metrics: bool = False,
               on_engine_dead: Callable[[], None] | None = None,
               tools: ToolConfig | None = None, sampling_defaults: Mapping[str, Any] | None = None,
-              log_requests: bool = False) -> FastAPI:
+              log_requests: bool = False, enable_sleep_mode: bool = False) -> FastAPI:
     """The app. `priority_hook(http_request, body) -> int | None` gives each request its
     priority (lower first, for the priority policy) in place of the body's `priority`.
     Before any body is read (guard.py): the Host header against `allowed_hosts` (None: any),
@@ -55,7 +56,9 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     exits non-zero, so a supervisor restarts it, instead of answering 503 forever).
     `tools`: the tool-call parser, auto tool choice and reasoning parser (vLLM's flags).
     `sampling_defaults` (--generation-config) fill the sampling fields a request leaves unset;
-    `log_requests` (--enable-log-requests) logs each request at INFO."""
+    `log_requests` (--enable-log-requests) logs each request at INFO.
+    `enable_sleep_mode`: the development routes /sleep, /wake_up, /is_sleeping and
+    /reset_prefix_cache (sleep_routes.py); 404 without it."""
     handlers = OpenAIHandlers(engine, model_name, tools=tools, sampling_defaults=sampling_defaults,
                               log_requests=log_requests)
     metrics = ServerMetrics(model_name)
@@ -159,6 +162,8 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         except (Overloaded, EngineDeadError) as e:
             return error(503, str(e), type="server_error",
                          headers={"Retry-After": str(retry_after_s)})
+        except EngineSleepingError as e:          # sleep mode: asleep until /wake_up
+            return error(503, str(e), type="server_error", code="engine_sleeping")
         except (ValueError, TypeError) as e:
             return error(400, str(e))
 
@@ -183,6 +188,11 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    if enable_sleep_mode:
+        from toolkit.serving.sleep_routes import add_sleep_routes
+
+        add_sleep_routes(app, engine, v1, error)
 
     return app
 

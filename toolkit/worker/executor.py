@@ -5,6 +5,7 @@
                                                    the hidden states instead (a sampler graph
                                                    with the LM head inside takes those)
     enable_cuda_graphs(max_tokens, full_tokens) -> StepGraphs | None
+    call(fn, *args) -> [fn(ModelRunner, *args) of each rank]   (sleep mode, weight updates)
     model, kv_cache, attention                      rank 0's
     supports_hidden                                 declared: execute(hidden=True) works
     close()
@@ -58,6 +59,10 @@ class LocalExecutor:
             return ForwardOutput(prompt_logits=prompt, hidden=h)
         logits, prompt = self.runner.logits(h, batch.logits_indices, prompt_rows)
         return ForwardOutput(logits, prompt)
+
+    def call(self, fn: Any, *args: Any) -> list[Any]:
+        """fn(ModelRunner, *args) on the one rank: [its result] (TPExecutor.call's form)."""
+        return [fn(self.runner, *args)]
 
     def close(self) -> None:
         pass

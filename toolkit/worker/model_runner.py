@@ -42,6 +42,7 @@ class ModelRunner:
 
         if self.device.type != "cuda" or not supports_graphs(self.attention):
             return False
+        self.graph_args = (max_tokens, full_tokens)      # sleep mode rebuilds them on wake
         self.graphs = StepGraphs(self.model, self.attention, max_tokens, self.device, full_tokens)
         return True
 

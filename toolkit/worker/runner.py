@@ -102,6 +102,7 @@ class Runner:
         run(out=)): piecewise graphs, and whole-forward graphs for decode steps of up to
         full_tokens (None: every bucket); and the LM head and sampling of plain steps of up
         to max_sample_rows sampling rows (max_num_seqs)."""
+        self.graph_args = (max_tokens, max_sample_rows, full_tokens)   # sleep mode rebuilds them on wake
         self.graphs = self.executor.enable_cuda_graphs(max_tokens, full_tokens)   # every rank's
         if self.graphs is None:
             return False
