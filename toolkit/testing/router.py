@@ -21,6 +21,7 @@ from typing import Any, Callable
 from hypothesis import given
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 
 from toolkit.blocks.hashing import hash_blocks
 from toolkit.routing.base import NoReplicaAlive, ReplicaView, RouteRequest
@@ -110,4 +111,8 @@ def check_router(factory: Callable[[], Any], *, block_size: int = BLOCK, max_exa
     run = given(fleets(), st.lists(requests(), min_size=1, max_size=12))(fleet_case)
     if max_examples is not None:
         run = Settings(max_examples=max_examples)(run)
-    run()
+    try:
+        run()
+    except Flaky as e:          # a failure that did not repeat: randomness the seed does not fix
+        raise AssertionError(f"the router's choices are not reproducible (unseeded randomness or "
+                             f"hidden state shared between instances): {e}") from e
