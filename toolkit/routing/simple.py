@@ -32,6 +32,9 @@ class LeastLoadedRouter:
     """The live replica of lowest score (waiting * 4 + running, vLLM's DP load balancer);
     ties go to the lowest kv_usage, then the lowest index."""
 
+    def __init__(self) -> None:
+        pass
+
     def choose(self, request: Any, replicas: Sequence[ReplicaView]) -> int:
         return min(alive_indices(replicas), key=lambda i: (replicas[i].score, replicas[i].kv_usage, i))
 
