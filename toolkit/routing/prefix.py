@@ -91,6 +91,8 @@ class CacheAwareRouter:
     `cached_blocks`) if its load is within the bound and the match is at least
     `min_match_blocks`; else the least-loaded (vLLM's score)."""
 
+    uses_cached_blocks = True          # a front door fills ReplicaView.cached_blocks for it
+
     def __init__(self, block_size: int = 16, load_factor: float = 1.25, min_match_blocks: int = 1) -> None:
         _check(block_size, load_factor)
         if not isinstance(min_match_blocks, int) or min_match_blocks < 1:
