@@ -13,11 +13,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from test_data_parallel import OPTIONS, config  # noqa: E402
+
 from toolkit import LLM, SamplingParams  # noqa: E402
 from toolkit.entrypoints.data_parallel import DPAsyncEngine  # noqa: E402
 from toolkit.entrypoints.replica_set import ReplicaDiedError  # noqa: E402
-
-from test_data_parallel import OPTIONS, config  # noqa: E402
 
 pytestmark = pytest.mark.ray
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

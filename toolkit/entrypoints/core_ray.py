@@ -126,7 +126,8 @@ class RayCore:
         except Exception as e:
             ray.kill(self.actor, no_restart=True)
             raise EngineDeadError(f"the Ray replica {name} failed to start: {e}") from e
-        self.tokenizer, self.max_model_len, self.vocab_size = info["tokenizer"], info["max_model_len"], info["vocab_size"]
+        self.tokenizer = info["tokenizer"]
+        self.max_model_len, self.vocab_size = info["max_model_len"], info["vocab_size"]
         self._on_outputs, self._on_error = on_outputs, on_error
         self._acc: dict[str, Accumulator] = {}
         self._poll_timeout = poll_timeout

@@ -9,7 +9,7 @@ The simulator runs them over N simulated replicas (`toolkit.simulator.ReplicaSim
 the server puts them in front of N engines (`toolkit.entrypoints.replicas`).
 """
 
-from toolkit.routing.base import NoReplicaAlive, ReplicaView, RouteRequest, Router, alive_indices
+from toolkit.routing.base import NoReplicaAlive, ReplicaView, Router, RouteRequest, alive_indices
 from toolkit.routing.prefix import CacheAwareRouter, PrefixAffinityRouter, load_bound, prompt_hashes
 from toolkit.routing.simple import LeastLoadedRouter, PowerOfTwoRouter, RoundRobinRouter
 
