@@ -244,8 +244,8 @@ class ReplicaSetCore:
         with self._lock:
             if r.replica == i:
                 self._uncount(r)
-            if isinstance(error, EngineDeadError) and not self.cores[i].alive and self._req.get(rid) is r:
-                retry = True                     # its replica died before taking it
+            if isinstance(error, EngineDeadError) and self._req.get(rid) is r:
+                retry = True                     # its replica died (or was lost) before taking it
             else:
                 self._req.pop(rid, None) if self._req.get(rid) is r else None
         if retry:
