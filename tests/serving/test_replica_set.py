@@ -176,3 +176,14 @@ def test_a_replica_that_fails_to_start_closes_the_others():
     with pytest.raises(RuntimeError, match="no GPU"):
         ReplicaSetCore([ok, broken], RoundRobinRouter(), lambda *a: None, lambda *a: None)
     assert started and not started[0].alive
+
+
+def test_serve_flags():
+    from toolkit.serve import parse_args
+
+    a = parse_args(["some/dir", "-dp", "4", "--data-parallel-backend", "ray", "--router", "prefix_affinity"])
+    assert (a.data_parallel_size, a.data_parallel_backend, a.router) == (4, "ray", "prefix_affinity")
+    a = parse_args([])
+    assert (a.data_parallel_size, a.data_parallel_backend, a.router) == (1, "mp", "least_loaded")
+    with pytest.raises(SystemExit):
+        parse_args(["--router", "fastest"])
