@@ -18,6 +18,8 @@ import hashlib
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from toolkit.blocks.hashing import hash_blocks
 from toolkit.routing.base import ReplicaView, alive_indices
 
@@ -32,10 +34,12 @@ def _check(block_size: int, load_factor: float) -> None:
 def prompt_hashes(request: Any, block_size: int, max_blocks: int | None = None) -> list[int]:
     """Block hashes of the request's prompt (its full blocks, at most max_blocks), salted like
     the engine's prefix cache (cache_salt)."""
-    ids = list(getattr(request, "prompt_token_ids", ()) or ())
+    ids = getattr(request, "prompt_token_ids", ()) or ()
     if max_blocks is not None:
         ids = ids[: max_blocks * block_size]
-    return hash_blocks(ids, block_size, extra=int(getattr(request, "cache_salt", 0) or 0))
+    # one conversion up front: hash_blocks then slices an int64 array per block
+    return hash_blocks(np.asarray(ids, dtype=np.int64), block_size,
+                       extra=int(getattr(request, "cache_salt", 0) or 0))
 
 
 def load_bound(replicas: Sequence[ReplicaView], live: Sequence[int], load_factor: float) -> int:
