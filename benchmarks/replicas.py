@@ -93,9 +93,12 @@ def main() -> None:
     ap.add_argument("--num", type=int, default=1000, help="requests per run")
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--system-prompts", type=int, default=16)
+    ap.add_argument("--system-prompts", type=int, default=64)
     ap.add_argument("--system-prompt-len", type=int, default=2048)
-    ap.add_argument("--rate", type=float, default=40.0, help="requests / s of the shared-prefix runs")
+    ap.add_argument("--num-blocks", type=int, default=4096,
+                    help="KV blocks (of 16 tokens) per replica in the shared-prefix runs: about half "
+                         "of the system prompts fit, so where they are sent matters")
+    ap.add_argument("--rate", type=float, default=20.0, help="requests / s of the shared-prefix runs")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -104,6 +107,7 @@ def main() -> None:
     if a.tiny:
         model, opts = tiny_config(), dict(num_blocks=512, block_size=16, max_num_seqs=16)
         a.prompt_len, a.output_len, a.system_prompt_len = min(a.prompt_len, 32), min(a.output_len, 8), 64
+        a.system_prompts, a.num_blocks = 4, 512
     else:
         model = model_config("qwen3")
         opts = dict(load_format="dummy", gpu_memory_utilization=a.gpu_memory_utilization)
@@ -130,8 +134,9 @@ def main() -> None:
               for _ in range(a.num)]
     arrivals = np.cumsum(rng.exponential(1.0 / a.rate, a.num)).tolist()
     results["shared_prefix"] = {}
+    shared_opts = {**opts, "num_blocks": a.num_blocks}
     for router in ("round_robin", "prefix_affinity", "cache_aware"):
-        engine = build(model, 2, router, opts)
+        engine = build(model, 2, router, shared_opts)
         try:
             r = asyncio.run(drive(engine, shared, params, arrivals))
         finally:
