@@ -30,6 +30,10 @@ CATALOG = {b.name: b for b in [
     Benchmark("sampling", "sampling", "the sampler pipeline against the reference sampler"),
     Benchmark("speculative", "speculative", "n-gram and draft-model speculation: acceptance and tok/s"),
     Benchmark("structured", "structured", "grammar-constrained generation: mask cost and tok/s"),
+    Benchmark("replicas", "replicas", "2 data-parallel replicas of the Qwen3-0.6B shape on one GPU "
+              "against 1; prefix affinity against round robin on shared-prefix traffic; router cost"),
+    Benchmark("replicas_sim", "replicas_sim", "routers over 2, 4, 8 simulated replicas on ShareGPT, "
+              "shared-prefix and multi-tenant traces: prefix-cache hit rate, TTFT", gpu=False),
     Benchmark("floor", "floor", "a workload's floor: every op at its roofline, as the engine would run it"),
     Benchmark("moe", "moe", "Qwen3-30B-A3B: the fused MoE kernel against the per-expert loop and torch's "
               "grouped GEMM, the decode step against its roofline, ShareGPT against Hugging Face"),

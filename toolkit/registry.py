@@ -49,6 +49,13 @@ REGISTRY: dict[str, dict[str, str | type]] = {
         "ngram": "toolkit.samplers.speculative.ngram:NgramProposer",
         "draft": "toolkit.samplers.speculative.draft:DraftModelProposer",
     },
+    "router": {
+        "round_robin": "toolkit.routing.simple:RoundRobinRouter",
+        "least_loaded": "toolkit.routing.simple:LeastLoadedRouter",
+        "power_of_two": "toolkit.routing.simple:PowerOfTwoRouter",
+        "prefix_affinity": "toolkit.routing.prefix:PrefixAffinityRouter",
+        "cache_aware": "toolkit.routing.prefix:CacheAwareRouter",
+    },
 }
 
 
@@ -90,6 +97,7 @@ REQUIRED = {
     "sampler": ("__call__",),
     "attention": ("plan", "write_kv", "run"),
     "proposer": ("propose", "remove"),
+    "router": ("choose",),
 }
 
 

@@ -84,6 +84,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-sleep-mode", action="store_true",
                    help="build the engine with enable_sleep_mode and serve the development routes "
                         "/sleep, /wake_up, /is_sleeping, /reset_prefix_cache (404 without it)")
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="engine replicas behind this one server, each request routed to one "
+                        "(docs/guides/replicas.md)")
+    p.add_argument("--data-parallel-backend", choices=["mp", "ray", "thread"], default="mp",
+                   help="replicas as engine processes on this host (mp, one GPU each where there are "
+                        "several), Ray actors on the Ray cluster (ray; pip install -e '.[ray]'), or "
+                        "threads of the server (thread)")
+    p.add_argument("--router", default="least_loaded",
+                   choices=["round_robin", "least_loaded", "power_of_two", "prefix_affinity", "cache_aware"],
+                   help="which replica serves a request (with --data-parallel-size > 1)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -159,7 +169,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                       else "smollm2-135m-instruct")
-    engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
+    if args.data_parallel_size < 1:
+        raise SystemExit(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
+    if args.data_parallel_size > 1 or args.data_parallel_backend == "ray":
+        from toolkit.entrypoints.data_parallel import DPAsyncEngine
+
+        engine = DPAsyncEngine(args.model, data_parallel_size=args.data_parallel_size,
+                               backend=args.data_parallel_backend, router=args.router, **engine_options(args))
+    else:
+        engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
     defaults = sampling_defaults(args)
     if args.chat_template is not None:           # the server renders chats with this tokenizer copy
         engine.tokenizer.chat_template = read_chat_template(args.chat_template)

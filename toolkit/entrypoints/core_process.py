@@ -36,11 +36,14 @@ log = logging.getLogger(__name__)
 
 class ProcessCore:
     def __init__(self, args: tuple, kwargs: dict[str, Any], on_outputs: OnOutputs, on_error: OnError,
-                 *, startup_timeout: float = 1800.0) -> None:
+                 *, startup_timeout: float = 1800.0, env: dict[str, str] | None = None,
+                 name: str = "toolkit-engine") -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_child_main, args=(child, args, kwargs), daemon=True,
-                                name="toolkit-engine")
+        # env: variables the child sets before it builds the engine (a data-parallel
+        # replica's CUDA_VISIBLE_DEVICES); this process's environment is left alone
+        self.proc = ctx.Process(target=_child_main, args=(child, args, kwargs, env), daemon=True,
+                                name=name)
         self.proc.start()
         child.close()
         if not self._conn.poll(startup_timeout):
@@ -180,8 +183,9 @@ class ProcessCore:
             self._on_error(RuntimeError(msg[1]), rids)
 
 
-def _child_main(conn, args: tuple, kwargs: dict[str, Any]) -> None:
+def _child_main(conn, args: tuple, kwargs: dict[str, Any], env: dict[str, str] | None = None) -> None:
     """The engine process: build the LLM, then serve commands and step until told to stop."""
+    os.environ.update(env or {})
     from toolkit.entrypoints.llm import LLM
 
     try:

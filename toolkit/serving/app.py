@@ -180,14 +180,23 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         return P.ModelList(data=[P.ModelCard(id=model_name, created=P.now(),
                                              max_model_len=handlers.max_model_len)])
 
+    # data-parallel engines (entrypoints/data_parallel.py): ready when every replica is, and
+    # per-replica families beside the fleet's totals
+    per_replica = None
+    if callable(getattr(engine, "replica_stats", None)):
+        from toolkit.serving.replica_metrics import replica_metrics
+
+        per_replica = replica_metrics(engine.replica_stats, model_name)
+
     @app.get("/health")
     async def health() -> Response:
-        ok = engine.is_running and not state["draining"]
+        ok = getattr(engine, "is_ready", engine.is_running) and not state["draining"]
         return Response(status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        text = metrics.render() + (per_replica() if per_replica is not None else b"")
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     if enable_sleep_mode:
         from toolkit.serving.sleep_routes import add_sleep_routes

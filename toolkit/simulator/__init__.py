@@ -13,6 +13,7 @@ engine, fit the cost model), metrics.py, plots.py.
 
 from toolkit.simulator.cost import FEATURES, CostModel, step_features
 from toolkit.simulator.metrics import jain_index, summarize, table
+from toolkit.simulator.replicas import ReplicaRunResult, ReplicaSimulator, compare_routers
 from toolkit.simulator.result import RequestTiming, RunResult, StepLog
 from toolkit.simulator.sim import Simulator
 from toolkit.simulator.trace import Trace, TraceRequest
@@ -28,4 +29,5 @@ from toolkit.simulator.workloads import (
 
 __all__ = ["CostModel", "FEATURES", "step_features", "Simulator", "RunResult", "RequestTiming", "StepLog",
            "Trace", "TraceRequest", "summarize", "table", "jain_index", "sharegpt_lengths", "synthetic_lengths",
-           "scaled_lengths", "make_trace", "multi_client_trace", "poisson_arrivals", "gamma_arrivals"]
+           "scaled_lengths", "make_trace", "multi_client_trace", "poisson_arrivals", "gamma_arrivals",
+           "ReplicaSimulator", "ReplicaRunResult", "compare_routers"]

@@ -15,6 +15,7 @@ _EXPORTS = {
     "check_scheduler": "toolkit.testing.scheduler", "scheduler_machine": "toolkit.testing.scheduler",
     "triton_compiles": "toolkit.kernels.compiles",
     "check_tool_format": "toolkit.testing.tool_parser",
+    "check_router": "toolkit.testing.router",
 }
 
 __all__ = sorted(_EXPORTS)
