@@ -84,6 +84,7 @@ def test_one_request_for_all_prompts_and_prefix_cache(llm, lora_base, adapters):
 
 def test_bad_adapters_raise_and_leave_the_engine_clean(llm, lora_base, adapters, tmp_path):
     sp = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    llm.generate([PROMPTS[1]], sp, lora_request=lreq("qv8", adapters), use_tqdm=False)   # id 1 is known
     with pytest.raises(ValueError, match="adapter_config.json"):
         llm.generate([PROMPTS[0]], sp, lora_request=LoRARequest("nope", 9, str(tmp_path / "missing")),
                      use_tqdm=False)
