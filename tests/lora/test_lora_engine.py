@@ -109,3 +109,20 @@ def test_lora_request_needs_enable_lora(lora_base, adapters):
             llm.generate([PROMPTS[1]], SamplingParams(max_tokens=2), lora_request=lreq("qv8", adapters),
                          use_tqdm=False)
         assert llm.engine.allocator.num_free_blocks() == llm.engine.allocator.num_blocks
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_with_adapters(lora_base, adapters):
+    """On CUDA the decode steps replay CUDA graphs whose input is the slot-index buffer: the
+    mixed batch still equals PEFT's merged models (fp32), and steps were replayed."""
+    base, folder = lora_base
+    names = [None, "qv8", "all4", "mlp16", "qv8"]
+    with LLM(str(folder), enable_lora=True, max_loras=2, max_lora_rank=16, dtype="float32",
+             cuda_graphs=True, device="cuda", max_num_seqs=4) as llm:
+        assert llm.engine.runner.graphs is not None
+        outs = llm.generate([PROMPTS[i % 3] for i in range(5)], SamplingParams(max_tokens=NEW, ignore_eos=True),
+                            lora_request=[lreq(n, adapters) if n else None for n in names], use_tqdm=False)
+        for i, (n, o) in enumerate(zip(names, outs)):
+            ref = adapters[n][2] if n else base
+            assert o.outputs[0].token_ids == hf_greedy(ref, PROMPTS[i % 3])
+        assert_clean(llm)
