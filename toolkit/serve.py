@@ -72,6 +72,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "with tools); vLLM's flag, on by default here")
     p.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1"],
                    help="split <think>...</think> into the message's reasoning_content")
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (vLLM's flag)")
+    p.add_argument("--max-loras", type=int, default=None, help="distinct adapters in one step")
+    p.add_argument("--max-lora-rank", type=int, default=None)
+    p.add_argument("--max-cpu-loras", type=int, default=None)
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                   help="adapters served by name (a request's `model`), e.g. sql=/adapters/sql")
+    p.add_argument("--allow-runtime-lora-updating", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                   help="add /v1/load_lora_adapter and /v1/unload_lora_adapter (default: "
+                        "$VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -80,11 +90,16 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"scheduler": args.scheduler, "attention": args.attention,
                             "load_format": args.load_format}
     for flag in ("allocator", "max_num_seqs", "max_model_len", "block_size", "dtype",
-                 "gpu_memory_utilization", "tensor_parallel_size", "seed", "enable_prefix_caching"):
+                 "gpu_memory_utilization", "tensor_parallel_size", "seed", "enable_prefix_caching",
+                 "max_loras", "max_lora_rank", "max_cpu_loras"):
         if getattr(args, flag, None) is not None:
             opts[flag] = getattr(args, flag)
     if getattr(args, "enforce_eager", False):
         opts["cuda_graphs"] = False
+    if getattr(args, "enable_lora", False):
+        opts["enable_lora"] = True
+    elif getattr(args, "lora_modules", None) or getattr(args, "allow_runtime_lora_updating", False):
+        raise SystemExit("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     for item in args.engine_arg:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -127,6 +142,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from toolkit.serving.tools.request import ToolConfig
 
     args = parse_args(argv)
+    from toolkit.serving.lora import parse_lora_modules
+
+    try:
+        lora_modules = parse_lora_modules(args.lora_modules)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                       else "smollm2-135m-instruct")
@@ -145,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     allowed_hosts=allowed_hosts(args), protect_metrics=args.protect_metrics,
                     on_engine_dead=engine_dead,
                     tools=ToolConfig(args.tool_call_parser, args.enable_auto_tool_choice,
-                                     args.reasoning_parser))
+                                     args.reasoning_parser),
+                    lora_modules=lora_modules if args.enable_lora else None,
+                    allow_runtime_lora_updating=args.enable_lora and args.allow_runtime_lora_updating)
     server.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                                 timeout_graceful_shutdown=int(args.shutdown_timeout) + 1)))
     server[0].run()
