@@ -30,5 +30,7 @@ CATALOG = {b.name: b for b in [
     Benchmark("sampling", "sampling", "the sampler pipeline against the reference sampler"),
     Benchmark("speculative", "speculative", "n-gram and draft-model speculation: acceptance and tok/s"),
     Benchmark("structured", "structured", "grammar-constrained generation: mask cost and tok/s"),
+    Benchmark("lora", "lora", "multi-LoRA: tok/s and the steady decode step with 0/1/8/32 adapters "
+              "against the base model"),
     Benchmark("floor", "floor", "a workload's floor: every op at its roofline, as the engine would run it"),
 ]}
