@@ -126,3 +126,33 @@ def test_cuda_graphs_replay_with_adapters(lora_base, adapters):
             ref = adapters[n][2] if n else base
             assert o.outputs[0].token_ids == hf_greedy(ref, PROMPTS[i % 3])
         assert_clean(llm)
+
+
+def test_n_samples_share_the_adapter(llm, adapters):
+    """n > 1: samples 1.. fork sample 0's prompt blocks and hold its adapter's slot too."""
+    out = llm.generate([PROMPTS[0]], SamplingParams(n=2, max_tokens=4, temperature=0.0, ignore_eos=True),
+                       lora_request=lreq("mlp16", adapters), use_tqdm=False)[0]
+    want = hf_greedy(adapters["mlp16"][2], PROMPTS[0], 4)
+    assert [c.token_ids for c in out.outputs] == [want, want]
+    assert_clean(llm)
+
+
+@pytest.mark.slow
+def test_embedded_smollm2_adapter_equals_peft_merged(tmp_path):
+    """A PEFT adapter on the embedded SmolLM2-135M (tied embeddings, 30 layers): greedy equal
+    to the merged model's, next to a base request in one batch."""
+    from transformers import AutoModelForCausalLM
+
+    from toolkit.models import default_model_path
+
+    path = default_model_path()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    merged = make_adapter(hf, tmp_path / "smol", r=8, targets=["q_proj", "v_proj", "down_proj"], alpha=16.0,
+                          gain=1.5)
+    prompt = [1, 504, 3458, 282, 4649, 314, 216]
+    with LLM(str(path), enable_lora=True, max_loras=1, max_lora_rank=8, num_blocks=32, block_size=16) as llm:
+        outs = llm.generate([prompt, prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+                            lora_request=[LoRARequest("smol", 1, str(tmp_path / "smol")), None], use_tqdm=False)
+        assert outs[0].outputs[0].token_ids == hf_greedy(merged, prompt, 8)
+        assert outs[1].outputs[0].token_ids == hf_greedy(hf, prompt, 8)
+        assert_clean(llm)

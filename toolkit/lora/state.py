@@ -95,18 +95,15 @@ class LoRAState:
                                  "of another base model?)")
         return w
 
-    def forget(self, lora_int_id: int) -> None:
-        """Drop an unloaded adapter from the host cache and the slots' record."""
-        self.known.pop(lora_int_id, None)
-        self.host.pop(lora_int_id)
-        self.slot_holds = [None if a == lora_int_id else a for a in self.slot_holds]
-
     # -- the step --
     @torch.inference_mode()
     def begin_step(self, out: Any, num_tokens: int) -> None:
         """Load adapters the plan puts in slots that do not hold them, then write each of the
         num_tokens (padded) tokens' slot into `indices` (stream order: after the last step's
         forward, before this one's)."""
+        if num_tokens > self.indices.shape[0]:
+            raise ValueError(f"a step of {num_tokens} tokens exceeds the LoRA index buffer of "
+                             f"{self.indices.shape[0]} (max_num_batched_tokens)")
         slots: dict[int, int] = getattr(out, "lora_slots", None) or {}
         for adapter, slot in slots.items():
             if self.slot_holds[slot] != adapter:
