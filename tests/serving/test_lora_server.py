@@ -88,6 +88,25 @@ def test_a_bad_adapter_is_a_400_and_the_server_goes_on(lora_server):
     assert _complete(srv, "a")["model"] == "a"
 
 
+def test_unload_while_a_request_runs(lora_server):
+    """The running request finishes with its adapter; new requests for the name get a 404."""
+    srv, engine, paths, root = lora_server
+    body = {"model": "a", "prompt": [5, 6, 7], "max_tokens": 24, "temperature": 0.0, "stream": True,
+            "ignore_eos": True}
+    chunks = 0
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks += 1
+                if chunks == 1:
+                    assert httpx.post(srv.url + "/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 200
+                    _complete(srv, "a", 404)
+    assert chunks >= 2
+    assert httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": paths["a"]}).status_code == 200
+    assert _complete(srv, "a")["model"] == "a"
+    assert not engine.engine.scheduler._lora_held          # thread mode: the Engine is here, idle
+
+
 def test_without_the_flag_there_are_no_update_routes(tiny_chat_dir, make_server):
     srv, _ = make_server(tiny_chat_dir)
     r = httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/x"})
