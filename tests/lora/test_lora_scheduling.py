@@ -86,3 +86,29 @@ def test_waiting_adapter_does_not_block_others():
         s.add_request(Request(rid, [1, 2, 3], SamplingParams(max_tokens=4), lora_request=lora))
     out = s.schedule()
     assert [x.request_id for x in out.scheduled] == ["0", "2", "3"] and out.lora_slots == {1: 0}
+
+
+def test_config_checks():
+    from toolkit.config import EngineConfig
+
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        EngineConfig(enable_lora=True, max_loras=4, max_cpu_loras=2)
+    with pytest.raises(TypeError, match="max_lora_rank"):
+        EngineConfig(enable_lora=True, max_lora_rank=8.0)
+    with pytest.raises(ValueError, match="max_loras"):
+        EngineConfig(enable_lora=True, max_loras=0)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        EngineConfig(enable_lora=True, tensor_parallel_size=2)
+
+
+def test_engine_needs_a_lora_scheduler_and_a_native_model():
+    from transformers import LlamaConfig
+
+    from toolkit import LLM
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=64, max_position_embeddings=64)
+    with pytest.raises(ValueError, match="supports_lora"):
+        LLM(cfg, enable_lora=True, scheduler="static", num_blocks=8)
+    with pytest.raises(ValueError, match="native model"):
+        LLM(cfg, enable_lora=True, model_impl="transformers", num_blocks=8)

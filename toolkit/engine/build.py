@@ -211,7 +211,15 @@ def _lora_state(cfg: EngineConfig, model: Any, device: torch.device) -> Any:
         raise ValueError("enable_lora needs the model as a folder or a config (its linear layers are "
                          "built with LoRA slots), not an already built model")
     from toolkit.lora.state import LoRAState
+    from toolkit.models.causal_lm import CausalLM
+    from toolkit.models.loader import load_config, model_class
 
+    config = load_config(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else model
+    cls = model_class(config, cfg.model_impl)
+    if not issubclass(cls, CausalLM):
+        raise ValueError(f"enable_lora needs a native model (its linear layers take LoRA slots); "
+                         f"{cls.__name__} runs transformers' own modules; use model_impl='native' with an "
+                         "architecture the toolkit has a file for")
     backend = {"auto": "auto", "triton": "triton", "reference": "torch"}[cfg.kernels]
     return LoRAState(max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank,
                      max_cpu_loras=cfg.max_cpu_loras or cfg.max_loras,
