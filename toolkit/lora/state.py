@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from toolkit.lora.host_cache import HostAdapterCache
@@ -108,13 +109,12 @@ class LoRAState:
         for adapter, slot in slots.items():
             if self.slot_holds[slot] != adapter:
                 self._load(slot, self.register(self.known[adapter]))
-        idx: list[int] = []
-        for s in out.scheduled:
-            lora = s.request.lora_request
-            idx += [slots[lora.lora_int_id] if lora is not None else -1] * s.num_new_tokens
-        idx += [-1] * (num_tokens - len(idx))               # CUDA-graph padding rows
-        host = torch.tensor(idx, dtype=torch.int32)
-        self.indices[:num_tokens].copy_(host, non_blocking=self.device.type == "cuda")
+        per_req = [slots[s.request.lora_request.lora_int_id] if s.request.lora_request is not None else -1
+                   for s in out.scheduled]                 # one slot per request, repeated per token
+        idx = np.full(num_tokens, -1, dtype=np.int32)      # CUDA-graph padding rows stay -1
+        n = sum(s.num_new_tokens for s in out.scheduled)
+        idx[:n] = np.repeat(np.asarray(per_req, dtype=np.int32), [s.num_new_tokens for s in out.scheduled])
+        self.indices[:num_tokens].copy_(torch.from_numpy(idx), non_blocking=self.device.type == "cuda")
 
     def _load(self, slot: int, w: AdapterWeights) -> None:
         for mod, method, ckpt in self.layers.values():
