@@ -16,7 +16,17 @@ PROMPTS = [[5, 17, 99, 3, 250, 41, 7, 8, 9, 11, 12, 13, 400, 401, 402, 403, 404,
 NEW = 6
 
 
+_GREEDY: dict = {}     # (model, prompt, n) -> tokens: each reference generation runs once
+
+
 def hf_greedy(model: torch.nn.Module, prompt: list[int], n: int = NEW) -> list[int]:
+    key = (id(model), tuple(prompt), n)
+    if key not in _GREEDY:
+        _GREEDY[key] = _hf_greedy(model, prompt, n)
+    return _GREEDY[key]
+
+
+def _hf_greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         ids = torch.tensor([prompt])
         g = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,

@@ -15,7 +15,7 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, indices: torch.Tensor, out: to
     t = x.shape[0]
     idx = indices[:t].long()
     g = a.index_select(0, idx.clamp(min=0)).float()                      # [T, R, K]
-    h = torch.bmm(g, x.float().unsqueeze(-1)).squeeze(-1)                # [T, R]
+    h = (g * x.float().unsqueeze(1)).sum(-1)                             # [T, R]
     out.copy_(h * (idx >= 0).unsqueeze(-1))
     return out
 
@@ -30,7 +30,7 @@ def lora_expand(y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, indices: torc
     valid = (idx >= 0).unsqueeze(-1)
     for o, n, ho in slices:
         g = b[:, o:o + n, :].index_select(0, idx.clamp(min=0)).float()   # [T, n, R]
-        d = torch.bmm(g, h[:, ho:ho + r].float().unsqueeze(-1)).squeeze(-1) * scale   # [T, n]
+        d = (g * h[:, ho:ho + r].float().unsqueeze(1)).sum(-1) * scale  # [T, n]
         ys = y[:, o:o + n]
         ys.copy_(torch.where(valid, ys.float() + d, ys.float()))
     return y
