@@ -1,6 +1,7 @@
 """Reference twins of the batched LoRA kernels (lora_shrink.py, lora_expand.py): a gather of
-each token's adapter matrices and one batched product, obviously right, graph-capturable
-(no host sync), and the CPU's path. Index -1 = the token runs no adapter."""
+each token's adapter matrices and a multiply-and-sum (a bmm of T tiny matrices is far slower
+on the CPU), obviously right, graph-capturable (no host sync), and the CPU's path.
+Index -1 = the token runs no adapter."""
 
 from __future__ import annotations
 
