@@ -20,12 +20,22 @@ TOL = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=3e-3,
        torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 
 
-def _case(seed, t, k, r, slots, slices, dtype):
+def _indices(g, t, slots, runs):
+    """[t + 3] slot per token (-1: none): ragged per token, or (runs) in runs of 1-40 tokens as
+    a request's tokens are, so whole 16-token tiles of one adapter (and of none) occur."""
+    if not runs:
+        return torch.randint(-1, slots, (t + 3,), generator=g, dtype=torch.int32).to(DEVICE)
+    out = []
+    while len(out) < t + 3:
+        out += [int(torch.randint(-1, slots, (1,), generator=g))] * int(torch.randint(1, 41, (1,), generator=g))
+    return torch.tensor(out[:t + 3], dtype=torch.int32, device=DEVICE)
+
+
+def _case(seed, t, k, r, slots, slices, dtype, runs=False):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, k, generator=g).to(DEVICE, dtype)
     a = (torch.randn(slots, slices * r, k, generator=g) * 0.3).to(DEVICE, dtype)
-    idx = torch.randint(-1, slots, (t + 3,), generator=g, dtype=torch.int32).to(DEVICE)   # ragged, -1s, spare tail
-    return x, a, idx
+    return x, a, _indices(g, t, slots, runs)
 
 
 def _loop_shrink(x, a, idx):
@@ -36,11 +46,11 @@ def _loop_shrink(x, a, idx):
     return out
 
 
-@given(seed=st.integers(0, 2**16), t=st.integers(1, 9), k=st.sampled_from([1, 5, 33, 97, 130]),
+@given(seed=st.integers(0, 2**16), t=st.integers(1, 40), k=st.sampled_from([1, 5, 33, 97, 130]),
        r=st.integers(1, 64), slots=st.integers(1, 4), slices=st.integers(1, 3),
-       dtype=st.sampled_from([torch.float32, torch.float16]))
-def test_shrink_matches_twin(seed, t, k, r, slots, slices, dtype):
-    x, a, idx = _case(seed, t, k, r, slots, slices, dtype)
+       dtype=st.sampled_from([torch.float32, torch.float16]), runs=st.booleans())
+def test_shrink_matches_twin(seed, t, k, r, slots, slices, dtype, runs):
+    x, a, idx = _case(seed, t, k, r, slots, slices, dtype, runs)
     out = torch.full((t, slices * r), float("nan"), dtype=dtype, device=DEVICE)
     want = ref.lora_shrink(x, a, idx, torch.empty_like(out))
     got = lora_shrink(x, a, idx, out)
@@ -49,23 +59,42 @@ def test_shrink_matches_twin(seed, t, k, r, slots, slices, dtype):
     assert (got[idx[:t] < 0] == 0).all()
 
 
-@given(seed=st.integers(0, 2**16), t=st.integers(1, 9), r=st.integers(1, 64), slots=st.integers(1, 4),
-       sizes=st.lists(st.integers(0, 70), min_size=1, max_size=3),
-       dtype=st.sampled_from([torch.float32, torch.float16]), scale=st.sampled_from([1.0, 0.5, 2.0]))
-def test_expand_matches_twin(seed, t, r, slots, sizes, dtype, scale):
+@given(seed=st.integers(0, 2**16), t=st.integers(1, 40), r=st.integers(1, 64), slots=st.integers(1, 4),
+       sizes=st.lists(st.integers(0, 48), min_size=1, max_size=3),
+       dtype=st.sampled_from([torch.float32, torch.float16]), scale=st.sampled_from([1.0, 0.5, 2.0]),
+       runs=st.booleans())
+def test_expand_matches_twin(seed, t, r, slots, sizes, dtype, scale, runs):
     g = torch.Generator().manual_seed(seed)
     n = sum(sizes)
     offs = [sum(sizes[:i]) for i in range(len(sizes))]
     slices = [(o, s, i * r) for i, (o, s) in enumerate(zip(offs, sizes))]
     y = torch.randn(t, n, generator=g).to(DEVICE, dtype)
-    h = torch.randn(t, len(sizes) * r, generator=g).to(DEVICE, dtype)
+    h = torch.randn(t, len(sizes) * r, generator=g).to(DEVICE)          # fp32, as the layer's shrink gives it
     b = (torch.randn(slots, n, r, generator=g) * 0.3).to(DEVICE, dtype)
-    idx = torch.randint(-1, slots, (t,), generator=g, dtype=torch.int64).to(DEVICE)
+    idx = _indices(g, t, slots, runs)[:t].long()
     want = ref.lora_expand(y.clone(), h, b, idx, slices, scale)
     got = lora_expand(y.clone(), h, b, idx, slices, scale)
     assert not got.isnan().any()
     torch.testing.assert_close(got, want, **TOL[dtype])
     torch.testing.assert_close(got[idx < 0], y[idx < 0], atol=0, rtol=0)      # no adapter: untouched
+
+
+def test_each_kind_of_tile():
+    """Tiles of one adapter (the GEMM path), of the base model (skipped / zeros) and mixed
+    (per token), side by side."""
+    g = torch.Generator().manual_seed(0)
+    idx = torch.tensor([2] * 16 + [-1] * 16 + [0, 1, -1, 1, 2], dtype=torch.int32, device=DEVICE)
+    t = idx.shape[0]
+    x = torch.randn(t, 40, generator=g).to(DEVICE)
+    a = torch.randn(3, 24, 40, generator=g).to(DEVICE)
+    want = ref.lora_shrink(x, a, idx, torch.empty(t, 24, device=DEVICE))
+    got = lora_shrink(x, a, idx, torch.full((t, 24), float("nan"), device=DEVICE))
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    b = torch.randn(3, 30, 12, generator=g).to(DEVICE)
+    y = torch.randn(t, 30, generator=g).to(DEVICE)
+    sl = [(0, 10, 0), (10, 20, 12)]
+    torch.testing.assert_close(lora_expand(y.clone(), got, b, idx, sl), ref.lora_expand(y.clone(), got, b, idx, sl),
+                               **TOL[torch.float32])
 
 
 def test_twins_match_a_per_token_loop():
