@@ -543,6 +543,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None   # [None, {token: logprob}, ...]
+    lora_request: Any = None              # the adapter it ran with (vLLM's field); None: the base model
 
     @property
     def text(self) -> str:

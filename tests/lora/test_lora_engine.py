@@ -64,6 +64,7 @@ def test_mixed_batch_equals_peft_merged(llm, lora_base, adapters):
     outs = llm.generate(prompts, sp, lora_request=reqs, use_tqdm=False)
     want_base = {i: hf_greedy(base, PROMPTS[i]) for i in range(3)}
     for n, p, o in zip(names, prompts, outs):
+        assert (o.lora_request.lora_name if o.lora_request else None) == n      # vLLM's RequestOutput field
         ref = adapters[n][2] if n else base
         want = hf_greedy(ref, p)
         assert o.outputs[0].token_ids == want, (n, p)
