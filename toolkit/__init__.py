@@ -14,7 +14,7 @@ from toolkit.config import EngineConfig
 from toolkit.types import BeamSearchParams, RequestOutput, SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "BeamSearchParams", "EngineConfig", "RequestOutput",
-           "GuidedDecodingParams", "StructuredOutputsParams"]
+           "GuidedDecodingParams", "StructuredOutputsParams", "LoRARequest"]
 __version__ = "0.1.0"
 
 
@@ -23,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from toolkit.entrypoints.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from toolkit.lora.request import LoRARequest
+
+        return LoRARequest
     if name in ("GuidedDecodingParams", "StructuredOutputsParams"):   # vLLM's names
         from toolkit.samplers.grammar import guided
 

@@ -103,6 +103,14 @@ class EngineConfig:
     # LLM.sleep() / wake_up() allowed (vLLM's flag): the weights' and the KV cache's device
     # memory can be freed and brought back (toolkit/engine/sleep.py); update_weights needs no flag
     enable_sleep_mode: bool = False
+    # multi-LoRA (vLLM's names): requests may name a PEFT adapter (lora_request=); at most
+    # max_loras distinct adapters run in one step (device slots, the scheduler waits a request
+    # whose adapter would exceed them), of rank up to max_lora_rank (slots are padded to it);
+    # max_cpu_loras adapters stay read on the host (LRU; None = max_loras)
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
@@ -150,6 +158,7 @@ class EngineConfig:
         _check(self.host_cache_blocks is None or self.host_cache_blocks >= 0, "host_cache_blocks",
                "None or >= 0", self.host_cache_blocks)
         _check(self.kernels in KERNELS, "kernels", f"one of {KERNELS}", self.kernels)
+        self._check_lora()
         _check(self.model_impl in ("auto", "native", "transformers"), "model_impl",
                "one of ('auto', 'native', 'transformers')", self.model_impl)
         if self.model_impl == "transformers" and self.tensor_parallel_size > 1:
@@ -192,6 +201,28 @@ class EngineConfig:
         if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
             raise ValueError("EngineConfig.kv_cache_dtype='fp8' is not supported with "
                              "tensor_parallel_size > 1 yet; use kv_cache_dtype='auto'")
+
+    def _check_lora(self) -> None:
+        for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):
+            v = getattr(self, name)
+            if v is None and name == "max_cpu_loras":
+                continue
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"EngineConfig.{name} must be an integer, got {type(v).__name__} {v!r}")
+            _check(v >= 1, name, "an integer >= 1", v)
+        if not isinstance(self.enable_lora, bool):
+            raise TypeError(f"EngineConfig.enable_lora must be True or False, got {self.enable_lora!r}")
+        _check(self.max_lora_rank <= 512, "max_lora_rank", "at most 512", self.max_lora_rank)
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"EngineConfig.max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras}): every adapter in a slot is also kept on the host")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("EngineConfig.enable_lora is not supported with tensor_parallel_size > 1 yet "
+                             "(the layers slice adapters per rank, but the ranks' slot loads are not wired)")
+        if self.enable_lora and self.speculative == "draft":
+            raise ValueError("EngineConfig.enable_lora is not supported with speculative='draft' (the draft "
+                             "model shares the target's layers but not its step's adapter indices); use "
+                             "speculative='ngram'")
 
     @property
     def graph_tokens(self) -> int:

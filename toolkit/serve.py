@@ -94,6 +94,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--router", default="least_loaded",
                    choices=["round_robin", "least_loaded", "power_of_two", "prefix_affinity", "cache_aware"],
                    help="which replica serves a request (with --data-parallel-size > 1)")
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (vLLM's flag)")
+    p.add_argument("--max-loras", type=int, default=None, help="distinct adapters in one step")
+    p.add_argument("--max-lora-rank", type=int, default=None)
+    p.add_argument("--max-cpu-loras", type=int, default=None)
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                   help="adapters served by name (a request's `model`), e.g. sql=/adapters/sql")
+    p.add_argument("--allow-runtime-lora-updating", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                   help="add /v1/load_lora_adapter and /v1/unload_lora_adapter (default: "
+                        "$VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -102,13 +112,18 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"scheduler": args.scheduler, "attention": args.attention,
                             "load_format": args.load_format, "generation_config": args.generation_config}
     for flag in ("allocator", "max_num_seqs", "max_model_len", "block_size", "dtype",
-                 "gpu_memory_utilization", "tensor_parallel_size", "seed", "enable_prefix_caching"):
+                 "gpu_memory_utilization", "tensor_parallel_size", "seed", "enable_prefix_caching",
+                 "max_loras", "max_lora_rank", "max_cpu_loras"):
         if getattr(args, flag, None) is not None:
             opts[flag] = getattr(args, flag)
     if getattr(args, "enforce_eager", False):
         opts["cuda_graphs"] = False
     if getattr(args, "enable_sleep_mode", False):
         opts["enable_sleep_mode"] = True
+    if getattr(args, "enable_lora", False):
+        opts["enable_lora"] = True
+    elif getattr(args, "lora_modules", None) or getattr(args, "allow_runtime_lora_updating", False):
+        raise SystemExit("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     for item in args.engine_arg:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -166,6 +181,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from toolkit.serving.tools.request import ToolConfig
 
     args = parse_args(argv)
+    from toolkit.serving.lora import parse_lora_modules
+
+    try:
+        lora_modules = parse_lora_modules(args.lora_modules)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                       else "smollm2-135m-instruct")
@@ -195,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     log_requests=args.enable_log_requests and not args.disable_log_requests,
                     tools=ToolConfig(args.tool_call_parser, args.enable_auto_tool_choice,
                                      args.reasoning_parser),
-                    enable_sleep_mode=args.enable_sleep_mode)
+                    enable_sleep_mode=args.enable_sleep_mode,
+                    lora_modules=lora_modules if args.enable_lora else None,
+                    allow_runtime_lora_updating=args.enable_lora and args.allow_runtime_lora_updating)
     server.append(uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                                 timeout_graceful_shutdown=int(args.shutdown_timeout) + 1)))
     server[0].run()

@@ -329,6 +329,7 @@ class Request:
     client_id: str | None = None          # tenant / user, for fair share across clients (VTC)
     deadline: float | None = None         # seconds after arrival_time to finish by (EDF, goodput)
     expected_output_len: int | None = None  # an estimate of the output tokens (SJF by output)
+    lora_request: Any = None              # the LoRARequest it runs with (None: the base model)
     _prompt_array: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -433,6 +434,9 @@ class SchedulerOutput:
     # blocks_to_copy, in stream order before the step's forward
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # multi-LoRA: {adapter id: device slot} of the scheduled requests' adapters (the scheduler's
+    # AdapterPool decides; the runner loads an adapter into a slot that does not hold it yet)
+    lora_slots: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -539,6 +543,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     metrics: RequestMetrics | None = None
     prompt_logprobs: list[dict[int, float] | None] | None = None   # [None, {token: logprob}, ...]
+    lora_request: Any = None              # the adapter it ran with (vLLM's field); None: the base model
 
     @property
     def text(self) -> str:

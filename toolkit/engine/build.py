@@ -73,15 +73,19 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         if tokenizer is None and _has_tokenizer(model):
             tokenizer = load_tokenizer(model)
+    lora = _lora_state(cfg, model, device)   # multi-LoRA: its linear_method wraps the layers
+    methods = {"linear_method": lora.linear_method()} if lora is not None else {}
     if cfg.tensor_parallel_size > 1:      # each rank loads its own shard (toolkit/parallel/)
         executor = _tensor_parallel(model, cfg, dtype, device, attention, load_format)
         model = executor.model
     elif isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model = load_model(model, dtype=dtype, device=device, load_format=load_format,
-                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels])
+                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels], **methods)
     elif not hasattr(model, "forward"):   # a transformers config: random weights
         model = load_model(model, dtype=dtype, device=device, load_format="dummy",
-                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels])
+                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels], **methods)
+    if lora is not None:
+        lora.attach(model)
     if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
         tokenizer = load_tokenizer(tokenizer)
     spec = check_model(model)
@@ -119,6 +123,13 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy,
         **_host_tier(cfg, kv_cache, executor))
     _check_policy(scheduler, cfg.policy)
+    if lora is not None:
+        if not getattr(scheduler, "supports_lora", False):    # declared (schedulers/core.py)
+            raise ValueError(f"enable_lora needs a scheduler that keeps max_loras ('continuous'); "
+                             f"{type(scheduler).__name__} does not declare supports_lora")
+        from toolkit.lora.pool import AdapterPool
+
+        scheduler.lora_pool = AdapterPool(cfg.max_loras)
     tiered = cfg.has_host_tier and getattr(scheduler, "supports_host_tier", False)   # declared (schedulers/base.py)
     host_tier = scheduler.kv.host if tiered else None
     if cfg.has_host_tier and host_tier is None:
@@ -148,6 +159,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         executor = LocalExecutor(model, attention, kv_cache, device,
                                  copy_backend="torch" if cfg.kernels == "reference" else "auto")
     runner = Runner(model, attention, sampler, kv_cache, device, generator, executor=executor)
+    runner.lora = lora
     if host_tier is not None:
         from toolkit.blocks.host_kv import HostKVCache
 
@@ -190,6 +202,29 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     engine.startup = startup
     engine.sleep_mode.enabled = cfg.enable_sleep_mode
     return engine
+
+
+def _lora_state(cfg: EngineConfig, model: Any, device: torch.device) -> Any:
+    """The worker side of multi-LoRA (toolkit/lora/state.py), or None when enable_lora is off."""
+    if not cfg.enable_lora:
+        return None
+    if hasattr(model, "forward"):
+        raise ValueError("enable_lora needs the model as a folder or a config (its linear layers are "
+                         "built with LoRA slots), not an already built model")
+    from toolkit.lora.state import LoRAState
+    from toolkit.models.causal_lm import CausalLM
+    from toolkit.models.loader import load_config, model_class
+
+    config = load_config(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else model
+    cls = model_class(config, cfg.model_impl)
+    if not issubclass(cls, CausalLM):
+        raise ValueError(f"enable_lora needs a native model (its linear layers take LoRA slots); "
+                         f"{cls.__name__} runs transformers' own modules; use model_impl='native' with an "
+                         "architecture the toolkit has a file for")
+    backend = {"auto": "auto", "triton": "triton", "reference": "torch"}[cfg.kernels]
+    return LoRAState(max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank,
+                     max_cpu_loras=cfg.max_cpu_loras or cfg.max_loras,
+                     max_tokens=cfg.max_num_batched_tokens, device=device, backend=backend)
 
 
 def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: torch.device,

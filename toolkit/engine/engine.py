@@ -97,7 +97,7 @@ class Engine:
                     request_id: str | None = None, priority: int = 0,
                     arrival_time: float | None = None, client_id: str | None = None,
                     deadline: float | None = None, expected_output_len: int | None = None,
-                    output_kind: str = "cumulative") -> str:
+                    output_kind: str = "cumulative", lora_request: Any = None) -> str:
         """Validate and queue one request (n > 1: its n samples); returns its id. Bad input
         raises ValueError / TypeError naming what was wrong, and nothing is queued.
 
@@ -108,6 +108,9 @@ class Engine:
         priority, client_id, deadline (seconds after arrival) and expected_output_len are
         stored on the Request for the scheduler's policy; a policy that needs one the request
         lacks refuses it, and a priority given to a policy that ignores it warns.
+
+        lora_request: a LoRARequest (enable_lora=True): the adapter is read and checked here
+        (ValueError for a missing folder, a rank above max_lora_rank, a module the model lacks).
 
         n (and best_of) are at most the scheduler's max_num_seqs (a request's samples fit in
         one batch); beyond, a ValueError before any per-sample work.
@@ -132,8 +135,9 @@ class Engine:
         text, ids = self.tokenize(prompt)
         params = resolve_words(params, self.tokenizer)      # bad words as text -> token ids
         self._check_prompt(ids, params)
+        self._check_lora(lora_request)
         fields = dict(priority=priority, client_id=client_id, deadline=deadline,
-                      expected_output_len=expected_output_len)
+                      expected_output_len=expected_output_len, lora_request=lora_request)
         sids = sequence_ids(rid, num_samples)
         added = queued = False
         try:
@@ -164,6 +168,16 @@ class Engine:
         if _needs_host_tokens(params, self.runner.penalty_history is not None):
             self._host_tokens.update(sids)
         return rid
+
+    def _check_lora(self, lora_request: Any) -> None:
+        """A request's adapter: read and checked by the runner's LoRA state (a no-op for None)."""
+        if lora_request is None:
+            return
+        lora = getattr(self.runner, "lora", None)
+        if lora is None:
+            raise ValueError(f"lora_request={lora_request!r} needs an engine built with enable_lora=True "
+                             "(LLM(..., enable_lora=True, max_loras=..., max_lora_rank=...))")
+        lora.register(lora_request)
 
     def _check_num_samples(self, params: SamplingParams) -> int:
         """The sequences a request runs (n, or best_of when larger); at most max_num_seqs, the
@@ -204,6 +218,10 @@ class Engine:
         params = self._with_model_eos(params)
         # prompt logprobs need every prompt position computed: no prefix-cache hits (own salt)
         salt = next(self._salts) if params.prompt_logprobs is not None else 0
+        if fields.get("lora_request") is not None:     # two adapters never share KV blocks
+            from toolkit.lora.request import adapter_salt
+
+            salt = adapter_salt(fields["lora_request"].lora_int_id, salt)
         return Request(sid, ids, params, eos_token_id=self.eos_token_id, **fields,
                        max_model_len=self.max_model_len, cache_salt=salt,
                        **({"arrival_time": arrival_time} if arrival_time is not None else {}))

@@ -277,7 +277,7 @@ class OutputProcessor:
             finished=done, finish_reason=first.finish_reason if done else None,
             stop_reason=first.stop_reason if done else None, prompt=g.prompt,
             prompt_token_ids=g.prompt_token_ids, outputs=comps, metrics=g.metrics,
-            prompt_logprobs=g.prompt_logprobs)
+            prompt_logprobs=g.prompt_logprobs, lora_request=g.sequences[0].request.lora_request)
 
     @staticmethod
     def _add_prompt_logprobs(g: _Group, start: int, lps: list[dict[int, float]]) -> None:

@@ -76,7 +76,7 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  priority: int | Sequence[int] | None = None, client_id: Any = None, deadline: Any = None,
-                 expected_output_len: Any = None,
+                 expected_output_len: Any = None, lora_request: Any = None,
                  priorities: Sequence[int] | None = None, use_tqdm: bool = True,
                  live: bool = False) -> list[RequestOutput]:
         """Run prompts (text, or token ids as a list, numpy array or tensor) to completion;
@@ -87,7 +87,9 @@ class LLM:
         stays held and the next call starts clean. The progress bar counts tokens (prompt
         tokens computed and output tokens), so a long prefill shows progress too.
         live=True: in Jupyter, a LiveView (KV block map, queues, tokens per step) updates
-        while the engine runs, and the recording is plotted at the end."""
+        while the engine runs, and the recording is plotted at the end.
+        lora_request: a LoRARequest for every prompt, or a list of one (or None) per prompt
+        (the LLM needs enable_lora=True)."""
         engine = self._engine()
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params if sampling_params is not None
@@ -95,7 +97,7 @@ class LLM:
         # scheduling fields (one value or one per prompt), stored on each request for the policy
         fields = per_prompt_fields(len(prompts), priority=priority, priorities=priorities,
                                    client_id=client_id, deadline=deadline,
-                                   expected_output_len=expected_output_len)
+                                   expected_output_len=expected_output_len, lora_request=lora_request)
         order: dict[str, int] = {}
         done: dict[str, RequestOutput] = {}
         try:

@@ -6,7 +6,8 @@ from typing import Any, Sequence
 
 
 def per_prompt_fields(n: int, *, priority: Any = None, priorities: Any = None, client_id: Any = None,
-                      deadline: Any = None, expected_output_len: Any = None) -> list[dict[str, Any]]:
+                      deadline: Any = None, expected_output_len: Any = None,
+                      lora_request: Any = None) -> list[dict[str, Any]]:
     """The add_request keyword arguments of each of n prompts.
 
     Each field is None (not given), one value for every prompt, or a list / tuple of n values
@@ -15,7 +16,7 @@ def per_prompt_fields(n: int, *, priority: Any = None, priorities: Any = None, c
     if priority is not None and priorities is not None:
         raise ValueError("give priority= (vLLM's name) or priorities= (its alias), not both")
     given = {"priority": priority if priority is not None else priorities, "client_id": client_id,
-             "deadline": deadline, "expected_output_len": expected_output_len}
+             "deadline": deadline, "expected_output_len": expected_output_len, "lora_request": lora_request}
     rows: list[dict[str, Any]] = [{} for _ in range(n)]
     for name, value in given.items():
         if value is None:

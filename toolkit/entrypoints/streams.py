@@ -70,7 +70,8 @@ class Stream:
                 self.request_id, finished=True, finish_reason="abort",
                 prompt=last.prompt if last else None,
                 prompt_token_ids=last.prompt_token_ids if last else [],
-                outputs=comps, metrics=last.metrics if last else None)
+                outputs=comps, metrics=last.metrics if last else None,
+                lora_request=last.lora_request if last else None)
             self._done = True
             self._last_seen = self._latest
             self._cond.notify_all()
@@ -170,7 +171,7 @@ class DeltaTracker:
                              finished=out.finished, finish_reason=out.finish_reason,
                              stop_reason=out.stop_reason, prompt=out.prompt,
                              prompt_token_ids=out.prompt_token_ids, outputs=comps, metrics=out.metrics,
-                             prompt_logprobs=out.prompt_logprobs)
+                             prompt_logprobs=out.prompt_logprobs, lora_request=out.lora_request)
 
 
 class Accumulator:
@@ -200,4 +201,4 @@ class Accumulator:
         return RequestOutput(d.request_id, new_token_ids=d.new_token_ids, finished=d.finished,
                              finish_reason=d.finish_reason, stop_reason=d.stop_reason, prompt=self.prompt,
                              prompt_token_ids=self.prompt_token_ids, outputs=comps, metrics=d.metrics,
-                             prompt_logprobs=d.prompt_logprobs)
+                             prompt_logprobs=d.prompt_logprobs, lora_request=d.lora_request)

@@ -42,3 +42,23 @@ def copy_blocks(kv_caches: Sequence[torch.Tensor], src: torch.Tensor, dst: torch
         fast(kv_caches, src, dst)
     else:
         reference.copy_blocks(kv_caches, src, dst)
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                *, backend: str = "auto") -> torch.Tensor:
+    """out [T, R] = A[indices[t]] @ x[t] per token (-1: 0); kernels/lora_shrink.py."""
+    if use_triton(x, backend):
+        from toolkit.kernels.lora_shrink import lora_shrink as fast
+        return fast(x, a, indices, out)
+    from toolkit.kernels.reference_lora import lora_shrink as ref
+    return ref(x, a, indices, out)
+
+
+def lora_expand(y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, indices: torch.Tensor,
+                slices: Sequence[tuple[int, int, int]], scale: float = 1.0, *, backend: str = "auto") -> torch.Tensor:
+    """y[:, o:o+n] += scale * B[indices[t], o:o+n] @ h[t, ho:ho+R] per slice; kernels/lora_expand.py."""
+    if use_triton(y, backend):
+        from toolkit.kernels.lora_expand import lora_expand as fast
+        return fast(y, h, b, indices, slices, scale)
+    from toolkit.kernels.reference_lora import lora_expand as ref
+    return ref(y, h, b, indices, slices, scale)

@@ -31,6 +31,7 @@ from toolkit.types import Request, RequestFault, RequestStatus, ScheduledRequest
 class ContinuousBatchingScheduler(SchedulerCore):
     supports_async = True    # schedule() reads token counts, never token values
     supports_host_tier = True   # host_tier= / preemption="swap" (blocks/host_tier.py)
+    supports_lora = True        # lora_pool: admission waits for a slot of the request's adapter
 
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
@@ -108,6 +109,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
                 or len(self.running) >= self.max_num_seqs):
             return False
         self.kv.fork(request, parent, p)
+        self._lora_acquire(request)          # the parent runs: its adapter is in a slot
         request.num_computed_tokens = request.num_cached_tokens = p - 1
         request.status = RequestStatus.RUNNING
         self.requests[request.request_id] = request
@@ -122,6 +124,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
         self.kv.begin_step(out)              # host-tier copies of this step are recorded in out
         try:
             self._schedule(out)
+            self._lora_slots(out)
         except BaseException:
             # the step will not run: the finished ids it would have reported wait for the next
             self._finished_ids[:0] = out.finished_ids
@@ -191,6 +194,8 @@ class ContinuousBatchingScheduler(SchedulerCore):
                 if verdict != ADMIT:       # DEFER (or REJECT of a request that has output)
                     deferred.append(req)
                     continue
+            if not self.lora_fits(req):
+                continue                   # its adapter would exceed max_loras: it waits, others go on
             s = self._admit(req, budget, out)
             if s is None:
                 return                     # no overtaking
@@ -246,6 +251,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
         req.status = RequestStatus.RUNNING
         self.waiting.remove(req)
         self.running.append(req)
+        self._lora_acquire(req)
         return self._scheduled(req, n)
 
     def _after_update(self, req: Request) -> None:

@@ -70,6 +70,7 @@ class SchedulerCore:
     # declared capabilities (see schedulers/base.py); a subclass that can, says so
     supports_fork = False
     supports_async = False      # True: update() may take PLACEHOLDER tokens, resolved one step later
+    supports_lora = False       # True: admission respects lora_pool (at most its slots' adapters run)
 
     def __init__(self, allocator, *, block_size: int, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
@@ -97,6 +98,11 @@ class SchedulerCore:
         self._ignored: dict[str, Request] = {}      # rejected at add_request, reported by update()
         self._limits: dict[str, tuple[int, int]] = {}   # (max_len, cap_end's fixed part), per live request
         self._placeheld: dict[str, Request] = {}    # requests holding a PLACEHOLDER token
+        # multi-LoRA (set by the engine's builder): an AdapterPool of max_loras device slots
+        # (toolkit/lora/pool.py); a running request holds its adapter's slot from admission
+        # to its finish or preemption, so a step never runs more adapters than slots
+        self.lora_pool = None
+        self._lora_held: set[str] = set()
 
     @property
     def enable_prefix_caching(self) -> bool:
@@ -318,6 +324,7 @@ class SchedulerCore:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         self._free(req)
+        self._lora_release(req)
         req.status = status
         rid = req.request_id
         del self.requests[rid]
@@ -332,6 +339,30 @@ class SchedulerCore:
 
     def _free(self, req: Request) -> None:
         self.kv.free(req)
+
+    # -- multi-LoRA: a running request holds its adapter's slot --
+    def lora_fits(self, req: Request) -> bool:
+        """Whether req's adapter can run now: none, already in a slot, or a slot is free (empty
+        or holding an adapter no running request uses); else it waits (max_loras)."""
+        lora, pool = req.lora_request, self.lora_pool
+        if lora is None or pool is None:
+            return True
+        return pool.slot_of(lora.lora_int_id) is not None or pool.num_free_slots() > 0
+
+    def _lora_acquire(self, req: Request) -> None:
+        if req.lora_request is not None and self.lora_pool is not None and req.request_id not in self._lora_held:
+            self.lora_pool.acquire(req.lora_request.lora_int_id)
+            self._lora_held.add(req.request_id)
+
+    def _lora_release(self, req: Request) -> None:
+        if req.request_id in self._lora_held:
+            self._lora_held.discard(req.request_id)
+            self.lora_pool.release(req.lora_request.lora_int_id)
+
+    def _lora_slots(self, out: SchedulerOutput) -> None:
+        if self.lora_pool is not None:
+            out.lora_slots = {s.request.lora_request.lora_int_id: self.lora_pool.slot_of(s.request.lora_request.lora_int_id)
+                              for s in out.scheduled if s.request.lora_request is not None}
 
     def _on_finish(self, req: Request) -> None:
         """Hook: a queued request just finished (a policy's per-request state ends here)."""
@@ -356,6 +387,7 @@ class SchedulerCore:
                                              and req.num_computed_tokens >= SWAP_MIN_TOKENS)
         if not (swap and self.kv.swap_out(req, out)):
             self._free(req)
+        self._lora_release(req)
         req.num_computed_tokens = 0
         req.spec_token_ids = []
         req.status = RequestStatus.PREEMPTED

@@ -46,7 +46,9 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
               allowed_hosts: Sequence[str] | None = None, protect_metrics: bool = False,
               on_engine_dead: Callable[[], None] | None = None,
               tools: ToolConfig | None = None, sampling_defaults: Mapping[str, Any] | None = None,
-              log_requests: bool = False, enable_sleep_mode: bool = False) -> FastAPI:
+              log_requests: bool = False, enable_sleep_mode: bool = False,
+              lora_modules: Mapping[str, str] | None = None,
+              allow_runtime_lora_updating: bool = False) -> FastAPI:
     """The app. `priority_hook(http_request, body) -> int | None` gives each request its
     priority (lower first, for the priority policy) in place of the body's `priority`.
     Before any body is read (guard.py): the Host header against `allowed_hosts` (None: any),
@@ -58,9 +60,16 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     `sampling_defaults` (--generation-config) fill the sampling fields a request leaves unset;
     `log_requests` (--enable-log-requests) logs each request at INFO.
     `enable_sleep_mode`: the development routes /sleep, /wake_up, /is_sleeping and
-    /reset_prefix_cache (sleep_routes.py); 404 without it."""
+    /reset_prefix_cache (sleep_routes.py); 404 without it.
+    `lora_modules` {name: PEFT folder}: adapters served by name (the engine needs
+    enable_lora); `allow_runtime_lora_updating` adds /v1/load_lora_adapter and
+    /v1/unload_lora_adapter (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)."""
     handlers = OpenAIHandlers(engine, model_name, tools=tools, sampling_defaults=sampling_defaults,
                               log_requests=log_requests)
+    if lora_modules or allow_runtime_lora_updating:
+        from toolkit.serving.lora import LoRAModules
+
+        handlers.loras = LoRAModules(model_name, lora_modules)
     metrics = ServerMetrics(model_name)
     state = {"draining": False}
     # tokenizing and rendering a request (the chat template) run here, off the event loop:
@@ -177,8 +186,29 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
 
     @app.get("/v1/models", dependencies=v1)
     async def models() -> P.ModelList:
-        return P.ModelList(data=[P.ModelCard(id=model_name, created=P.now(),
-                                             max_model_len=handlers.max_model_len)])
+        cards = [P.ModelCard(id=model_name, created=P.now(), max_model_len=handlers.max_model_len)]
+        for name, lora in handlers.loras.items() if handlers.loras is not None else ():
+            cards.append(P.ModelCard(id=name, created=P.now(), max_model_len=handlers.max_model_len,
+                                     root=lora.lora_path, parent=model_name))
+        return P.ModelList(data=cards)
+
+    if allow_runtime_lora_updating:
+        @app.post("/v1/load_lora_adapter", dependencies=v1)
+        async def load_lora_adapter(body: P.LoadLoRAAdapterRequest) -> Response:
+            try:
+                handlers.loras.load(body.lora_name, body.lora_path)
+            except ValueError as e:
+                return error(400, str(e))
+            return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
+
+        @app.post("/v1/unload_lora_adapter", dependencies=v1)
+        async def unload_lora_adapter(body: P.UnloadLoRAAdapterRequest) -> Response:
+            try:
+                handlers.loras.unload(body.lora_name)
+            except KeyError as e:
+                return error(404, e.args[0], type="not_found_error")
+            return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.",
+                            media_type="text/plain")
 
     # data-parallel engines (entrypoints/data_parallel.py): ready when every replica is, and
     # per-replica families beside the fleet's totals

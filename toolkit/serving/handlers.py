@@ -36,6 +36,7 @@ class Prepared:
     client_id: str | None = None  # OpenAI's `user`: the client a fair-share policy counts
     echo: bool = False           # completions: the prompt's text starts each choice
     tools: ToolPlan | None = None  # chat: tools, tool_choice; parses the output
+    lora_request: Any = None     # the adapter its `model` names (serving/lora.py), or None
 
 
 class OpenAIHandlers:
@@ -60,10 +61,11 @@ class OpenAIHandlers:
             template = None
         self.tools = (tools or ToolConfig()).resolve(template)   # the format, from the template
         self._max_chars: int | None = None       # text longer than this cannot fit (see _check_chars)
+        self.loras: Any = None          # LoRAModules (serving/lora.py): adapters served by name
 
     # -- preparation (raises ProtocolError for anything the client got wrong) --
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and not (self.loras is not None and name in self.loras):
             raise P.ProtocolError(f"The model `{name}` does not exist; this server serves "
                                   f"`{self.model_name}`", status=404, param="model",
                                   code="model_not_found")
@@ -101,9 +103,9 @@ class OpenAIHandlers:
         params = [req.sampling_params(self.max_model_len, len(i), defaults=self.sampling_defaults)
                   for i in ids]
         texts = [p if isinstance(p, str) else (self._decode(p) if req.echo else None) for p in prompts]
-        return self._logged(Prepared(req.request_id or P.new_id("cmpl"), self.model_name, ids, texts, params,
-                                     req.priority if priority is None else priority, req.n, echo=req.echo,
-                                     client_id=req.user))
+        return self._logged(self._with_lora(req.model, Prepared(
+            req.request_id or P.new_id("cmpl"), self.model_name, ids, texts, params,
+            req.priority if priority is None else priority, req.n, echo=req.echo, client_id=req.user)))
 
     def prepare_chat(self, req: P.ChatCompletionRequest, priority: int | None = None) -> Prepared:
         self.check_model(req.model)
@@ -117,15 +119,23 @@ class OpenAIHandlers:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         params = req.sampling_params(self.max_model_len, len(ids), tool_regex=plan.regex(),
                                      defaults=self.sampling_defaults)
-        return self._logged(Prepared(req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
-                                     [params], req.priority if priority is None else priority, req.n,
-                                     client_id=req.user, tools=plan))
+        return self._logged(self._with_lora(req.model, Prepared(
+            req.request_id or P.new_id("chatcmpl"), self.model_name, [ids], [text],
+            [params], req.priority if priority is None else priority, req.n, client_id=req.user, tools=plan)))
 
     def _logged(self, prep: Prepared) -> Prepared:
         if self.log_requests:
-            log.info("request %s: %d prompt(s), %s prompt tokens, params %s", prep.request_id,
+            log.info("request %s: %d prompt(s), %s prompt tokens, adapter %s, params %s", prep.request_id,
                      len(prep.prompts), [len(p) for p in prep.prompts],
+                     getattr(prep.lora_request, "lora_name", None),
                      {k: v for k, v in _non_defaults(prep.params[0]) if k != "structured"})
+        return prep
+
+    def _with_lora(self, name: str | None, prep: Prepared) -> Prepared:
+        """A request whose `model` names an adapter runs it (and answers with that name)."""
+        lora = self.loras.get(name) if self.loras is not None else None
+        if lora is not None:
+            prep.model, prep.lora_request = name, lora
         return prep
 
     def render_chat(self, req: P.ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
@@ -165,6 +175,8 @@ class OpenAIHandlers:
                 fields = {"priority": prep.priority}
                 if prep.client_id is not None:
                     fields["client_id"] = prep.client_id
+                if prep.lora_request is not None:
+                    fields["lora_request"] = prep.lora_request
                 streams.append(await self.engine.add_async(ids, sp, request_id=rid, **fields))
         except BaseException:
             for s in streams:

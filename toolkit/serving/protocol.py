@@ -445,6 +445,18 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "toolkit"
     max_model_len: int | None = None
+    root: str | None = None               # vLLM's: an adapter's folder
+    parent: str | None = None             # vLLM's: an adapter's base model
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    lora_name: str
+    lora_int_id: int | None = None
 
 
 class ModelList(BaseModel):

@@ -100,6 +100,7 @@ class RunResult:
     num_preemptions: int = 0
     recording: Any = field(default=None, repr=False)   # engine runs: the TraceRecorder (step features, wall times)
     host_time: dict = field(default_factory=dict)      # engine runs: seconds in step() and in add_request
+    num_lora_loads: int = 0                            # adapters copied into a slot (Simulator(max_loras=))
 
     def values(self, metric: str) -> np.ndarray:
         """float64 [n] of a per-request metric ("ttft", "tpot", "e2e", "admission_wait", "itl":

@@ -38,7 +38,11 @@ class Simulator:
                  max_num_batched_tokens: int = 8192, enable_prefix_caching: bool = True,
                  enable_chunked_prefill: bool = True, max_model_len: int | None = None,
                  scheduler: Callable[[Any, Callable[[], float]], Any] | None = None,
-                 vocab_size: int = 32000, max_steps: int = 2_000_000, async_output: bool = False) -> None:
+                 vocab_size: int = 32000, max_steps: int = 2_000_000, async_output: bool = False,
+                 max_loras: int | None = None, lora_load_s: float = 0.0) -> None:
+        """max_loras: the scheduler keeps at most this many distinct adapters per step (trace
+        requests' lora_id), as the engine's enable_lora does; each adapter copied into a slot
+        that held another adds lora_load_s seconds to its step."""
         if cost is None:
             raise ValueError("give cost= a CostModel (CostModel.load(key), CostModel.fit(...)) or a "
                              f"function of the SchedulerOutput; shipped: {CostModel.available()}")
@@ -54,13 +58,23 @@ class Simulator:
         self.async_output = bool(async_output)
         self._held: list = []
         self.now = 0.0
+        self.max_loras, self.lora_load_s = max_loras, float(lora_load_s)
 
     def build(self) -> Any:
         """A fresh allocator and scheduler on this simulator's clock (the policy is bound to it)."""
         alloc = PrefixCachingAllocator(self.num_blocks, self.settings["block_size"])
         if self.make_scheduler is not None:
-            return self.make_scheduler(alloc, self._clock)
-        return ContinuousBatchingScheduler(alloc, policy=self.policy, clock=self._clock, **self.settings)
+            sched = self.make_scheduler(alloc, self._clock)
+        else:
+            sched = ContinuousBatchingScheduler(alloc, policy=self.policy, clock=self._clock, **self.settings)
+        if self.max_loras is not None:
+            from toolkit.lora.pool import AdapterPool
+
+            if not getattr(sched, "supports_lora", False):
+                raise ValueError(f"max_loras needs a scheduler that declares supports_lora; "
+                                 f"{type(sched).__name__} does not")
+            sched.lora_pool = AdapterPool(self.max_loras)
+        return sched
 
     def _clock(self) -> float:
         return self.now
@@ -75,6 +89,7 @@ class Simulator:
                                               r.client_id, r.deadline) for r in pending}
         run = RunResult(timing, [], label or f"sim {getattr(sched, 'policy', self.policy)!r}")
         admit = getattr(self.cost, "admission_time", None)
+        slot_holds: dict[int, int] = {}  # slot -> adapter, as the engine's LoRAState mirrors it
         k = 0
         for _ in range(self.max_steps):
             arrived = self.now           # like the engine's loop: who has arrived when it looks
@@ -100,6 +115,11 @@ class Simulator:
                 self.now = pending[k].arrival if k < len(pending) else self.now + IDLE_TICK
                 continue
             self.now += float(self.cost(out))
+            for adapter, slot in out.lora_slots.items():
+                if slot_holds.get(slot) != adapter:
+                    slot_holds[slot] = adapter
+                    run.num_lora_loads += 1
+                    self.now += self.lora_load_s
             self._steps += 1
             sampled = {s.request_id: [fake_token(s.request_id, s.request.num_tokens, self.vocab_size)]
                        for s in out.scheduled if s.samples}

@@ -25,6 +25,7 @@ class TraceRequest:
     priority: int = 0
     deadline: float | None = None        # seconds after arrival
     expected_output_len: int | None = None
+    lora_id: int | None = None           # the LoRA adapter it runs (Simulator(max_loras=...)); None: base
 
     @property
     def prompt_len(self) -> int:
@@ -37,8 +38,14 @@ class TraceRequest:
     def to_request(self, t0: float = 0.0) -> Request:
         """A scheduler Request arriving at t0 + arrival (greedy, ignore_eos, output_len tokens)."""
         sp = SamplingParams(max_tokens=self.output_len, ignore_eos=True, temperature=0.0)
+        lora = {}
+        if self.lora_id:                 # as the engine keys it: no KV shared across adapters
+            from toolkit.lora.request import LoRARequest, adapter_salt
+
+            lora = dict(lora_request=LoRARequest(f"lora{self.lora_id}", self.lora_id),
+                        cache_salt=adapter_salt(self.lora_id))
         return Request(self.request_id, list(self.prompt_ids), sp, arrival_time=t0 + self.arrival,
-                       **self.policy_fields())
+                       **self.policy_fields(), **lora)
 
 
 @dataclass

@@ -16,6 +16,7 @@ _EXPORTS = {
     "triton_compiles": "toolkit.kernels.compiles",
     "check_tool_format": "toolkit.testing.tool_parser",
     "check_router": "toolkit.testing.router",
+    "check_adapter_pool": "toolkit.testing.lora_pool", "adapter_pool_machine": "toolkit.testing.lora_pool",
 }
 
 __all__ = sorted(_EXPORTS)

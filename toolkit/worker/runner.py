@@ -88,6 +88,9 @@ class Runner:
         # its tokens land (Launched.gpu_seconds); the engine sets it while an observer that asked
         # for GPU time (add_observer(gpu_time=True)) is attached
         self.time_gpu = False
+        # multi-LoRA (toolkit/lora/state.py): loads the step's adapters into their slots and
+        # fills each token's slot index before the forward; None without enable_lora
+        self.lora = None
 
     @property
     def graph_tokens(self) -> int | None:
@@ -130,6 +133,8 @@ class Runner:
         if not out.scheduled:
             return Forwarded(None, None, False, gpu_start)
         batch = self.prepare(out, prev)
+        if self.lora is not None:
+            self.lora.begin_step(out, len(batch.input_ids))
         # plain rows may sample from a graph that starts at the hidden states (its LM head inside)
         graphed = self.sample_graphs is not None and not any(batch.drafts)
         x = self.hidden(batch) if graphed else self.forward(batch)   # hidden [T, H] | logits [N, V]
