@@ -329,6 +329,10 @@ class Request:
     client_id: str | None = None          # tenant / user, for fair share across clients (VTC)
     deadline: float | None = None         # seconds after arrival_time to finish by (EDF, goodput)
     expected_output_len: int | None = None  # an estimate of the output tokens (SJF by output)
+    # the job class: a pooling request (toolkit.pooling.PoolingParams) is prefill-only; it
+    # finishes when its prompt is computed, with no token sampled
+    pooling_params: Any = None
+    prefill_whole: bool = False           # the prompt runs in one step, never chunked (bidirectional attention)
     _prompt_array: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -363,6 +367,11 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def is_pooling(self) -> bool:
+        """A prefill-only pooling request (embed / classify / score), not a generation."""
+        return self.pooling_params is not None
 
     @property
     def num_output_tokens(self) -> int:
@@ -416,8 +425,9 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        """Whether this step produces a token: the chunk reaches the end of the sequence."""
-        return self.end >= self.request.num_tokens
+        """Whether this step produces a token: the chunk reaches the end of the sequence (a
+        pooling request never samples: its last chunk finishes it)."""
+        return self.end >= self.request.num_tokens and self.request.pooling_params is None
 
 
 @dataclass
@@ -504,6 +514,7 @@ class StepResult:
     # (first position p, [{token at p + 1 and its top-N: logprob}, ...]) for this step's prompt chunk
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
     finished: dict[str, str] = field(default_factory=dict)   # finish reasons found outside the scheduler
+    pooled: dict[str, Any] = field(default_factory=dict)     # pooling requests that finished: float32 tensor
 
     @classmethod
     def of(cls, result: "StepResult | Mapping[str, Sequence[int]]") -> "StepResult":
