@@ -43,6 +43,8 @@ REGISTRY: dict[str, dict[str, str | type]] = {
         "MixtralForCausalLM": "toolkit.models.mixtral:MixtralForCausalLM",
         "Qwen3MoeForCausalLM": "toolkit.models.qwen3_moe:Qwen3MoeForCausalLM",
         "OlmoeForCausalLM": "toolkit.models.olmoe:OlmoeForCausalLM",
+        "BertModel": "toolkit.models.bert:BertModel",
+        "BertForSequenceClassification": "toolkit.models.bert:BertForSequenceClassification",
     },
     "proposer": {
         "ngram": "toolkit.samplers.speculative.ngram:NgramProposer",

@@ -206,6 +206,8 @@ def _attach_pooling(engine: Engine, runner: Runner, model: Any, tokenizer: Any, 
     from toolkit.pooling.accumulate import PoolingState
     from toolkit.pooling.build import build_pooler
 
+    if getattr(model, "sep_token_id", 0) is None and tokenizer is not None:
+        model.sep_token_id = tokenizer.sep_token_id     # an encoder's text-pair token types
     pooler = build_pooler(model, tokenizer, folder, cfg.pooler_config)
     runner.pooling = PoolingState(pooler)
     engine.pooling = EnginePooling(pooler, causal=all(x.causal for x in model.spec.layers))

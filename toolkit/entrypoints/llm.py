@@ -146,6 +146,35 @@ class LLM:
             o.prompt = text                         # the rendered conversation, as vLLM fills it
         return outs
 
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
+        """Embeddings of the prompts (vLLM's EmbeddingRequestOutput: `.outputs.embedding`);
+        pooling_params: a toolkit.pooling.PoolingParams (normalize, dimensions) or one per prompt."""
+        from toolkit.entrypoints import pooling
+
+        return pooling.embed(self._pooling_engine(), [_prompt_of(p) for p in _as_prompt_list(prompts)],
+                             pooling_params)
+
+    def classify(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
+        """Class probabilities (ClassificationRequestOutput: `.outputs.probs`) from the
+        model's classifier head (PoolerConfig.classifier_from_token, or the model's own)."""
+        from toolkit.entrypoints import pooling
+
+        return pooling.classify(self._pooling_engine(), [_prompt_of(p) for p in _as_prompt_list(prompts)],
+                                pooling_params)
+
+    def score(self, data_1: Any, data_2: Any, pooling_params: Any = None) -> list:
+        """Relevance of each (query, document) pair, 1:N or N:N (ScoringRequestOutput:
+        `.outputs.score`): a reranker head's probability, or the embeddings' cosine."""
+        from toolkit.entrypoints import pooling
+
+        return pooling.score(self._pooling_engine(), data_1, data_2, pooling_params)
+
+    def _pooling_engine(self):
+        engine = self._engine()
+        if engine.pooling is None:
+            raise ValueError("this engine cannot pool (tensor parallel engines serve generation only)")
+        return engine
+
     def _engine(self):
         if self.engine is None:
             raise RuntimeError("this LLM is closed (close() freed its KV cache and weights); "
