@@ -165,10 +165,12 @@ class Runner:
         batch, x, graphed, gpu_start = f.batch, f.x, f.graphed, f.gpu_start
         if batch is None:
             return Launched.done(StepResult())
-        if not batch.sampling:            # pooling requests only
-            return Launched.done(StepResult(pooled=f.pooled or {}))
         ended = dict(ended or {})
         prompt_lps = {rid: (start, batch.prompt_logprobs[rid]) for rid, start, _, _ in batch.prompt_owner or ()}
+        if batch.pooling and not batch.sampling:     # pooling rows and prefill chunks only
+            result = StepResult(prompt_logprobs=prompt_lps, pooled=f.pooled or {})
+            apply_ended(result, ended)
+            return Launched.done(result)
         if any(batch.drafts):
             result = self.sample(batch, x, grammars)
             result.prompt_logprobs.update(prompt_lps)
