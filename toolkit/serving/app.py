@@ -166,10 +166,15 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     async def chat_completions(request: Request, body: P.ChatCompletionRequest):
         return await run(request, body, handlers.prepare_chat, chat=True)
 
+    from toolkit.serving.pooling import add_pooling_routes
+
+    add_pooling_routes(app, engine, model_name, v1)     # /v1/embeddings, /v1/score, /v1/rerank
+
     @app.get("/v1/models", dependencies=v1)
     async def models() -> P.ModelList:
         return P.ModelList(data=[P.ModelCard(id=model_name, created=P.now(),
-                                             max_model_len=handlers.max_model_len)])
+                                             max_model_len=handlers.max_model_len,
+                                             tasks=await app.state.pooling_tasks())])
 
     @app.get("/health")
     async def health() -> Response:

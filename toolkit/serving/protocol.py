@@ -436,6 +436,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "toolkit"
     max_model_len: int | None = None
+    tasks: list[str] | None = None        # "generate", "embed", "classify", "score"
 
 
 class ModelList(BaseModel):
