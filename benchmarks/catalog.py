@@ -30,5 +30,7 @@ CATALOG = {b.name: b for b in [
     Benchmark("sampling", "sampling", "the sampler pipeline against the reference sampler"),
     Benchmark("speculative", "speculative", "n-gram and draft-model speculation: acceptance and tok/s"),
     Benchmark("structured", "structured", "grammar-constrained generation: mask cost and tok/s"),
+    Benchmark("embed", "embed", "LLM.embed against sentence-transformers: embeddings/s (CPU: "
+              "all-MiniLM-L6-v2; --device cuda: BERT-base)", gpu=False),
     Benchmark("floor", "floor", "a workload's floor: every op at its roofline, as the engine would run it"),
 ]}

@@ -37,7 +37,7 @@ def test_pool_matches_twin(case, kind):
 params_st = st.builds(
     PoolingParams, task=st.sampled_from([None, "embed", "classify", "score"]),
     normalize=st.sampled_from([None, True, False]), use_activation=st.sampled_from([None, False]),
-).filter(lambda p: True)
+)
 
 
 @given(ragged(), st.sampled_from(["LAST", "MEAN", "CLS"]), st.booleans(), st.data())
