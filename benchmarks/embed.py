@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-WORDS = ("retrieval pipelines need embeddings and rerankers beside generation on the same engine "
-         "with paged attention continuous batching and a token budget shared by every request").split()
+WORDS = ["retrieval", "pipelines", "need", "embeddings", "and", "rerankers", "beside", "generation", "on", "the", "same", "engine", "with", "paged", "attention", "continuous", "batching", "and", "a", "token", "budget", "shared", "by", "every", "request"]
 
 
 def texts(n: int, seed: int = 0) -> list[str]:

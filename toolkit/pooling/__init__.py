@@ -12,11 +12,28 @@ hidden states are kept by the worker until the last one; worker side: accumulate
 """
 
 from toolkit.pooling.config import PoolerConfig
-from toolkit.pooling.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput,
-                                     EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput,
-                                     ScoringOutput, ScoringRequestOutput)
+from toolkit.pooling.outputs import (
+                                     ClassificationOutput,
+                                     ClassificationRequestOutput,
+                                     EmbeddingOutput,
+                                     EmbeddingRequestOutput,
+                                     PoolingOutput,
+                                     PoolingRequestOutput,
+                                     ScoringOutput,
+                                     ScoringRequestOutput,
+)
 from toolkit.pooling.params import POOLING_TASKS, PoolingParams
 
-__all__ = ["PoolerConfig", "PoolingParams", "POOLING_TASKS", "PoolingOutput", "PoolingRequestOutput",
-           "EmbeddingOutput", "EmbeddingRequestOutput", "ClassificationOutput",
-           "ClassificationRequestOutput", "ScoringOutput", "ScoringRequestOutput"]
+__all__ = [
+                                     "POOLING_TASKS",
+                                     "ClassificationOutput",
+                                     "ClassificationRequestOutput",
+                                     "EmbeddingOutput",
+                                     "EmbeddingRequestOutput",
+                                     "PoolerConfig",
+                                     "PoolingOutput",
+                                     "PoolingParams",
+                                     "PoolingRequestOutput",
+                                     "ScoringOutput",
+                                     "ScoringRequestOutput",
+]

@@ -9,8 +9,9 @@ finished or aborted ids (SchedulerOutput.finished_ids) are dropped.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 

@@ -39,7 +39,7 @@ class PoolerConfig:
             self.classifier_from_token = list(c)
 
     @classmethod
-    def coerce(cls, value: Any) -> "PoolerConfig | None":
+    def coerce(cls, value: Any) -> PoolerConfig | None:
         if value is None or isinstance(value, PoolerConfig):
             return value
         if isinstance(value, dict):

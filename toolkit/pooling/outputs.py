@@ -57,7 +57,7 @@ class EmbeddingRequestOutput:
     finished: bool = True
 
     @classmethod
-    def from_base(cls, o: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+    def from_base(cls, o: PoolingRequestOutput) -> EmbeddingRequestOutput:
         return cls(o.request_id, EmbeddingOutput(o.outputs.data.tolist()), o.prompt_token_ids, o.finished)
 
 
@@ -69,7 +69,7 @@ class ClassificationRequestOutput:
     finished: bool = True
 
     @classmethod
-    def from_base(cls, o: PoolingRequestOutput) -> "ClassificationRequestOutput":
+    def from_base(cls, o: PoolingRequestOutput) -> ClassificationRequestOutput:
         return cls(o.request_id, ClassificationOutput(o.outputs.data.tolist()), o.prompt_token_ids, o.finished)
 
 
@@ -81,6 +81,6 @@ class ScoringRequestOutput:
     finished: bool = True
 
     @classmethod
-    def from_base(cls, o: PoolingRequestOutput) -> "ScoringRequestOutput":
+    def from_base(cls, o: PoolingRequestOutput) -> ScoringRequestOutput:
         return cls(o.request_id, ScoringOutput(float(o.outputs.data.reshape(-1)[-1])), o.prompt_token_ids,
                    o.finished)

@@ -13,7 +13,7 @@ The twin (same signatures) is toolkit.pooling.reference.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F

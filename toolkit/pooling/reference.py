@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -15,8 +15,9 @@ def pool(hidden: torch.Tensor, lens: torch.Tensor, pooling_type: str) -> torch.T
     rows, start = [], 0
     for n in lens.tolist():
         seg = hidden[start:start + n].float()                             # [n, H]
-        rows.append({"LAST": lambda: seg[-1], "CLS": lambda: seg[0],
-                     "MEAN": lambda: seg.sum(0) / n}[pooling_type]())
+        if pooling_type not in ("LAST", "CLS", "MEAN"):
+            raise ValueError(f"pooling_type must be one of LAST, MEAN, CLS, got {pooling_type!r}")
+        rows.append(seg[-1] if pooling_type == "LAST" else seg[0] if pooling_type == "CLS" else seg.sum(0) / n)
         start += n
     return torch.stack(rows) if rows else hidden.new_zeros(0, hidden.shape[1], dtype=torch.float32)
 
