@@ -38,6 +38,8 @@ def test_last_token_embeddings_match_transformers(checkpoint):
         torch.testing.assert_close(torch.tensor(o.outputs.embedding), F.normalize(want, dim=0),
                                    rtol=1e-4, atol=1e-5)
         assert o.prompt_token_ids == p
+    raw2 = llm.encode(PROMPTS[:1], PoolingParams(normalize=False))[0]
+    torch.testing.assert_close(raw2.outputs.data, torch.tensor(raw[0].outputs.embedding))
     want = F.normalize(hf_hidden(hf, PROMPTS[0])[-1][:10], dim=0)
     torch.testing.assert_close(torch.tensor(small[0].outputs.embedding), want, rtol=1e-4, atol=1e-5)
     assert llm.engine.allocator.num_free_blocks() == llm.engine.allocator.num_blocks

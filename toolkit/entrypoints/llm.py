@@ -169,6 +169,16 @@ class LLM:
 
         return pooling.score(self._pooling_engine(), data_1, data_2, pooling_params)
 
+    def encode(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
+        """The raw pooling outputs (PoolingRequestOutput, `.outputs.data` a float32 tensor);
+        each PoolingParams' task decides what data holds (None: "embed")."""
+        from toolkit.entrypoints import pooling
+        from toolkit.pooling.params import PoolingParams
+
+        prompts = _as_prompt_list(prompts)
+        pp = pooling_params if isinstance(pooling_params, Sequence) else [pooling_params or PoolingParams()] * len(prompts)
+        return pooling.run_pooling(self._pooling_engine(), prompts, list(pp))
+
     def _pooling_engine(self):
         engine = self._engine()
         if engine.pooling is None:
