@@ -36,6 +36,8 @@ CATALOG = {b.name: b for b in [
               "shared-prefix and multi-tenant traces: prefix-cache hit rate, TTFT", gpu=False),
     Benchmark("lora", "lora", "multi-LoRA: tok/s and the steady decode step with 0/1/8/32 adapters "
               "against the base model"),
+    Benchmark("embed", "embed", "LLM.embed against sentence-transformers: embeddings/s (CPU: "
+              "all-MiniLM-L6-v2; --device cuda: BERT-base)", gpu=False),
     Benchmark("floor", "floor", "a workload's floor: every op at its roofline, as the engine would run it"),
     Benchmark("moe", "moe", "Qwen3-30B-A3B: the fused MoE kernel against the per-expert loop and torch's "
               "grouped GEMM, the decode step against its roofline, ShareGPT against Hugging Face"),

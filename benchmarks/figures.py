@@ -94,8 +94,15 @@ def _moe(raw: dict) -> list[dict]:
     return out
 
 
+def _embed(raw: dict) -> list[dict]:
+    return [figure(f"embeddings, {raw['model']}, {raw['texts']} texts", round(raw["toolkit_emb_s"], 1),
+                   "embeddings/s", peer="sentence-transformers", peer_value=round(raw["st_emb_s"], 1),
+                   config={"model": raw["model"], "texts": raw["texts"], "st_batch_size": raw["st_batch_size"]})]
+
+
 EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
-    "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention, "moe": _moe}
+    "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention, "moe": _moe,
+    "embed": _embed}
 
 
 def extract(name: str, raw: Any) -> list[dict]:

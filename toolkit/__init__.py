@@ -14,7 +14,7 @@ from toolkit.config import EngineConfig
 from toolkit.types import BeamSearchParams, RequestOutput, SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "BeamSearchParams", "EngineConfig", "RequestOutput",
-           "GuidedDecodingParams", "StructuredOutputsParams", "LoRARequest"]
+           "GuidedDecodingParams", "StructuredOutputsParams", "LoRARequest", "PoolingParams", "PoolerConfig"]
 __version__ = "0.1.0"
 
 
@@ -31,4 +31,8 @@ def __getattr__(name: str) -> Any:
         from toolkit.samplers.grammar import guided
 
         return getattr(guided, name)
+    if name in ("PoolingParams", "PoolerConfig"):
+        from toolkit import pooling
+
+        return getattr(pooling, name)
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

@@ -111,8 +111,16 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # how pooling requests (LLM.embed / classify / score) pool: a toolkit.pooling.PoolerConfig
+    # or its dict (pooling_type LAST / MEAN / CLS, normalize, classifier_from_token). None: a
+    # sentence-transformers folder's modules, else the model's default (decoders: LAST, normalized)
+    pooler_config: Any = None
 
     def __post_init__(self) -> None:
+        if self.pooler_config is not None:
+            from toolkit.pooling.config import PoolerConfig
+
+            self.pooler_config = PoolerConfig.coerce(self.pooler_config)
         for name, kind in (("block_size", int), ("max_num_seqs", int), ("max_num_batched_tokens", int),
                            ("seed", int), ("num_speculative_tokens", int), ("max_model_len", int),
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),

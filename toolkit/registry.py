@@ -44,6 +44,8 @@ REGISTRY: dict[str, dict[str, str | type]] = {
         "Qwen3MoeForCausalLM": "toolkit.models.qwen3_moe:Qwen3MoeForCausalLM",
         "OlmoeForCausalLM": "toolkit.models.olmoe:OlmoeForCausalLM",
         "Dots1ForCausalLM": "toolkit.models.dots1:Dots1ForCausalLM",
+        "BertModel": "toolkit.models.bert:BertModel",
+        "BertForSequenceClassification": "toolkit.models.bert:BertForSequenceClassification",
     },
     "proposer": {
         "ngram": "toolkit.samplers.speculative.ngram:NgramProposer",

@@ -330,6 +330,10 @@ class Request:
     deadline: float | None = None         # seconds after arrival_time to finish by (EDF, goodput)
     expected_output_len: int | None = None  # an estimate of the output tokens (SJF by output)
     lora_request: Any = None              # the LoRARequest it runs with (None: the base model)
+    # the job class: a pooling request (toolkit.pooling.PoolingParams) is prefill-only; it
+    # finishes when its prompt is computed, with no token sampled
+    pooling_params: Any = None
+    prefill_whole: bool = False           # the prompt runs in one step, never chunked (bidirectional attention)
     _prompt_array: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -364,6 +368,11 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def is_pooling(self) -> bool:
+        """A prefill-only pooling request (embed / classify / score), not a generation."""
+        return self.pooling_params is not None
 
     @property
     def num_output_tokens(self) -> int:
@@ -417,8 +426,9 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        """Whether this step produces a token: the chunk reaches the end of the sequence."""
-        return self.end >= self.request.num_tokens
+        """Whether this step produces a token: the chunk reaches the end of the sequence (a
+        pooling request never samples: its last chunk finishes it)."""
+        return self.end >= self.request.num_tokens and self.request.pooling_params is None
 
 
 @dataclass
@@ -508,6 +518,7 @@ class StepResult:
     # (first position p, [{token at p + 1 and its top-N: logprob}, ...]) for this step's prompt chunk
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
     finished: dict[str, str] = field(default_factory=dict)   # finish reasons found outside the scheduler
+    pooled: dict[str, Any] = field(default_factory=dict)     # pooling requests that finished: float32 tensor
 
     @classmethod
     def of(cls, result: "StepResult | Mapping[str, Sequence[int]]") -> "StepResult":

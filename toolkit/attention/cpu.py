@@ -47,7 +47,8 @@ class Group:
 
 class CPUAttention:
     def __init__(self, kv_cache: KVCache, num_heads: int, head_dim: int, scale: float | None = None,
-                 sliding_window: int | None = None, soft_cap: float | None = None) -> None:
+                 sliding_window: int | None = None, soft_cap: float | None = None, causal: bool = True) -> None:
+        """causal=False: bidirectional (encoders): a query sees every key of its sequence."""
         check_geometry(kv_cache, num_heads, head_dim)
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
@@ -58,6 +59,7 @@ class CPUAttention:
         self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
+        self.causal = causal
         self.layout: PagedKVLayout | None = None
         self._groups: list[Group] = []
         self._write_rows: torch.Tensor | None = None    # int64 [W]: rows of k/v written (None: all)
@@ -110,7 +112,8 @@ class CPUAttention:
         # query i of b sits at position kv - q + i: causal, within the window, never a pad key
         q_pos = (kv - ql)[:, None, None] + i[:, :, None]                 # [n, Q, 1]
         k_pos = s[:, None, :]                                            # [1, 1, S]
-        mask = (k_pos <= q_pos) & real_k[:, None, :]                     # [n, Q, S]
+        seen = (k_pos <= q_pos) if self.causal else np.ones((n, q_max, s_max), dtype=bool)
+        mask = seen & real_k[:, None, :]                                 # [n, Q, S]
         if self.sliding_window is not None:
             mask &= k_pos > q_pos - self.sliding_window
         mask[:, :, 0] |= ~real_q                                         # pad queries see key 0: no NaN

@@ -22,9 +22,12 @@ def backend_kwargs(spec: ModelSpec, kind: LayerAttention) -> dict[str, Any]:
     """The keyword arguments an AttentionBackend is built with for layers of this kind."""
     if kind.kind == "none":
         raise ValueError("layers without attention need no backend")
-    return dict(num_heads=spec.num_heads, head_dim=spec.head_dim,
-                scale=kind.scale if kind.scale is not None else spec.head_dim ** -0.5,
-                sliding_window=kind.window, soft_cap=kind.soft_cap)
+    kw = dict(num_heads=spec.num_heads, head_dim=spec.head_dim,
+              scale=kind.scale if kind.scale is not None else spec.head_dim ** -0.5,
+              sliding_window=kind.window, soft_cap=kind.soft_cap)
+    if not kind.causal:                   # only then: a backend without the argument stays usable
+        kw["causal"] = False
+    return kw
 
 
 def build_attention(spec: ModelSpec, make: Callable[..., Any]) -> Any:

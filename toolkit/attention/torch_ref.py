@@ -15,13 +15,16 @@ from toolkit.kernels import reference as ref
 
 class TorchAttention:
     def __init__(self, kv_cache: KVCache, num_heads: int, head_dim: int, scale: float | None = None,
-                 sliding_window: int | None = None, soft_cap: float | None = None) -> None:
+                 sliding_window: int | None = None, soft_cap: float | None = None, causal: bool = True) -> None:
+        """causal=False: each token attends to every token of its sequence (encoders; a
+        sequence's prompt then runs in one step, kv_len == q_len)."""
         check_geometry(kv_cache, num_heads, head_dim)
         self.kv_cache = kv_cache
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_cache.num_kv_heads, head_dim
         self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
+        self.causal = causal
         self.layout: PagedKVLayout | None = None
         self._host: tuple[list[int], list[int], list[list[int]]] | None = None
 
@@ -49,7 +52,7 @@ class TorchAttention:
         for b in range(len(kv_lens)):
             out[qo[b]:qo[b + 1]] = paged_attention_ref(
                 q[qo[b]:qo[b + 1]], cache, tables[b], kv_lens[b], self.scale,
-                self.sliding_window, self.soft_cap, k_scale, v_scale).to(q.dtype)
+                self.sliding_window, self.soft_cap, k_scale, v_scale, self.causal).to(q.dtype)
         return out
 
     def __repr__(self) -> str:
@@ -66,9 +69,9 @@ class TorchAttention:
 def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, table: list[int], kv_len: int,
                         scale: float, sliding_window: int | None = None,
                         soft_cap: float | None = None, k_scale: float = 1.0,
-                        v_scale: float = 1.0) -> torch.Tensor:
+                        v_scale: float = 1.0, causal: bool = True) -> torch.Tensor:
     """One sequence: q [Q, H, D] are its last Q tokens; returns float32 [Q, H, D]. An fp8
-    cache's K/V are dequantised (value x scale) in float32."""
+    cache's K/V are dequantised (value x scale) in float32. causal=False: every key visible."""
     blocks = torch.as_tensor(table, dtype=torch.long, device=cache.device)
     k = ref.dequantize(cache[0, blocks].reshape(-1, *cache.shape[3:])[:kv_len], k_scale)  # [S, H_kv, D]
     v = ref.dequantize(cache[1, blocks].reshape(-1, *cache.shape[3:])[:kv_len], v_scale)
@@ -81,7 +84,7 @@ def paged_attention_ref(q: torch.Tensor, cache: torch.Tensor, table: list[int], 
         s = soft_cap * torch.tanh(s / soft_cap)
     q_pos = torch.arange(kv_len - n_q, kv_len, device=q.device)[:, None]  # [Q, 1]
     k_pos = torch.arange(kv_len, device=q.device)[None, :]                # [1, S]
-    mask = k_pos <= q_pos
+    mask = k_pos <= q_pos if causal else torch.ones(n_q, kv_len, dtype=torch.bool, device=q.device)
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
     s = s.masked_fill(~mask, float("-inf"))

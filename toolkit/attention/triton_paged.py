@@ -38,9 +38,13 @@ def _heads_contiguous(*xs: torch.Tensor) -> bool:
 class TritonPagedAttention:
     def __init__(self, kv_cache: KVCache, num_heads: int, head_dim: int, scale: float | None = None,
                  sliding_window: int | None = None, soft_cap: float | None = None, *,
-                 config: KernelConfig | None = None, impl: str = "auto") -> None:
+                 config: KernelConfig | None = None, impl: str = "auto", causal: bool = True) -> None:
         """impl: "triton" (CUDA, or the CPU under TRITON_INTERPRET=1), "reference" (the kernels'
-        torch twins on the same schedule) or "auto" (Triton where it can run)."""
+        torch twins on the same schedule) or "auto" (Triton where it can run). causal=False
+        (bidirectional encoders) is refused: the kernels mask causally."""
+        if not causal:
+            raise ValueError("the Triton paged backend attends causally only; a bidirectional (encoder) "
+                             "model needs attention='cpu' (SDPA over the paged cache, any device) or 'torch'")
         check_geometry(kv_cache, num_heads, head_dim)
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")

@@ -90,6 +90,10 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         tokenizer = load_tokenizer(tokenizer)
     spec = check_model(model)
     max_model_len = min(cfg.max_model_len or spec.max_model_len, spec.max_model_len)
+    if folder is not None:                # a sentence-transformers folder embeds at most its max_seq_length
+        from toolkit.pooling.config import max_seq_length
+
+        max_model_len = min(max_model_len, max_seq_length(folder) or max_model_len)
     loaded = time.perf_counter()
 
     # KV cache: sized after the weights are loaded
@@ -137,6 +141,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                          f"('continuous'); {type(scheduler).__name__} does not")
     if attention == "auto":               # EngineConfig.kernels picks; "torch" is the reference twin
         attention = _default_attention(cfg.kernels, device)
+        if attention == "triton" and not all(x.causal for x in spec.layers):
+            attention = "cpu"             # bidirectional (an encoder): SDPA over the paged cache
     backend = attention                   # the name (or class) the draft model's backend reuses
     attention = (executor.attention if executor is not None else
                  build_attention(spec, partial(create_part, "attention", attention, kv_cache=kv_cache)))
@@ -201,6 +207,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                                       else cfg.async_scheduling))
     engine.startup = startup
     engine.sleep_mode.enabled = cfg.enable_sleep_mode
+    if executor.supports_hidden:          # pooling reads the hidden states (not tensor parallel yet)
+        _attach_pooling(engine, runner, model, tokenizer, folder, cfg)
     return engine
 
 
@@ -225,6 +233,20 @@ def _lora_state(cfg: EngineConfig, model: Any, device: torch.device) -> Any:
     return LoRAState(max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank,
                      max_cpu_loras=cfg.max_cpu_loras or cfg.max_loras,
                      max_tokens=cfg.max_num_batched_tokens, device=device, backend=backend)
+
+
+def _attach_pooling(engine: Engine, runner: Runner, model: Any, tokenizer: Any, folder: Any,
+                    cfg: EngineConfig) -> None:
+    """The Pooler of embed / classify / score requests, on the worker and the engine."""
+    from toolkit.engine.pooling import EnginePooling
+    from toolkit.pooling.accumulate import PoolingState
+    from toolkit.pooling.build import build_pooler
+
+    if getattr(model, "sep_token_id", 0) is None and tokenizer is not None:
+        model.sep_token_id = tokenizer.sep_token_id     # an encoder's text-pair token types
+    pooler = build_pooler(model, tokenizer, folder, cfg.pooler_config)
+    runner.pooling = PoolingState(pooler)
+    engine.pooling = EnginePooling(pooler, causal=all(x.causal for x in model.spec.layers))
 
 
 def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: torch.device,

@@ -35,6 +35,7 @@ from toolkit.engine.siblings import SiblingQueue
 from toolkit.engine.sleep import SleepMode
 from toolkit.engine.structured import StructuredOutputManager
 from toolkit.engine.vllm_compat import BestOf, resolve_words
+from toolkit.pooling.params import PoolingParams
 from toolkit.samplers.base import check_token_ids
 from toolkit.schedulers.policies import policy_of, warn_ignored_priority
 from toolkit.types import (
@@ -80,6 +81,7 @@ class Engine:
         self.best_of = BestOf()                      # best_of > n: only the n best are reported
         self._salts = itertools.count(1)             # a private prefix-cache key per prompt_logprobs request
         self.closed = False
+        self.pooling = None                          # EnginePooling (build_engine): embed / classify / score
         # seconds (build_engine): load_s, kv_cache_s, warmup_s; on CUDA also the warm-up's
         # compile_s (kernels_compiled of them) and capture_s
         self.startup: dict[str, float] = {}
@@ -93,7 +95,7 @@ class Engine:
         self.sleep_mode = SleepMode(self)    # sleep / wake_up / update_weights (engine/sleep.py)
 
     # -- requests --
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | PoolingParams | None = None, *,
                     request_id: str | None = None, priority: int = 0,
                     arrival_time: float | None = None, client_id: str | None = None,
                     deadline: float | None = None, expected_output_len: int | None = None,
@@ -122,6 +124,13 @@ class Engine:
         self._check_open()
         self.sleep_mode.check_awake()
         params = SamplingParams() if params is None else params
+        if isinstance(params, PoolingParams):         # prefill-only: embed / classify / score
+            return self._add_pooling(prompt, params, request_id, output_kind, arrival_time,
+                                     dict(priority=priority, client_id=client_id, deadline=deadline,
+                                          expected_output_len=expected_output_len))
+        if not getattr(self.model.spec, "supports_generation", True):
+            raise ValueError(f"{self.model.spec.architecture} has no LM head: it cannot generate; "
+                             "use it for pooling (LLM.embed, or add_request with PoolingParams)")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}"
                             + (" (build one: SamplingParams(**d))" if isinstance(params, dict) else ""))
@@ -178,6 +187,50 @@ class Engine:
             raise ValueError(f"lora_request={lora_request!r} needs an engine built with enable_lora=True "
                              "(LLM(..., enable_lora=True, max_loras=..., max_lora_rank=...))")
         lora.register(lora_request)
+    def _add_pooling(self, prompt: Any, params: PoolingParams, rid: str | None, output_kind: str,
+                     arrival_time: float | None, fields: dict) -> str:
+        """add_request of a pooling request (toolkit/engine/pooling.py): one sequence, finished
+        after its prompt's forward; its steps run synchronously (its result is host data)."""
+        if self.pooling is None:
+            raise ValueError("this engine has no pooler; it serves generation only")
+        self.pooling.check(params)
+        rid = rid if rid is not None else self._new_id()
+        if not isinstance(rid, str):
+            raise TypeError(f"request_id must be a string, got {type(rid).__name__}")
+        if output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
+        self._check_ids_free(rid, 1)
+        text, ids = self.tokenize(prompt)
+        self._check_pooling_prompt(ids)
+        req = self.pooling.request(rid, ids, params, next(self._salts), eos_token_id=self.eos_token_id,
+                                   max_model_len=self.max_model_len, **fields,
+                                   **({"arrival_time": arrival_time} if arrival_time is not None else {}))
+        self.output_processor.add(rid, text, [req], output_kind)
+        try:
+            self.scheduler.add_request(req)
+        except BaseException:
+            self.output_processor.forget(rid)
+            raise
+        self.pooling.live[rid] = params.task or "embed"
+        self._host_tokens.add(rid)
+        return rid
+
+    def _check_pooling_prompt(self, ids: list[int]) -> None:
+        """A pooling prompt may fill max_model_len (no output token follows it)."""
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len={self.max_model_len}")
+        vocab = self.model.spec.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}) (the model's vocabulary)")
+        if -(-len(ids) // self.block_size) > self.num_blocks:
+            raise ValueError(f"the prompt needs {-(-len(ids) // self.block_size)} KV blocks; the cache "
+                             f"has {self.num_blocks} of {self.block_size} tokens")
+        budget = getattr(self.scheduler, "max_num_batched_tokens", None)
+        if not self.pooling.causal and budget is not None and len(ids) > budget:
+            raise ValueError(f"the prompt has {len(ids)} tokens; bidirectional attention runs a prompt in "
+                             f"one step, so at most max_num_batched_tokens={budget}")
 
     def _check_num_samples(self, params: SamplingParams) -> int:
         """The sequences a request runs (n, or best_of when larger); at most max_num_seqs, the
@@ -267,6 +320,8 @@ class Engine:
         for rid in ids:
             self.output_processor.forget(rid)
         self.best_of.forget(ids)
+        if self.pooling is not None:
+            self.pooling.forget(ids)
 
     def request_ids(self) -> list[str]:
         """The user requests added and not yet finished (or aborted)."""
@@ -332,6 +387,8 @@ class Engine:
             finished = self.scheduler.resolve_placeholders(f.provisional, result)
         outputs, stopped = self.output_processor.process(f.out, finished, result)
         self._retire(stopped, outputs, result)
+        if self.pooling is not None:
+            outputs = self.pooling.convert(outputs, result.pooled)
         if self.proposer is not None:
             self._propose(f.out, result)
         if self.observers:

@@ -188,6 +188,44 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False while requests are in flight."""
         return self._engine().reset_prefix_cache()
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
+        """Embeddings of the prompts (vLLM's EmbeddingRequestOutput: `.outputs.embedding`);
+        pooling_params: a toolkit.pooling.PoolingParams (normalize, dimensions) or one per prompt."""
+        from toolkit.entrypoints import pooling
+
+        return pooling.embed(self._pooling_engine(), [_prompt_of(p) for p in _as_prompt_list(prompts)],
+                             pooling_params)
+
+    def classify(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
+        """Class probabilities (ClassificationRequestOutput: `.outputs.probs`) from the
+        model's classifier head (PoolerConfig.classifier_from_token, or the model's own)."""
+        from toolkit.entrypoints import pooling
+
+        return pooling.classify(self._pooling_engine(), [_prompt_of(p) for p in _as_prompt_list(prompts)],
+                                pooling_params)
+
+    def score(self, data_1: Any, data_2: Any, pooling_params: Any = None) -> list:
+        """Relevance of each (query, document) pair, 1:N or N:N (ScoringRequestOutput:
+        `.outputs.score`): a reranker head's probability, or the embeddings' cosine."""
+        from toolkit.entrypoints import pooling
+
+        return pooling.score(self._pooling_engine(), data_1, data_2, pooling_params)
+
+    def encode(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
+        """The raw pooling outputs (PoolingRequestOutput, `.outputs.data` a float32 tensor);
+        each PoolingParams' task decides what data holds (None: "embed")."""
+        from toolkit.entrypoints import pooling
+        from toolkit.pooling.params import PoolingParams
+
+        prompts = _as_prompt_list(prompts)
+        pp = pooling_params if isinstance(pooling_params, Sequence) else [pooling_params or PoolingParams()] * len(prompts)
+        return pooling.run_pooling(self._pooling_engine(), prompts, list(pp))
+
+    def _pooling_engine(self):
+        engine = self._engine()
+        if engine.pooling is None:
+            raise ValueError("this engine cannot pool (tensor parallel engines serve generation only)")
+        return engine
 
     def _engine(self):
         if self.engine is None:

@@ -153,6 +153,8 @@ class DeltaTracker:
         self.sent: dict[int, tuple[int, int, bool]] = {}   # index -> (chars, tokens, finished)
 
     def delta(self, out: RequestOutput) -> RequestOutput | None:
+        if not isinstance(out, RequestOutput):   # a pooling output: one final, whole object
+            return out
         comps: list[CompletionOutput] = []
         for c in out.outputs:
             chars, toks, was_done = self.sent.get(c.index, (0, 0, False))
@@ -184,6 +186,8 @@ class Accumulator:
         self.comps: dict[int, CompletionOutput] = {}
 
     def update(self, d: RequestOutput) -> RequestOutput:
+        if not isinstance(d, RequestOutput):     # a pooling output crosses whole
+            return d
         if d.prompt_token_ids:
             self.prompt_token_ids = d.prompt_token_ids
         if d.prompt is not None:

@@ -43,6 +43,7 @@ class LayerAttention:
     window: int | None = None
     soft_cap: float | None = None     # logits -> soft_cap * tanh(logits / soft_cap) (Gemma 2)
     scale: float | None = None        # None: head_dim ** -0.5
+    causal: bool = True               # False: bidirectional (encoders): every token of the sequence
 
     def __post_init__(self) -> None:
         if self.kind not in ATTENTION_KINDS:
@@ -73,6 +74,7 @@ class ModelSpec:
     layers: tuple[LayerAttention, ...] = ()   # one per decoder layer (empty: all "full")
     supports_tensor_parallel: bool = True
     supports_truncated_draft: bool = False    # speculative="draft", draft_model=N layers
+    supports_generation: bool = True          # False: no LM head (an encoder): pooling only
 
     def __post_init__(self) -> None:
         if self.layers and len(self.layers) != self.num_layers:

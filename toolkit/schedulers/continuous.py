@@ -240,7 +240,7 @@ class ContinuousBatchingScheduler(SchedulerCore):
         if n > budget:
             # without chunking a request waits for a step it fits in whole; one that never
             # fits a step (a recompute grown past the budget) is chunked anyway
-            if not self.enable_chunked_prefill and n <= self.max_num_batched_tokens:
+            if (not self.enable_chunked_prefill or req.prefill_whole) and n <= self.max_num_batched_tokens:
                 self.kv.release(hits)
                 return None
             n = budget

@@ -148,6 +148,9 @@ class SchedulerCore:
         lim = [m for m in (self.max_model_len, request.max_model_len) if m is not None]
         if lim and p > min(lim):
             return f"prompt of {p} tokens exceeds max_model_len={min(lim)}"
+        if request.prefill_whole and p > self.max_num_batched_tokens:
+            return (f"prompt of {p} tokens exceeds max_num_batched_tokens={self.max_num_batched_tokens} "
+                    "and must run in one step (bidirectional attention)")
         if self.blocks_for(p) > self.capacity_blocks:
             return (f"prompt of {p} tokens needs {self.blocks_for(p)} blocks of {self.block_size}; "
                     f"the cache has {self.capacity_blocks}")
@@ -288,6 +291,13 @@ class SchedulerCore:
         outs = req.output_token_ids
         end = s.start + s.num_new_tokens
         status = None
+        if req.pooling_params is not None:                      # prefill-only: done at the prompt's end
+            req.num_computed_tokens = end
+            self.kv.publish(req)
+            if end < len(req.prompt_token_ids):
+                return []
+            self._finish(req, RequestStatus.FINISHED_STOPPED)
+            return [RequestOutput(req.request_id, [], True, "stop", None)]
         if end >= len(req.prompt_token_ids) + len(outs):       # s.samples
             max_len = self._limits_of(req)[0]
             new: list[int] = []

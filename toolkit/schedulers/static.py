@@ -50,6 +50,8 @@ class StaticBatchingScheduler(SchedulerCore):
             if budget <= 0:
                 break
             end = min(req.num_tokens, req.num_computed_tokens + budget)
+            if req.prefill_whole and end < req.num_tokens:
+                break                                # its prompt in one step, or wait for one
             ok = self.kv.allocate_slots(req, end)   # reserved at admission: cannot run short
             assert ok, "a static batch member ran out of its reserved blocks"
             out.scheduled.append(self._scheduled(req, end - req.num_computed_tokens))

@@ -184,9 +184,14 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     async def chat_completions(request: Request, body: P.ChatCompletionRequest):
         return await run(request, body, handlers.prepare_chat, chat=True)
 
+    from toolkit.serving.pooling import add_pooling_routes
+
+    add_pooling_routes(app, engine, model_name, v1)     # /v1/embeddings, /v1/score, /v1/rerank
+
     @app.get("/v1/models", dependencies=v1)
     async def models() -> P.ModelList:
-        cards = [P.ModelCard(id=model_name, created=P.now(), max_model_len=handlers.max_model_len)]
+        cards = [P.ModelCard(id=model_name, created=P.now(), max_model_len=handlers.max_model_len,
+                             tasks=await app.state.pooling_tasks())]
         for name, lora in handlers.loras.items() if handlers.loras is not None else ():
             cards.append(P.ModelCard(id=name, created=P.now(), max_model_len=handlers.max_model_len,
                                      root=lora.lora_path, parent=model_name))

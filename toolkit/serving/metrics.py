@@ -65,7 +65,7 @@ class ServerMetrics:
         reason = out.finish_reason or (out.outputs[0].finish_reason if out.outputs else None)
         self.requests.labels(m, reason or "unknown").inc()
         n_prompt = len(out.prompt_token_ids)
-        n_out = sum(len(c.token_ids) for c in out.outputs)
+        n_out = sum(len(c.token_ids) for c in out.outputs) if isinstance(out.outputs, list) else 0   # pooling: none
         self.prompt_tokens.labels(m).inc(n_prompt)
         self.generation_tokens.labels(m).inc(n_out)
         met = out.metrics

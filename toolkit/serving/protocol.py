@@ -447,6 +447,7 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
     root: str | None = None               # vLLM's: an adapter's folder
     parent: str | None = None             # vLLM's: an adapter's base model
+    tasks: list[str] | None = None        # "generate", "embed", "classify", "score"
 
 
 class LoadLoRAAdapterRequest(BaseModel):

@@ -26,6 +26,7 @@ class TraceRequest:
     deadline: float | None = None        # seconds after arrival
     expected_output_len: int | None = None
     lora_id: int | None = None           # the LoRA adapter it runs (Simulator(max_loras=...)); None: base
+    task: str | None = None              # a pooling job ("embed", "classify", "score"): prefill-only, no output
 
     @property
     def prompt_len(self) -> int:
@@ -37,6 +38,12 @@ class TraceRequest:
 
     def to_request(self, t0: float = 0.0) -> Request:
         """A scheduler Request arriving at t0 + arrival (greedy, ignore_eos, output_len tokens)."""
+        if self.task is not None:            # the job class the scheduler sees: prefill-only
+            from toolkit.pooling.params import PoolingParams
+
+            return Request(self.request_id, list(self.prompt_ids), SamplingParams(max_tokens=1),
+                           arrival_time=t0 + self.arrival, pooling_params=PoolingParams(task=self.task),
+                           **self.policy_fields())
         sp = SamplingParams(max_tokens=self.output_len, ignore_eos=True, temperature=0.0)
         lora = {}
         if self.lora_id:                 # as the engine keys it: no KV shared across adapters

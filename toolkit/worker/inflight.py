@@ -44,6 +44,7 @@ class Launched:
     # seconds result() waited for the device (the host idle); None until then, or when the
     # tokens were on the host already
     wait: float | None = None
+    pooled: dict = field(default_factory=dict)     # pooling requests' results (on the host already)
 
     @classmethod
     def done(cls, result: StepResult) -> "Launched":
@@ -95,6 +96,7 @@ class Launched:
                     result.logprobs[r.request_id] = [dict(zip(i[: n + 1], v[: n + 1]))]
         apply_ended(result, self.ended)
         result.prompt_logprobs.update(self.prompt_logprobs)
+        result.pooled.update(self.pooled)
         self.result_now = result
         return result
 

@@ -29,6 +29,7 @@ from toolkit.transfer import to_device, upload
 from toolkit.worker.inflight import Launched, apply_ended
 from toolkit.worker.penalty_history import PenaltyHistory
 from toolkit.worker.sampling_rows import SamplingRows
+from toolkit.pooling.accumulate import PoolChunk
 from toolkit.samplers.base import SamplerOutput
 from toolkit.types import PLACEHOLDER, Request, SchedulerOutput, StepResult
 
@@ -40,6 +41,7 @@ class Forwarded:
     x: torch.Tensor | None           # logits [N, V], or hidden [T, H] when graphed
     graphed: bool                    # sampled from SampleGraphs, which start at the hidden states
     gpu_start: object = None         # a CUDA event recorded before the step's work
+    pooled: dict | None = None       # pooling requests whose prompt ended: {id: float32 result}
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Batch:
     prompt_owner: list[tuple[str, int, int, int]] | None = None   # (request id, first position, count, top-N)
     prompt_logprobs: dict[str, list[dict[int, float]]] | None = None   # filled by forward()
     blocks_to_copy: list[tuple[int, int]] | None = None   # copy-on-write (src, dst) before the forward
+    pooling: list | None = None      # [PoolChunk] of the step's pooling requests (prefill-only)
 
     @property
     def num_rows(self) -> int:
@@ -91,6 +94,9 @@ class Runner:
         # multi-LoRA (toolkit/lora/state.py): loads the step's adapters into their slots and
         # fills each token's slot index before the forward; None without enable_lora
         self.lora = None
+        # pooling requests' kept hidden rows and the Pooler (toolkit/pooling/accumulate.py);
+        # None: this engine serves generation only (build_engine sets it)
+        self.pooling = None
 
     @property
     def graph_tokens(self) -> int | None:
@@ -132,13 +138,29 @@ class Runner:
             self.swap(out)                # first: before this step reads or writes any block
         if not out.scheduled:
             return Forwarded(None, None, False, gpu_start)
+        if self.pooling is not None and out.finished_ids:
+            self.pooling.drop(out.finished_ids)     # aborted pooling requests' kept rows
         batch = self.prepare(out, prev)
         if self.lora is not None:
             self.lora.begin_step(out, len(batch.input_ids))
         # plain rows may sample from a graph that starts at the hidden states (its LM head inside)
         graphed = self.sample_graphs is not None and not any(batch.drafts)
+        if batch.pooling:                 # the pooled rows need the hidden states
+            return self._forward_pooling(batch, graphed, gpu_start)
         x = self.hidden(batch) if graphed else self.forward(batch)   # hidden [T, H] | logits [N, V]
         return Forwarded(batch, x, graphed, gpu_start)
+
+    def _forward_pooling(self, batch: "Batch", graphed: bool, gpu_start: object) -> Forwarded:
+        """A step with pooling requests: hidden states -> their kept rows and finished results;
+        the logits of the sampling rows from the same hidden states."""
+        if self.pooling is None or not self.executor.supports_hidden:
+            raise ValueError("this engine cannot pool: it has no pooler, or its executor does not "
+                             "return hidden states (tensor parallel)")
+        h = self.hidden(batch)                                           # [T, hidden]
+        pooled = self.pooling.take(h, batch.pooling)
+        if not graphed and batch.sampling:
+            h = self.model.compute_logits(h[batch.logits_indices])       # [N, V]
+        return Forwarded(batch, h, graphed, gpu_start, pooled)
 
     @torch.inference_mode()
     def sample_tokens(self, f: Forwarded, grammars: Mapping[str, object] | None = None,
@@ -151,16 +173,23 @@ class Runner:
             return Launched.done(StepResult())
         ended = dict(ended or {})
         prompt_lps = {rid: (start, batch.prompt_logprobs[rid]) for rid, start, _, _ in batch.prompt_owner or ()}
+        if batch.pooling and not batch.sampling:     # pooling rows and prefill chunks only
+            result = StepResult(prompt_logprobs=prompt_lps, pooled=f.pooled or {})
+            apply_ended(result, ended)
+            return Launched.done(result)
         if any(batch.drafts):
             result = self.sample(batch, x, grammars)
             result.prompt_logprobs.update(prompt_lps)
+            result.pooled.update(f.pooled or {})
             apply_ended(result, ended)
             return Launched.done(result)
         s = self._sample_plain(batch, x, grammars, hidden=graphed)
         if self.penalty_history is not None:   # penalised rows take their token on the device
             self.penalty_history.note_sampled(batch.sampling, s.token_ids)
-        return Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended, prompt_lps,
-                                gpu_start)
+        launched = Launched.sampled(batch.sampling, s.token_ids, s.logprobs, s.logprob_token_ids, ended,
+                                    prompt_lps, gpu_start)
+        launched.pooled = f.pooled or {}
+        return launched
 
     def launch(self, out: SchedulerOutput, structured=None, prev: Launched | None = None) -> Launched:
         """execute_model then sample_tokens, with the grammars advanced between them (what the
@@ -206,6 +235,7 @@ class Runner:
         p_rows: list[int] = []
         p_next: list[int] = []
         p_owner: list[tuple[str, int, int, int]] = []
+        pool: list[PoolChunk] = []
         offset = 0
         for s in out.scheduled:
             req = s.request
@@ -233,7 +263,9 @@ class Runner:
             kv_lens.append(end)
             q_lens.append(n)
             offset += n
-            if end >= num_tokens:              # samples (s.samples)
+            if req.pooling_params is not None:     # prefill-only: its rows go to the pooler
+                pool.append(PoolChunk(req, offset - n, n, start, end >= num_tokens))
+            elif end >= num_tokens:              # samples (s.samples)
                 k = s.num_spec_tokens
                 if k:
                     logits_idx.extend(range(offset - 1 - k, offset))
@@ -244,8 +276,10 @@ class Runner:
         q = np.asarray(q_lens, dtype=np.int64)
         # positions [T]: start_b + j for token j of sequence b
         pos = np.arange(offset) - np.repeat(np.cumsum(q) - q - np.asarray(starts, dtype=np.int64), q)
-        return self._batch(out, prev, ids, pos, tables, kv_lens, q_lens, logits_idx, sampling, drafts,
-                           fill_at, fill_from, p_rows, p_next, p_owner)
+        batch = self._batch(out, prev, ids, pos, tables, kv_lens, q_lens, logits_idx, sampling, drafts,
+                            fill_at, fill_from, p_rows, p_next, p_owner)
+        batch.pooling = pool or None
+        return batch
 
     def _batch(self, out: SchedulerOutput, prev: Launched | None, ids: list[int], pos: np.ndarray,
                tables: list, kv_lens: list[int], q_lens: list[int], logits_idx: list[int],
