@@ -283,6 +283,8 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_IGNORED = "finished_ignored"      # rejected: can never fit
     FINISHED_GRAMMAR = "finished_grammar"      # no token can continue the grammar
+    # [kv_transfer] blocks allocated, its KV loading from a connector (toolkit/kv_transfer/)
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
 
     @property
     def finished(self) -> bool:
@@ -433,6 +435,8 @@ class SchedulerOutput:
     # blocks_to_copy, in stream order before the step's forward
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # [kv_transfer] the connector's plan for the worker side (KVConnectorMetadata), or None
+    kv_connector_metadata: Any = None
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -504,6 +508,8 @@ class StepResult:
     # (first position p, [{token at p + 1 and its top-N: logprob}, ...]) for this step's prompt chunk
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
     finished: dict[str, str] = field(default_factory=dict)   # finish reasons found outside the scheduler
+    # [kv_transfer] transfers the connector finished (kv_transfer.base.KVConnectorOutput), or None
+    kv_connector_output: Any = None
 
     @classmethod
     def of(cls, result: "StepResult | Mapping[str, Sequence[int]]") -> "StepResult":

@@ -44,6 +44,7 @@ class Launched:
     # seconds result() waited for the device (the host idle); None until then, or when the
     # tokens were on the host already
     wait: float | None = None
+    kv_connector_output: object = None   # [kv_transfer] copied into the StepResult
 
     @classmethod
     def done(cls, result: StepResult) -> "Launched":
@@ -75,13 +76,19 @@ class Launched:
         """One PLACEHOLDER token per sampling request: what update() is given before the
         tokens reach the host (a step already finished on the host gives its real tokens)."""
         if self.result_now is not None:
-            return self.result_now
-        return StepResult({rid: [PLACEHOLDER] for rid in self.rows})
+            return self._with_kv(self.result_now)
+        return self._with_kv(StepResult({rid: [PLACEHOLDER] for rid in self.rows}))
+
+    def _with_kv(self, result: StepResult) -> StepResult:
+        """[kv_transfer] the connector's report rides on the result the scheduler updates from."""
+        if self.kv_connector_output is not None:
+            result.kv_connector_output = self.kv_connector_output
+        return result
 
     def result(self) -> StepResult:
         """The step's StepResult (waits for its copies, not for later work)."""
         if self.result_now is not None:
-            return self.result_now
+            return self._with_kv(self.result_now)
         if self._event is not None:
             t = time.perf_counter()
             self._event.synchronize()
@@ -96,7 +103,7 @@ class Launched:
         apply_ended(result, self.ended)
         result.prompt_logprobs.update(self.prompt_logprobs)
         self.result_now = result
-        return result
+        return self._with_kv(result)
 
 
 def apply_ended(result: StepResult, ended: dict[str, str]) -> None:

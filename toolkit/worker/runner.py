@@ -40,6 +40,7 @@ class Forwarded:
     x: torch.Tensor | None           # logits [N, V], or hidden [T, H] when graphed
     graphed: bool                    # sampled from SampleGraphs, which start at the hidden states
     gpu_start: object = None         # a CUDA event recorded before the step's work
+    kv_connector_output: object = None   # [kv_transfer] transfers finished by this step's call
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Runner:
         # a sampler that declares can_consume_logits may process the step's own logits in place
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
         self.host_kv = None           # HostKVCache of the host tier (blocks/host_kv.py), set by build_engine
+        self.kv_connector = None      # [kv_transfer] a KV connector's worker side, set by build_engine
         # CUDA: a timing event before each step's work, so a step's GPU time can be read when
         # its tokens land (Launched.gpu_seconds); the engine sets it while an observer that asked
         # for GPU time (add_observer(gpu_time=True)) is attached
@@ -126,13 +128,18 @@ class Runner:
             gpu_start.record()
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             self.swap(out)                # first: before this step reads or writes any block
+        kvo = None
+        if self.kv_connector is not None:     # [kv_transfer] loads and saves, before the forward
+            from toolkit.kv_transfer.worker import connector_step
+
+            kvo = connector_step(self.kv_connector, out, self.kv_cache.num_layers)
         if not out.scheduled:
-            return Forwarded(None, None, False, gpu_start)
+            return Forwarded(None, None, False, gpu_start, kvo)
         batch = self.prepare(out, prev)
         # plain rows may sample from a graph that starts at the hidden states (its LM head inside)
         graphed = self.sample_graphs is not None and not any(batch.drafts)
         x = self.hidden(batch) if graphed else self.forward(batch)   # hidden [T, H] | logits [N, V]
-        return Forwarded(batch, x, graphed, gpu_start)
+        return Forwarded(batch, x, graphed, gpu_start, kvo)
 
     @torch.inference_mode()
     def sample_tokens(self, f: Forwarded, grammars: Mapping[str, object] | None = None,
@@ -141,6 +148,10 @@ class Runner:
         applied here; ended: requests whose grammar ended, from its advance()). Plain steps
         leave their tokens on the device (copied to the host in the background)."""
         batch, x, graphed, gpu_start = f.batch, f.x, f.graphed, f.gpu_start
+        if f.kv_connector_output is not None:    # [kv_transfer] the result carries the report
+            launched = self.sample_tokens(Forwarded(batch, x, graphed, gpu_start), grammars, ended)
+            launched.kv_connector_output = f.kv_connector_output
+            return launched
         if batch is None:
             return Launched.done(StepResult())
         ended = dict(ended or {})
@@ -409,6 +420,9 @@ class Runner:
 
     def close(self) -> None:
         """Free the KV cache (and the host tier's pinned pool); stop the tensor-parallel workers."""
+        if self.kv_connector is not None:     # [kv_transfer] pending saves, its I/O thread, temporary files
+            self.kv_connector.close()
+            self.kv_connector = None
         self.kv_cache.close()
         self.host_kv = None
         self.executor.close()
