@@ -15,6 +15,7 @@ _EXPORTS = {
     "check_scheduler": "toolkit.testing.scheduler", "scheduler_machine": "toolkit.testing.scheduler",
     "triton_compiles": "toolkit.kernels.compiles",
     "check_tool_format": "toolkit.testing.tool_parser",
+    "check_kv_connector": "toolkit.testing.kv_connector",
 }
 
 __all__ = sorted(_EXPORTS)
