@@ -112,12 +112,15 @@ class StoreConnector(KVConnectorBase):
         if chain is None or len(chain) < n:
             bs = self.block_size
             chain = hash_blocks(request.all_token_ids[:n * bs], bs, 0)
-        pairs = []
+        pairs, held = [], []
         for i in range(n):
             k = block_key(chain[i])
-            if k not in self.store and k not in self._saving:
+            if k in self.store:
+                held.append(k)
+            elif k not in self._saving:
                 pairs.append((k, block_ids[i]))
                 self._saving.add(k)
+        self.store.touch(held)               # used again: most recent in the LRU
         if not pairs:
             return False, None
         self._saves.append(Transfer(rid, pairs))
