@@ -56,6 +56,7 @@ class PDConnector(StoreConnector):
             raise ValueError(f"PDConnector role must be one of {KV_ROLES[:2]}, got {role!r}")
         super().__init__(store, block_size, load_async=load_async)
         self.role = role
+        self._covered: dict[str, list[str]] = {}    # handoff blocks a local prefix hit made unneeded
         self.num_handoffs = 0
 
     # -- scheduler side --
@@ -69,10 +70,13 @@ class PDConnector(StoreConnector):
         if n <= num_computed_tokens or self.store.lookup(keys[first:]) < len(keys) - first:
             return 0, False
         self._matched[request.request_id] = (first, keys[first:])
+        self._covered[request.request_id] = keys[:first]
         return n - num_computed_tokens, self.load_async
 
     def update_state_after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
         first, keys = self._matched.pop(request.request_id)
+        for k in self._covered.pop(request.request_id, ()):    # the local prefix hit covers them
+            self.store.remove(k)
         blocks = list(block_ids[first:first + len(keys)])
         assert len(blocks) == len(keys), "the consumer's blocks do not cover the handoff"
         self._loads.append(Transfer(request.request_id, list(zip(keys, blocks)), self.load_async))
@@ -80,6 +84,7 @@ class PDConnector(StoreConnector):
 
     def request_finished(self, request: Any, block_ids: Sequence[int]) -> tuple[bool, dict | None]:
         self._matched.pop(request.request_id, None)
+        self._covered.pop(request.request_id, None)
         if self.role != "kv_producer" or request.status.name in ("FINISHED_ABORTED", "FINISHED_IGNORED"):
             return False, None
         n = request.num_computed_tokens
