@@ -7,7 +7,7 @@ Both engines run a PDConnector over one store (kv_role "kv_producer" / "kv_consu
 producer prefills every prompt (its batch), the handoffs land in the store (the producer
 steps until its saves are done), then the consumer runs every continuation (its batch).
 Returns per prompt the output token ids: the producer's first token, then the consumer's.
-The HTTP form of the same exchange is toolkit/kv_transfer/http_proxy.py.
+(The HTTP form, across two processes, is not built yet.)
 """
 
 from __future__ import annotations
