@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.schedulers.continuous import ContinuousBatchingScheduler
-from toolkit.types import Request, RequestStatus, ScheduledRequest, SchedulerOutput, StepResult
+from toolkit.types import Request, RequestFault, RequestStatus, ScheduledRequest, SchedulerOutput, StepResult
 
 WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 
@@ -45,6 +45,12 @@ class ConnectorScheduler(ContinuousBatchingScheduler):
         self._no_connector: set[str] = set()          # a load failed: recomputed, not asked again
         self._parked = 0                              # requests parked by the current admission pass
         self.num_remote_loads = self.num_failed_loads = self.num_delayed_frees = 0
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._held:
+            raise ValueError(f"request id {request.request_id!r} is still transferring its KV (a finished "
+                             "request's save or an aborted request's load); use another id or wait a step")
+        super().add_request(request)
 
     # -- the step --
     def schedule(self) -> SchedulerOutput:
@@ -69,11 +75,15 @@ class ConnectorScheduler(ContinuousBatchingScheduler):
             return super()._admit(req, budget, out)
         hits = self.kv.admission_hits(req)
         computed = hits.num_computed_tokens
-        ext, is_async = self.connector.get_num_new_matched_tokens(req, computed)
-        if not isinstance(ext, int) or ext < 0 or computed + ext > req.num_tokens - 1:
+        try:
+            ext, is_async = self.connector.get_num_new_matched_tokens(req, computed)
+            if not isinstance(ext, int) or ext < 0 or computed + ext > req.num_tokens - 1:
+                raise ValueError(f"matched {ext!r} tokens after {computed} computed ones; valid: an int "
+                                 f"in [0, {req.num_tokens - 1 - computed}]")
+        except Exception as e:          # the connector's fault for this request: the engine ends it alone
             self.kv.release(hits)
-            raise ValueError(f"kv connector {self.connector!r} matched {ext!r} tokens of request {rid!r} "
-                             f"after {computed} computed ones; valid: an int in [0, {req.num_tokens - 1 - computed}]")
+            raise RequestFault([rid], f"kv connector {self.connector!r} failed for request {rid!r}: "
+                                      f"{type(e).__name__}: {e}") from e
         if ext == 0:
             self.kv.release(hits)
             return super()._admit(req, budget, out)
