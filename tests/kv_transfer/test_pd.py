@@ -85,3 +85,26 @@ def test_handoff_request_validates():
     assert ids == [1, 2, 5] and p.max_tokens == 3 and p.min_tokens == 1
     with pytest.raises(ValueError, match="role"):
         PDConnector(MemoryKVStore(BLOCK_SHAPE, torch.float32, 4), BS, "kv_both")
+
+
+def test_consumer_given_the_prompt_alone_recomputes_its_last_token(tiny_llama_dir, colocated):
+    """vLLM's proxy: the consumer gets the original request (no first token); it loads all
+    but the last prompt token and samples the first token itself: the same greedy tokens."""
+    store = MemoryKVStore(BLOCK_SHAPE, torch.float32, 256)
+    kw = dict(dtype="float32", device="cpu", block_size=BS, num_blocks=64)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    with LLM(tiny_llama_dir, kv_connector=PDConnector(store, BS, "kv_producer"), **kw) as prod, \
+            LLM(tiny_llama_dir, kv_connector=PDConnector(store, BS, "kv_consumer"), **kw) as cons:
+        for i, p in enumerate(_prompts()):
+            prod.engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=1), request_id=f"q{i}")
+        while prod.engine.has_unfinished():
+            prod.engine.step()
+        for i, p in enumerate(_prompts()):
+            cons.engine.add_request(p, params, request_id=f"q{i}", output_kind="final")
+        got = {}
+        while cons.engine.has_unfinished():
+            got.update({o.request_id: o.outputs[0].token_ids for o in cons.engine.step() if o.finished})
+        assert cons.engine.scheduler.connector.num_loaded_blocks > 0
+        assert store.num_blocks == 0
+        _no_leaks(cons)
+    assert [got[f"q{i}"] for i in range(len(_prompts()))] == colocated

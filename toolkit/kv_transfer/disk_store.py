@@ -8,7 +8,9 @@ goes to a temporary file renamed into place (a crash leaves no half-written bloc
 key); a read maps the file (`torch.from_file`, private mapping) and copies it out. The
 index (key -> bytes, LRU order) is rebuilt from the directory at start, oldest
 modification time first, so a persistent store survives a restart; a read refreshes a
-file's time. `persistent=False` deletes the directory at close().
+file's time. A key missing from the index is looked up in the directory too (another
+process may share it: prefill/decode across processes); the size bound counts the
+blocks this process knows of. `persistent=False` deletes the directory at close().
 """
 
 from __future__ import annotations
@@ -77,7 +79,18 @@ class DiskKVStore:
         return len(self._index) * self.block_bytes
 
     def __contains__(self, key: str) -> bool:
-        return key in self._index
+        return key in self._index or self._adopt(key)
+
+    def _adopt(self, key: str) -> bool:
+        """A file another process wrote (a shared directory: prefill/decode across processes)."""
+        try:
+            ok = self._path(key).stat().st_size == self.block_bytes
+        except (FileNotFoundError, ValueError):
+            return False
+        if ok:
+            with self._lock:
+                self._index.setdefault(key, None)
+        return ok
 
     def keys(self) -> list[str]:
         with self._lock:
@@ -86,7 +99,7 @@ class DiskKVStore:
     def lookup(self, keys: Iterable[str]) -> int:
         n = 0
         for k in keys:
-            if k not in self._index:
+            if k not in self:
                 break
             n += 1
         return n
@@ -117,10 +130,9 @@ class DiskKVStore:
 
     def get(self, key: str) -> torch.Tensor:
         path = self._path(key)
-        with self._lock:
-            if key not in self._index:
-                raise KeyError(key)
-            self._index.move_to_end(key)
+        if key not in self:
+            raise KeyError(key)
+        self.touch([key])
         try:
             size = path.stat().st_size
         except FileNotFoundError:

@@ -8,7 +8,9 @@ in the store. A consumer engine (kv_role "kv_consumer") is given the same reques
 prompt followed by the first token, and the remaining budget (`handoff_request`): its
 connector finds the handoff, loads positions [local prefix hit, prompt length) into the
 request's blocks, and the request goes on as if it had prefilled there: its first
-computed token is the first sampled one, at the position after the prompt. The consumer
+computed token is the first sampled one, at the position after the prompt. Given the
+prompt alone (vLLM's proxy, the HTTP one here: kv_transfer/http_proxy.py), it loads all
+but the last prompt token, computes that one again and samples the first token itself. The consumer
 removes a handoff once loaded. The keys hash the tokens, so a consumer never loads KV
 computed for other tokens under the same id.
 
@@ -64,21 +66,27 @@ class PDConnector(StoreConnector):
         self._matched.pop(request.request_id, None)
         if self.role != "kv_consumer" or num_computed_tokens % self.block_size:
             return 0, False
-        n = request.num_tokens - 1                  # every token but the one it computes next
-        keys = handoff_keys(request.request_id, request.all_token_ids[:n], self.block_size)
         first = num_computed_tokens // self.block_size
-        if n <= num_computed_tokens or self.store.lookup(keys[first:]) < len(keys) - first:
-            return 0, False
-        self._matched[request.request_id] = (first, keys[first:])
-        self._covered[request.request_id] = keys[:first]
-        return n - num_computed_tokens, self.load_async
+        for n in (request.num_tokens - 1, request.num_tokens):
+            # n = num_tokens - 1: the prompt was sent with the first token after it (handoff_request);
+            # n = num_tokens: the prompt alone (vLLM's proxy): its last token is computed here again
+            keys = handoff_keys(request.request_id, request.all_token_ids[:n], self.block_size)
+            if n - 1 > num_computed_tokens and self.store.lookup(keys[first:]) == len(keys) - first:
+                self._matched[request.request_id] = (first, keys[first:])
+                self._covered[request.request_id] = keys[:first]
+                return min(n, request.num_tokens - 1) - num_computed_tokens, self.load_async
+        return 0, False
 
     def update_state_after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
         first, keys = self._matched.pop(request.request_id)
         for k in self._covered.pop(request.request_id, ()):    # the local prefix hit covers them
             self.store.remove(k)
-        blocks = list(block_ids[first:first + len(keys)])
-        assert len(blocks) == len(keys), "the consumer's blocks do not cover the handoff"
+        need = -(-(first * self.block_size + num_external_tokens) // self.block_size) - first
+        for k in keys[need:]:                  # a last prompt token it computes again: not loaded
+            self.store.remove(k)
+        keys = keys[:need]
+        blocks = list(block_ids[first:first + need])
+        assert len(blocks) == need, "the consumer's blocks do not cover the handoff"
         self._loads.append(Transfer(request.request_id, list(zip(keys, blocks)), self.load_async))
         self.num_hit_blocks += len(keys)
 
