@@ -72,6 +72,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "with tools); vLLM's flag, on by default here")
     p.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1"],
                    help="split <think>...</think> into the message's reasoning_content")
+    p.add_argument("--kv-role", choices=["producer", "consumer"], default=None,
+                   help="prefill/decode disaggregation (docs/guides/kv-transfer.md): this server "
+                        "prefills and hands the KV off (producer) or loads it and decodes (consumer), "
+                        "through --kv-cache-dir, a directory both servers see; run "
+                        "`python -m toolkit.kv_transfer.http_proxy` in front of the two")
+    p.add_argument("--kv-cache-dir", default=None,
+                   help="alone: the disk tier's directory (kept across restarts); with --kv-role: "
+                        "the handoff directory (e.g. under /dev/shm)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -85,6 +93,10 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
             opts[flag] = getattr(args, flag)
     if getattr(args, "enforce_eager", False):
         opts["cuda_graphs"] = False
+    if getattr(args, "kv_role", None):             # [kv_transfer] toolkit/kv_transfer/pd.py
+        opts.update(kv_connector="pd", kv_role="kv_" + args.kv_role)
+    if getattr(args, "kv_cache_dir", None):
+        opts["kv_cache_dir"] = args.kv_cache_dir
     for item in args.engine_arg:
         name, sep, value = item.partition("=")
         if not sep or not name:
