@@ -148,7 +148,7 @@ def bandwidth(args) -> dict:
     pinned = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=dev.type == "cuda")
     t_ceiling, _ = timed(lambda: pinned.copy_(flat, non_blocking=True))
     store.close()
-    gbps = lambda t: nbytes / t / 1e9                                        # noqa: E731
+    gbps = lambda t: nbytes / t / 1e9
     return dict(blocks=n, block_bytes=nbytes // n, device_to_host_gbps=gbps(t_d2h), host_to_file_gbps=gbps(t_put),
                 file_to_host_gbps=gbps(t_get), host_to_device_gbps=gbps(t_h2d),
                 pinned_copy_ceiling_gbps=gbps(t_ceiling))

@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-import httpx  # noqa: E402
+import httpx
 
-from toolkit import LLM, SamplingParams  # noqa: E402
+from toolkit import LLM, SamplingParams
 
 BS = 4
 PROMPTS = [[(17 * j) % 450 + 40 for j in range(22)] + [7, 8, 9], [(5 * j) % 300 + 30 for j in range(17)]]

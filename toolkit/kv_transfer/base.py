@@ -36,8 +36,9 @@ A connector may still overlap its I/O with the steps through asynchronous loads 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 

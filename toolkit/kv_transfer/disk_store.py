@@ -20,8 +20,8 @@ import shutil
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 

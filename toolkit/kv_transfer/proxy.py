@@ -7,13 +7,14 @@ Both engines run a PDConnector over one store (kv_role "kv_producer" / "kv_consu
 producer prefills every prompt (its batch), the handoffs land in the store (the producer
 steps until its saves are done), then the consumer runs every continuation (its batch).
 Returns per prompt the output token ids: the producer's first token, then the consumer's.
-(The HTTP form, across two processes, is not built yet.)
+The HTTP form, across two processes, is toolkit/kv_transfer/http_proxy.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from toolkit.kv_transfer.pd import handoff_request
 

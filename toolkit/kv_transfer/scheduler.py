@@ -23,7 +23,14 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.schedulers.continuous import ContinuousBatchingScheduler
-from toolkit.types import Request, RequestFault, RequestStatus, ScheduledRequest, SchedulerOutput, StepResult
+from toolkit.types import (
+    Request,
+    RequestFault,
+    RequestStatus,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepResult,
+)
 
 WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 

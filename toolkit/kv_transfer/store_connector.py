@@ -22,9 +22,10 @@ get_block_ids_with_load_errors: the scheduler recomputes the request. With
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

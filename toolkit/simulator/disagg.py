@@ -97,7 +97,7 @@ class PoolSimulator:
     def _instance(self, kind: str) -> _Instance:
         inst = _Instance(kind, None)
         alloc = PrefixCachingAllocator(self.num_blocks, self.settings["block_size"])
-        clock = lambda: inst.now                                         # noqa: E731
+        clock = lambda: inst.now
         if kind == "decode":
             inst.sched = ConnectorScheduler(alloc, kv_connector=HandoffConnector(), policy=self.policy,
                                             clock=clock, **self.settings)
