@@ -62,3 +62,14 @@ class _Forgetful(StoreConnector):
 def test_check_catches_a_broken_connector(tmp_path):
     with pytest.raises(AssertionError, match="finished_sending"):
         check_kv_connector(_Forgetful(_store("memory", tmp_path), 4), **GEOM)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_store_connector_on_cuda(tmp_path, kind):
+    """Saves through pinned memory and an event, loads through pinned staging (bf16)."""
+    c = StoreConnector(_store(kind, tmp_path, torch.bfloat16), 4)
+    try:
+        check_kv_connector(c, dtype=torch.bfloat16, device="cuda", **GEOM)
+    finally:
+        c.close()

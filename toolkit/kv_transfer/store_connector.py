@@ -32,6 +32,7 @@ import torch
 from toolkit.blocks.hashing import hash_blocks
 from toolkit.kv_transfer.base import KVConnectorBase, KVConnectorMetadata
 from toolkit.kv_transfer.keys import block_key
+from toolkit.transfer import to_device
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class StoreConnector(KVConnectorBase):
         self._io: ThreadPoolExecutor | None = None
         self._reading: dict[str, tuple[Transfer, Future]] = {}
         self._writing: dict[str, tuple[Transfer, Future]] = {}
-        self._staged: list[tuple[Transfer, torch.Tensor]] = []   # this step's saves, [n, L, 2, bs, H, D]
+        self._staged: list[tuple[Transfer, tuple]] = []   # this step's saves: ([n, L, 2, bs, H, D], event)
         self._errors: set[int] = set()
         # counters (blocks)
         self.num_hit_blocks = self.num_loaded_blocks = self.num_saved_blocks = self.num_failed_blocks = 0
@@ -147,16 +148,25 @@ class StoreConnector(KVConnectorBase):
     def _read(self, t: Transfer) -> torch.Tensor:
         return torch.stack([self.store.get(k) for k, _ in t.pairs])       # [n, L, 2, bs, H, D]
 
-    def _gather(self, t: Transfer) -> torch.Tensor:
-        """The blocks of a save on the host, [n, L, 2, bs, H, D] (read now, in stream order)."""
-        idx = torch.tensor([b for _, b in t.pairs], dtype=torch.int64, device=self.kv_layers[0].device)
+    def _gather(self, t: Transfer) -> tuple[torch.Tensor, Any]:
+        """The blocks of a save on the host, [n, L, 2, bs, H, D], read in stream order; on
+        CUDA a non-blocking copy into pinned memory and the event the writer waits for."""
+        dev = self.kv_layers[0].device
+        idx = torch.tensor([b for _, b in t.pairs], dtype=torch.int64, device=dev)
         per_layer = [layer.index_select(1, idx).transpose(0, 1) for layer in self.kv_layers]   # [n, 2, bs, H, D]
-        return torch.stack(per_layer, dim=1).to("cpu")
+        staged = torch.stack(per_layer, dim=1)
+        if dev.type != "cuda":
+            return staged, None
+        host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
+        host.copy_(staged, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, done
 
     def _copy_in(self, t: Transfer, blocks: torch.Tensor) -> None:
         dev = self.kv_layers[0].device
         idx = torch.tensor([b for _, b in t.pairs], dtype=torch.int64, device=dev)
-        blocks = blocks.to(dev)
+        blocks = to_device(blocks, dev)         # pinned staging: no host stall on CUDA
         for i, layer in enumerate(self.kv_layers):
             layer.index_copy_(1, idx, blocks[:, i].transpose(0, 1).to(layer.dtype))
         self.num_loaded_blocks += len(t.pairs)
@@ -166,7 +176,10 @@ class StoreConnector(KVConnectorBase):
             self._writing[t.request_id] = (t, self._pool().submit(self._write, t, blocks))
         self._staged = []
 
-    def _write(self, t: Transfer, blocks: torch.Tensor) -> None:
+    def _write(self, t: Transfer, staged: tuple[torch.Tensor, Any]) -> None:
+        blocks, done = staged
+        if done is not None:
+            done.synchronize()                  # the device -> host copy has landed
         for (k, _), b in zip(t.pairs, blocks):
             self.store.put(k, b)
 

@@ -38,11 +38,13 @@ from toolkit.types import Request, RequestStatus, SamplingParams, SchedulerOutpu
 class _Side:
     """One connector with its own KV cache, stepped like a runner."""
 
-    def __init__(self, connector: Any, shape: tuple, num_blocks: int, dtype: torch.dtype, seed: int) -> None:
+    def __init__(self, connector: Any, shape: tuple, num_blocks: int, dtype: torch.dtype, seed: int,
+                 device: str) -> None:
         L, _, bs, H, D = shape
         g = torch.Generator().manual_seed(seed)
         self.c = connector
-        self.layers = [torch.randn(2, num_blocks, bs, H, D, generator=g).to(dtype) for _ in range(L)]
+        self.layers = [torch.randn(2, num_blocks, bs, H, D, generator=g).to(device=device, dtype=dtype)
+                       for _ in range(L)]
         connector.register_kv_caches(self.layers)
         self.sent: list[str] = []
         self.recv: list[str] = []
@@ -78,12 +80,13 @@ class _Side:
 
 def check_kv_connector(saver: Any, loader: Any = None, *, num_layers: int, block_size: int,
                        num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
-                       same_request_id: bool = False, num_blocks: int = 32, timeout_s: float = 20.0) -> None:
+                       same_request_id: bool = False, num_blocks: int = 32, timeout_s: float = 20.0,
+                       device: str = "cpu") -> None:
     loader = saver if loader is None else loader
     bs = block_size
     shape = (num_layers, 2, bs, num_kv_heads, head_dim)
-    s = _Side(saver, shape, num_blocks, dtype, seed=1)
-    ld = s if loader is saver else _Side(loader, shape, num_blocks, dtype, seed=2)
+    s = _Side(saver, shape, num_blocks, dtype, 1, device)
+    ld = s if loader is saver else _Side(loader, shape, num_blocks, dtype, 2, device)
     params = SamplingParams(temperature=0.0, max_tokens=8)
 
     # a miss
