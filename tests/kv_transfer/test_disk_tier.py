@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from toolkit import LLM, SamplingParams
 from toolkit.kv_transfer.scheduler import ConnectorScheduler
@@ -169,10 +170,18 @@ def test_preemption_and_abort_storm_leaks_nothing(tiny_llama_dir, tmp_path):
         assert toks == ample[int(rid.split("-")[1])], rid
 
 
-def test_a_failed_load_is_recomputed_not_lost(tiny_llama_dir, tmp_path, reference):
+@pytest.mark.parametrize("load_async", [True, False], ids=["async", "sync"])
+def test_a_failed_load_is_recomputed_not_lost(tiny_llama_dir, tmp_path, reference, load_async):
     kw = dict(dtype="float32", device="cpu", block_size=BS, num_blocks=64, kv_cache_dir=str(tmp_path))
     with LLM(tiny_llama_dir, **kw) as llm:
         llm.generate(_prompts(), _params(), use_tqdm=False)
+        ns = Path(llm.engine.scheduler.connector.store.root)
+    if not load_async:                     # the same files, loaded before the step's forward
+        from toolkit.kv_transfer.disk_store import DiskKVStore
+        from toolkit.kv_transfer.store_connector import StoreConnector
+
+        store = DiskKVStore(ns, (2, 2, BS, 2, 16), torch.float32, 2**20)
+        kw = dict(kw, kv_cache_dir=None, kv_connector=StoreConnector(store, BS, load_async=False))
     with LLM(tiny_llama_dir, **kw) as llm:
         s = llm.engine.scheduler
         store, calls = s.connector.store, {"n": 0}

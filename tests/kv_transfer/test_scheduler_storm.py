@@ -36,14 +36,15 @@ class ScriptedConnector(KVConnectorBase):
         while k * BS > num_computed_tokens and tuple(toks[:k * BS]) not in self.saved:
             k -= 1
         n = max(0, k * BS - num_computed_tokens)
+        self.first = num_computed_tokens // BS
         return n, bool(n) and self.rng.random() < 0.7
 
     def update_state_after_alloc(self, request, block_ids, num_external_tokens):
         if request.status is RequestStatus.WAITING_FOR_REMOTE_KVS or request.request_id in self.loads:
             raise AssertionError("allocated twice")
         # the scheduler parks it after this call when the load is async: decide from the match
-        self.loads[request.request_id] = [self.rng.randint(0, 3), self.rng.random() < self.fail_p,
-                                          list(block_ids)]
+        ext = list(block_ids[self.first:self.first + num_external_tokens // BS])   # the loaded ones only
+        self.loads[request.request_id] = [self.rng.randint(0, 3), self.rng.random() < self.fail_p, ext]
 
     def build_connector_meta(self, scheduler_output):
         return KVConnectorMetadata()
@@ -66,9 +67,12 @@ class ScriptedConnector(KVConnectorBase):
         for rid, job in list(self.loads.items()):
             parked = rid in sched.remote
             gone = rid not in sched.requests and rid in sched._held
-            if not (parked or gone):          # a synchronous load: done within its step
+            if not (parked or gone):          # a synchronous load: done (or failed) within its step
                 del self.loads[rid]
                 self.num_sync += 1
+                if job[1]:
+                    out.invalid_block_ids.update(job[2])
+                    self.num_failed += 1
                 continue
             if job[0] > 0:
                 job[0] -= 1

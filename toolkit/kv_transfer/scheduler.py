@@ -9,7 +9,9 @@ What a connector adds to a step (vLLM V1's states and calls):
 - the worker's report (StepResult.kv_connector_output), read in update(): a request whose
   load finished goes back to the front of the queue holding its blocks and computed
   tokens (its full blocks published in the prefix cache), or, when any of its blocks
-  failed to load, with neither: it is recomputed, and the connector is not asked again.
+  failed to load, with neither: it is recomputed, and the connector is not asked again. A
+  request whose synchronous load failed loses the step it ran on those blocks (no token,
+  nothing published) and is recomputed the same way.
 - finish: `request_finished(request, block_ids)`; delay_free=True keeps the blocks
   allocated until the connector reports the save done. A request aborted while loading
   keeps its blocks until the load is over (it writes into them). has_unfinished() stays
@@ -20,6 +22,7 @@ EngineConfig.kv_connector / kv_cache_dir is set.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from toolkit.schedulers.continuous import ContinuousBatchingScheduler
@@ -149,8 +152,30 @@ class ConnectorScheduler(ContinuousBatchingScheduler):
         result = StepResult.of(result)
         kvo = getattr(result, "kv_connector_output", None)
         if kvo is not None:
+            out = self._drop_failed_sync_loads(out, result, kvo.invalid_block_ids)
             self._on_transfers(kvo)
         return super().update(out, result)
+
+    def _drop_failed_sync_loads(self, out: SchedulerOutput, result: StepResult, bad: set) -> SchedulerOutput:
+        """A request scheduled this step on blocks whose synchronous load failed computed on
+        garbage: this step's work for it is dropped (not published, no token) and it is
+        recomputed from scratch, without the connector."""
+        victims = {s.request_id for s in out.scheduled
+                   if s.request_id not in self.remote and bad.intersection(s.request.block_ids)}
+        if not victims:
+            return out
+        for rid in victims:
+            req = self.requests[rid]
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+            req.spec_token_ids = []
+            req.status = RequestStatus.WAITING
+            self.running.remove(req)
+            self.waiting.insert(0, req)
+            self._no_connector.add(rid)
+            self.num_failed_loads += 1
+            result.sampled_token_ids.pop(rid, None)
+        return dataclasses.replace(out, scheduled=[s for s in out.scheduled if s.request_id not in victims])
 
     def _on_transfers(self, kvo: Any) -> None:
         bad = set(kvo.invalid_block_ids)

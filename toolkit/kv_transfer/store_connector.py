@@ -141,8 +141,14 @@ class StoreConnector(KVConnectorBase):
         for t in meta.loads:
             if t.is_async:
                 self._reading[t.request_id] = (t, self._pool().submit(self._read, t))
-            else:
+                continue
+            try:
                 self._copy_in(t, self._read(t))
+            except Exception as e:            # the scheduler drops this step's work for it: recomputed
+                log.warning("KV load for request %s failed (%s: %s); it is recomputed", t.request_id,
+                            type(e).__name__, e)
+                self._errors.update(b for _, b in t.pairs)
+                self.num_failed_blocks += len(t.pairs)
         self._staged = [(t, self._gather(t)) for t in meta.saves]
 
     def _read(self, t: Transfer) -> torch.Tensor:
