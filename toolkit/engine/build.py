@@ -114,8 +114,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     if _wants_connector(cfg):             # [kv_transfer] toolkit/kv_transfer/build.py
         from toolkit.kv_transfer.build import build_connector, connector_scheduler
 
-        connector = build_connector(cfg, kv_cache, folder, executor)
         scheduler = connector_scheduler(scheduler)
+        connector = build_connector(cfg, kv_cache, folder, executor)
     scheduler = create_part(
         "scheduler", scheduler, allocator=allocator, block_size=cfg.block_size,
         # a draft model writes its k drafts' KV one step ahead: reserve their slots

@@ -4,6 +4,7 @@ only calls into this package)."""
 from __future__ import annotations
 
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ def build_connector(cfg: Any, kv_cache: Any, folder: Any, executor: Any) -> Any:
         from toolkit.kv_transfer.store_connector import StoreConnector
 
         if cfg.kv_cache_dir is None:                  # private and temporary: deleted at close
-            store = DiskKVStore(tempfile.mkdtemp(prefix="toolkit-kv-"), shape, layer.dtype, capacity,
-                                persistent=False)
+            root = Path(tempfile.gettempdir()) / f"toolkit-kv-{uuid.uuid4().hex}"   # made on first save
+            store = DiskKVStore(root, shape, layer.dtype, capacity, persistent=False)
         else:
             store = DiskKVStore(Path(cfg.kv_cache_dir) / ns, shape, layer.dtype, capacity)
         return StoreConnector(store, kv_cache.block_size, load_async=True)

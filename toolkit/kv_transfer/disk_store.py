@@ -35,8 +35,7 @@ class DiskKVStore:
                  capacity_bytes: int, *, persistent: bool = True) -> None:
         if not isinstance(capacity_bytes, int) or isinstance(capacity_bytes, bool) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(root)           # made by the first put (nothing is left behind before)
         self.block_shape, self.dtype = tuple(int(s) for s in block_shape), dtype
         self.block_bytes = block_nbytes(self.block_shape, dtype)
         self.capacity_blocks = capacity_bytes // self.block_bytes
@@ -51,7 +50,7 @@ class DiskKVStore:
 
     def _scan(self) -> None:
         found = []
-        for p in self.root.iterdir():
+        for p in (self.root.iterdir() if self.root.is_dir() else ()):
             if p.name.startswith(".tmp-"):
                 p.unlink(missing_ok=True)        # a write that never finished
             elif p.suffix == SUFFIX:
@@ -120,6 +119,7 @@ class DiskKVStore:
             while len(self._index) >= self.capacity_blocks:
                 self._evict_one()
         raw = block.detach().to("cpu").contiguous().view(torch.uint8).numpy()
+        self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
         raw.tofile(tmp)
         os.replace(tmp, path)
