@@ -54,3 +54,38 @@ def test_a_connector_that_overclaims_is_refused():
     assert s.allocator.num_free_blocks() == 16
     with pytest.raises(TypeError, match="lacks"):
         ConnectorScheduler(ReferenceAllocator(16, 4), kv_connector=object(), block_size=4)
+
+
+class _OneLoad(NullConnector):
+    """Request "a" can load its first 16 tokens, asynchronously; nothing else matches."""
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        if request.request_id == "a" and not self.asked:
+            self.asked += 1
+            return 16 - num_computed_tokens, True
+        return 0, False
+
+
+def test_loaded_requests_give_their_blocks_back_when_the_queue_is_stuck():
+    """A loaded request behind a queue head that cannot fit while it holds its blocks, with
+    nothing running: without giving them back, no step would ever schedule anything."""
+    from toolkit.kv_transfer.base import KVConnectorOutput
+    from toolkit.schedulers.simulate import fake_token
+    from toolkit.types import StepResult
+
+    s = ConnectorScheduler(ReferenceAllocator(6, 4), kv_connector=_OneLoad(), block_size=4,
+                           max_num_batched_tokens=64)
+    s.add_request(Request("a", list(range(1, 18)), SamplingParams(max_tokens=2, ignore_eos=True), arrival_time=1.0))
+    out = s.schedule()
+    assert "a" in s.remote and not out.scheduled
+    s.add_request(Request("b", list(range(30, 42)), SamplingParams(max_tokens=4, ignore_eos=True), arrival_time=0.0))
+    s.update(out, StepResult(kv_connector_output=KVConnectorOutput(finished_recving={"a"})))
+    done = {}
+    for _ in range(40):
+        out = s.schedule()
+        sampled = {x.request_id: [fake_token(x.request_id, x.request.num_tokens, 97)] for x in out.scheduled if x.samples}
+        done.update({o.request_id: o.finish_reason for o in s.update(out, StepResult(sampled)) if o.finished})
+        if not s.has_unfinished():
+            break
+    assert done == {"a": "length", "b": "length"}
+    assert s.allocator.num_free_blocks() == 6

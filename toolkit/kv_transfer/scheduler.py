@@ -74,8 +74,20 @@ class ConnectorScheduler(ContinuousBatchingScheduler):
             parked, before = self._parked, out.total_num_scheduled_tokens
             super()._admit_waiting(out, budget)
             budget -= out.total_num_scheduled_tokens - before
+            if not self.running and not self.remote and self._arrived and self._unload_arrived():
+                continue                      # their blocks stood in the way of the queue's head
             if self._parked == parked or budget <= 0:
                 return
+
+    def _unload_arrived(self) -> bool:
+        """Nothing runs or loads and the queue is stuck: loaded requests waiting for their
+        turn give their blocks back (the full ones stay in the prefix cache) and start over."""
+        for rid in list(self._arrived):
+            req = self.requests[rid]
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+        self._arrived.clear()
+        return True
 
     def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> ScheduledRequest | None:
         rid = req.request_id
@@ -125,12 +137,6 @@ class ConnectorScheduler(ContinuousBatchingScheduler):
                                                     limit=self.cap_end(req), out=out):
             self._arrived.discard(req.request_id)
             return self._run(req, req.num_computed_tokens, n)
-        if not self.running and not self.remote:
-            # nothing will free blocks for it: give its loaded blocks back and start over
-            self._arrived.discard(req.request_id)
-            self.kv.free(req)
-            req.num_computed_tokens = 0
-            return super()._admit(req, budget, out)
         return None
 
     def _chunk(self, n: int, budget: int) -> int | None:
