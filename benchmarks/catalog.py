@@ -27,6 +27,8 @@ CATALOG = {b.name: b for b in [
               "on shared-prefix traffic"),
     Benchmark("simulator", "sim_validate", "the simulator's predictions against the engine on one trace"),
     Benchmark("cpu", "cpu", "the embedded model on a CPU against Hugging Face generate", gpu=False),
+    Benchmark("kv_transfer", "kv_transfer", "a long shared document asked across restarts: TTFT "
+              "with the disk tier against recompute; KV block copies in GB/s against a pinned copy"),
     Benchmark("sampling", "sampling", "the sampler pipeline against the reference sampler"),
     Benchmark("speculative", "speculative", "n-gram and draft-model speculation: acceptance and tok/s"),
     Benchmark("structured", "structured", "grammar-constrained generation: mask cost and tok/s"),

@@ -115,6 +115,19 @@ class EngineConfig:
     # or its dict (pooling_type LAST / MEAN / CLS, normalize, classifier_from_token). None: a
     # sentence-transformers folder's modules, else the model's default (decoders: LAST, normalized)
     pooler_config: Any = None
+    # [kv_transfer] a KV connector (toolkit/kv_transfer/): None; "disk" (the disk tier: a
+    # finished request's full blocks saved to memory-mapped files, loaded back on a prefix
+    # hit); "pd" (prefill/decode disaggregation, with kv_role); or a KVConnectorBase instance
+    kv_connector: Any = None
+    # prefill/decode disaggregation: "kv_producer" (prefills, hands the KV off) or
+    # "kv_consumer" (loads it and decodes); None otherwise
+    kv_role: str | None = None
+    # the disk tier's directory, kept across restarts (setting it alone turns the disk tier
+    # on); "pd": the handoff directory both engines see. None with kv_connector="disk": a
+    # temporary directory deleted at close
+    kv_cache_dir: str | None = None
+    # size bound of the disk tier (and of a "pd" handoff directory), in GiB; LRU beyond it
+    kv_cache_dir_gb: float = 4.0
 
     def __post_init__(self) -> None:
         if self.pooler_config is not None:
@@ -206,6 +219,7 @@ class EngineConfig:
                 raise ValueError("EngineConfig.kv_scales applies to an fp8 KV cache; set "
                                  "kv_cache_dtype='fp8' or leave kv_scales None")
             scale_pairs(self.kv_scales, None)     # raises on a malformed value
+        self._check_kv_transfer()
         if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
             raise ValueError("EngineConfig.kv_cache_dtype='fp8' is not supported with "
                              "tensor_parallel_size > 1 yet; use kv_cache_dtype='auto'")
@@ -231,6 +245,25 @@ class EngineConfig:
             raise ValueError("EngineConfig.enable_lora is not supported with speculative='draft' (the draft "
                              "model shares the target's layers but not its step's adapter indices); use "
                              "speculative='ngram'")
+    def _check_kv_transfer(self) -> None:
+        """[kv_transfer] the connector fields (toolkit/kv_transfer/build.py builds them)."""
+        c = self.kv_connector
+        if isinstance(c, str):
+            _check(c in ("disk", "pd"), "kv_connector", "None, 'disk', 'pd' or a KVConnectorBase instance", c)
+        elif c is not None and not callable(getattr(c, "get_num_new_matched_tokens", None)):
+            raise TypeError(f"EngineConfig.kv_connector must be None, 'disk', 'pd' or a KVConnectorBase "
+                            f"instance, got {type(c).__name__} {c!r}")
+        _check(self.kv_role in (None, "kv_producer", "kv_consumer"), "kv_role",
+               "None, 'kv_producer' or 'kv_consumer'", self.kv_role)
+        if (c == "pd") != (self.kv_role is not None) and (c is None or isinstance(c, str)):
+            raise ValueError(f"EngineConfig.kv_role must be set exactly when kv_connector='pd' "
+                             f"(kv_connector={c!r}, kv_role={self.kv_role!r})")
+        if self.kv_cache_dir is not None and not isinstance(self.kv_cache_dir, str):
+            raise TypeError(f"EngineConfig.kv_cache_dir must be a string or None, got "
+                            f"{type(self.kv_cache_dir).__name__} {self.kv_cache_dir!r}")
+        g = self.kv_cache_dir_gb
+        _check(isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0, "kv_cache_dir_gb",
+               "a number of GiB > 0", g)
 
     @property
     def graph_tokens(self) -> int:

@@ -104,6 +104,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
                    help="add /v1/load_lora_adapter and /v1/unload_lora_adapter (default: "
                         "$VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+    p.add_argument("--kv-role", choices=["producer", "consumer"], default=None,
+                   help="prefill/decode disaggregation (docs/guides/kv-transfer.md): this server "
+                        "prefills and hands the KV off (producer) or loads it and decodes (consumer), "
+                        "through --kv-cache-dir, a directory both servers see; run "
+                        "`python -m toolkit.kv_transfer.http_proxy` in front of the two")
+    p.add_argument("--kv-cache-dir", default=None,
+                   help="alone: the disk tier's directory (kept across restarts); with --kv-role: "
+                        "the handoff directory (e.g. under /dev/shm)")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -124,6 +132,10 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["enable_lora"] = True
     elif getattr(args, "lora_modules", None) or getattr(args, "allow_runtime_lora_updating", False):
         raise SystemExit("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
+    if getattr(args, "kv_role", None):             # [kv_transfer] toolkit/kv_transfer/pd.py
+        opts.update(kv_connector="pd", kv_role="kv_" + args.kv_role)
+    if getattr(args, "kv_cache_dir", None):
+        opts["kv_cache_dir"] = args.kv_cache_dir
     for item in args.engine_arg:
         name, sep, value = item.partition("=")
         if not sep or not name:

@@ -283,6 +283,8 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     FINISHED_IGNORED = "finished_ignored"      # rejected: can never fit
     FINISHED_GRAMMAR = "finished_grammar"      # no token can continue the grammar
+    # [kv_transfer] blocks allocated, its KV loading from a connector (toolkit/kv_transfer/)
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
 
     @property
     def finished(self) -> bool:
@@ -447,6 +449,8 @@ class SchedulerOutput:
     # multi-LoRA: {adapter id: device slot} of the scheduled requests' adapters (the scheduler's
     # AdapterPool decides; the runner loads an adapter into a slot that does not hold it yet)
     lora_slots: dict[int, int] = field(default_factory=dict)
+    # [kv_transfer] the connector's plan for the worker side (KVConnectorMetadata), or None
+    kv_connector_metadata: Any = None
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -519,6 +523,8 @@ class StepResult:
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
     finished: dict[str, str] = field(default_factory=dict)   # finish reasons found outside the scheduler
     pooled: dict[str, Any] = field(default_factory=dict)     # pooling requests that finished: float32 tensor
+    # [kv_transfer] transfers the connector finished (kv_transfer.base.KVConnectorOutput), or None
+    kv_connector_output: Any = None
 
     @classmethod
     def of(cls, result: "StepResult | Mapping[str, Sequence[int]]") -> "StepResult":

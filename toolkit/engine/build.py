@@ -118,6 +118,12 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                          f"but the KV cache {kv_cache.num_blocks} of {cfg.block_size}; build it with "
                          f"num_blocks={kv_cache.num_blocks}, block_size={cfg.block_size} (or pass "
                          f"num_blocks= to LLM, or the allocator's class or name instead)")
+    connector = None
+    if _wants_connector(cfg):             # [kv_transfer] toolkit/kv_transfer/build.py
+        from toolkit.kv_transfer.build import build_connector, connector_scheduler
+
+        scheduler = connector_scheduler(scheduler)
+        connector = build_connector(cfg, kv_cache, folder, executor)
     scheduler = create_part(
         "scheduler", scheduler, allocator=allocator, block_size=cfg.block_size,
         # a draft model writes its k drafts' KV one step ahead: reserve their slots
@@ -125,7 +131,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_model_len=max_model_len, enable_prefix_caching=cfg.enable_prefix_caching,
         enable_chunked_prefill=cfg.enable_chunked_prefill, policy=cfg.policy,
-        **_host_tier(cfg, kv_cache, executor))
+        **_host_tier(cfg, kv_cache, executor), **({"kv_connector": connector} if connector else {}))
     _check_policy(scheduler, cfg.policy)
     if lora is not None:
         if not getattr(scheduler, "supports_lora", False):    # declared (schedulers/core.py)
@@ -171,6 +177,13 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
 
         runner.host_kv = HostKVCache.like(kv_cache, host_tier.num_slots)
         log.info("host tier: %r", runner.host_kv)
+    if connector is not None:             # [kv_transfer] its worker side runs in the runner
+        if getattr(scheduler, "connector", None) is not connector:
+            connector.close()
+            raise ValueError(f"scheduler {type(scheduler).__name__} did not take the KV connector; give "
+                             "kv_connector to a scheduler that declares supports_kv_connector")
+        connector.register_kv_caches(kv_cache.layers)
+        runner.kv_connector = connector
     if cfg.cuda_graphs and runner.enable_cuda_graphs(cfg.graph_tokens, cfg.max_num_seqs,
                                                      full_tokens=cfg.full_graph_tokens):
         log.info("steps of up to %d tokens replay CUDA graphs (whole-forward graphs up to %d)",
@@ -303,3 +316,8 @@ def _draft_proposer(draft_model: Any, model: Any, kv_cache: KVCache, attention: 
                          f"target's ({model.spec.vocab_size}); they must share a tokenizer")
     return DraftModelProposer(draft_model, num_blocks=kv_cache.num_blocks, block_size=kv_cache.block_size,
                               attention=attention, dtype=dtype, device=device)
+
+
+def _wants_connector(cfg: EngineConfig) -> bool:
+    """[kv_transfer] a connector is configured (kv_connector, or kv_cache_dir alone: the disk tier)."""
+    return getattr(cfg, "kv_connector", None) is not None or getattr(cfg, "kv_cache_dir", None) is not None

@@ -17,6 +17,7 @@ _EXPORTS = {
     "check_tool_format": "toolkit.testing.tool_parser",
     "check_router": "toolkit.testing.router",
     "check_adapter_pool": "toolkit.testing.lora_pool", "adapter_pool_machine": "toolkit.testing.lora_pool",
+    "check_kv_connector": "toolkit.testing.kv_connector",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -45,6 +45,7 @@ class Launched:
     # tokens were on the host already
     wait: float | None = None
     pooled: dict = field(default_factory=dict)     # pooling requests' results (on the host already)
+    kv_connector_output: object = None   # [kv_transfer] copied into the StepResult
 
     @classmethod
     def done(cls, result: StepResult) -> "Launched":
@@ -76,13 +77,19 @@ class Launched:
         """One PLACEHOLDER token per sampling request: what update() is given before the
         tokens reach the host (a step already finished on the host gives its real tokens)."""
         if self.result_now is not None:
-            return self.result_now
-        return StepResult({rid: [PLACEHOLDER] for rid in self.rows})
+            return self._with_kv(self.result_now)
+        return self._with_kv(StepResult({rid: [PLACEHOLDER] for rid in self.rows}))
+
+    def _with_kv(self, result: StepResult) -> StepResult:
+        """[kv_transfer] the connector's report rides on the result the scheduler updates from."""
+        if self.kv_connector_output is not None:
+            result.kv_connector_output = self.kv_connector_output
+        return result
 
     def result(self) -> StepResult:
         """The step's StepResult (waits for its copies, not for later work)."""
         if self.result_now is not None:
-            return self.result_now
+            return self._with_kv(self.result_now)
         if self._event is not None:
             t = time.perf_counter()
             self._event.synchronize()
@@ -98,7 +105,7 @@ class Launched:
         result.prompt_logprobs.update(self.prompt_logprobs)
         result.pooled.update(self.pooled)
         self.result_now = result
-        return result
+        return self._with_kv(result)
 
 
 def apply_ended(result: StepResult, ended: dict[str, str]) -> None:

@@ -42,6 +42,7 @@ class Forwarded:
     graphed: bool                    # sampled from SampleGraphs, which start at the hidden states
     gpu_start: object = None         # a CUDA event recorded before the step's work
     pooled: dict | None = None       # pooling requests whose prompt ended: {id: float32 result}
+    kv_connector_output: object = None   # [kv_transfer] transfers finished by this step's call
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Runner:
         # a sampler that declares can_consume_logits may process the step's own logits in place
         self._consume = {"consume_logits": True} if getattr(sampler, "can_consume_logits", False) else {}
         self.host_kv = None           # HostKVCache of the host tier (blocks/host_kv.py), set by build_engine
+        self.kv_connector = None      # [kv_transfer] a KV connector's worker side, set by build_engine
         # CUDA: a timing event before each step's work, so a step's GPU time can be read when
         # its tokens land (Launched.gpu_seconds); the engine sets it while an observer that asked
         # for GPU time (add_observer(gpu_time=True)) is attached
@@ -136,8 +138,13 @@ class Runner:
             gpu_start.record()
         if out.blocks_to_swap_out or out.blocks_to_swap_in:
             self.swap(out)                # first: before this step reads or writes any block
+        kvo = None
+        if self.kv_connector is not None:     # [kv_transfer] loads and saves, before the forward
+            from toolkit.kv_transfer.worker import connector_step
+
+            kvo = connector_step(self.kv_connector, out, self.kv_cache.num_layers)
         if not out.scheduled:
-            return Forwarded(None, None, False, gpu_start)
+            return Forwarded(None, None, False, gpu_start, kv_connector_output=kvo)
         if self.pooling is not None and out.finished_ids:
             self.pooling.drop(out.finished_ids)     # aborted pooling requests' kept rows
         batch = self.prepare(out, prev)
@@ -146,9 +153,11 @@ class Runner:
         # plain rows may sample from a graph that starts at the hidden states (its LM head inside)
         graphed = self.sample_graphs is not None and not any(batch.drafts)
         if batch.pooling:                 # the pooled rows need the hidden states
-            return self._forward_pooling(batch, graphed, gpu_start)
+            f = self._forward_pooling(batch, graphed, gpu_start)
+            f.kv_connector_output = kvo
+            return f
         x = self.hidden(batch) if graphed else self.forward(batch)   # hidden [T, H] | logits [N, V]
-        return Forwarded(batch, x, graphed, gpu_start)
+        return Forwarded(batch, x, graphed, gpu_start, kv_connector_output=kvo)
 
     def _forward_pooling(self, batch: "Batch", graphed: bool, gpu_start: object) -> Forwarded:
         """A step with pooling requests: hidden states -> their kept rows and finished results;
@@ -160,7 +169,7 @@ class Runner:
         pooled = self.pooling.take(h, batch.pooling)
         if not graphed and batch.sampling:
             h = self.model.compute_logits(h[batch.logits_indices])       # [N, V]
-        return Forwarded(batch, h, graphed, gpu_start, pooled)
+        return Forwarded(batch, h, graphed, gpu_start, pooled=pooled)
 
     @torch.inference_mode()
     def sample_tokens(self, f: Forwarded, grammars: Mapping[str, object] | None = None,
@@ -169,6 +178,10 @@ class Runner:
         applied here; ended: requests whose grammar ended, from its advance()). Plain steps
         leave their tokens on the device (copied to the host in the background)."""
         batch, x, graphed, gpu_start = f.batch, f.x, f.graphed, f.gpu_start
+        if f.kv_connector_output is not None:    # [kv_transfer] the result carries the report
+            launched = self.sample_tokens(Forwarded(batch, x, graphed, gpu_start), grammars, ended)
+            launched.kv_connector_output = f.kv_connector_output
+            return launched
         if batch is None:
             return Launched.done(StepResult())
         ended = dict(ended or {})
@@ -449,6 +462,9 @@ class Runner:
 
     def close(self) -> None:
         """Free the KV cache (and the host tier's pinned pool); stop the tensor-parallel workers."""
+        if self.kv_connector is not None:     # [kv_transfer] pending saves, its I/O thread, temporary files
+            self.kv_connector.close()
+            self.kv_connector = None
         self.kv_cache.close()
         self.host_kv = None
         self.executor.close()

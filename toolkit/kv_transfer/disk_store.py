@@ -1,0 +1,173 @@
+"""DiskKVStore: KV blocks in memory-mapped files, one file per block, under a size bound.
+
+    <root>/<key>.kv     the block's bytes, [num_layers, 2, block_size, num_kv_heads, head_dim]
+
+`root` should name the model and the KV layout (kv_transfer/keys.py's `namespace`), so a
+directory shared by several models or layouts never hands one the other's blocks. A write
+goes to a temporary file renamed into place (a crash leaves no half-written block under a
+key); a read maps the file (`torch.from_file`, private mapping) and copies it out. The
+index (key -> bytes, LRU order) is rebuilt from the directory at start, oldest
+modification time first, so a persistent store survives a restart; a read refreshes a
+file's time. A key missing from the index is looked up in the directory too (another
+process may share it: prefill/decode across processes); the size bound counts the
+blocks this process knows of. `persistent=False` deletes the directory at close().
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+from toolkit.kv_transfer.kv_store import block_nbytes, check_block
+
+SUFFIX = ".kv"
+
+
+class DiskKVStore:
+    def __init__(self, root: str | os.PathLike, block_shape: Sequence[int], dtype: torch.dtype,
+                 capacity_bytes: int, *, persistent: bool = True) -> None:
+        if not isinstance(capacity_bytes, int) or isinstance(capacity_bytes, bool) or capacity_bytes < 1:
+            raise ValueError(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
+        self.root = Path(root)           # made by the first put (nothing is left behind before)
+        self.block_shape, self.dtype = tuple(int(s) for s in block_shape), dtype
+        self.block_bytes = block_nbytes(self.block_shape, dtype)
+        self.capacity_blocks = capacity_bytes // self.block_bytes
+        if self.capacity_blocks < 1:
+            raise ValueError(f"a disk KV store of {capacity_bytes} bytes holds no block of "
+                             f"{self.block_bytes} bytes; give at least {self.block_bytes}")
+        self.persistent = bool(persistent)
+        self._lock = threading.Lock()
+        self._index: OrderedDict[str, None] = OrderedDict()   # keys, least recently used first
+        self.num_puts = self.num_gets = self.num_evicted = 0
+        self._scan()
+
+    def _scan(self) -> None:
+        found = []
+        for p in (self.root.iterdir() if self.root.is_dir() else ()):
+            if p.name.startswith(".tmp-"):
+                p.unlink(missing_ok=True)        # a write that never finished
+            elif p.suffix == SUFFIX:
+                st = p.stat()
+                if st.st_size == self.block_bytes:
+                    found.append((st.st_mtime_ns, p.stem))
+                else:
+                    p.unlink(missing_ok=True)    # another layout's or a truncated block
+        for _, key in sorted(found):
+            self._index[key] = None
+        while len(self._index) > self.capacity_blocks:    # a smaller bound than last time
+            self._evict_one()
+
+    def _path(self, key: str) -> Path:
+        if not key or "/" in key or key.startswith("."):
+            raise ValueError(f"a store key must be a non-empty file name, got {key!r}")
+        return self.root / (key + SUFFIX)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._index)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._index) * self.block_bytes
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index or self._adopt(key)
+
+    def _adopt(self, key: str) -> bool:
+        """A file another process wrote (a shared directory: prefill/decode across processes)."""
+        try:
+            ok = self._path(key).stat().st_size == self.block_bytes
+        except (FileNotFoundError, ValueError):
+            return False
+        if ok:
+            with self._lock:
+                self._index.setdefault(key, None)
+        return ok
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._index)
+
+    def lookup(self, keys: Iterable[str]) -> int:
+        n = 0
+        for k in keys:
+            if k not in self:
+                break
+            n += 1
+        return n
+
+    def touch(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for k in keys:
+                if k in self._index:
+                    self._index.move_to_end(k)
+
+    def put(self, key: str, block: torch.Tensor) -> bool:
+        check_block(block, self.block_shape, self.dtype)
+        path = self._path(key)
+        with self._lock:
+            if key in self._index:
+                self._index.move_to_end(key)
+                return True
+            while len(self._index) >= self.capacity_blocks:
+                self._evict_one()
+        raw = block.detach().to("cpu").contiguous().view(torch.uint8).numpy()
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+        raw.tofile(tmp)
+        os.replace(tmp, path)
+        with self._lock:
+            self._index[key] = None
+            self.num_puts += 1
+        return True
+
+    def get(self, key: str) -> torch.Tensor:
+        path = self._path(key)
+        if key not in self:
+            raise KeyError(key)
+        self.touch([key])
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            self.remove(key)
+            raise KeyError(key) from None
+        if size != self.block_bytes:
+            self.remove(key)
+            raise ValueError(f"KV block file {path} has {size} bytes, expected {self.block_bytes}")
+        numel = self.block_bytes // self.dtype.itemsize
+        mapped = torch.from_file(str(path), shared=False, size=numel, dtype=self.dtype)
+        block = mapped.view(self.block_shape).clone()     # off the mapping: the file may be evicted
+        os.utime(path)                                    # LRU order survives a restart
+        self.num_gets += 1
+        return block
+
+    def remove(self, key: str) -> None:
+        with self._lock:
+            self._index.pop(key, None)
+            self._path(key).unlink(missing_ok=True)
+
+    def _evict_one(self) -> None:
+        key, _ = self._index.popitem(last=False)
+        self._path(key).unlink(missing_ok=True)
+        self.num_evicted += 1
+
+    def files(self) -> list[Path]:
+        return sorted(self.root.glob("*" + SUFFIX))
+
+    def close(self) -> None:
+        """Keep the files (persistent) or delete the directory."""
+        if not self.persistent:
+            with self._lock:
+                self._index.clear()
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (f"DiskKVStore({str(self.root)!r}, blocks={self.num_blocks}/{self.capacity_blocks}, "
+                f"{self.nbytes / 2**20:.1f} MiB, persistent={self.persistent})")

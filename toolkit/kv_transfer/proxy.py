@@ -1,0 +1,51 @@
+"""The proxy of prefill/decode disaggregation, in one process: each request is prefilled on
+a producer engine (max_tokens=1), then continued on a consumer engine from the handed-off KV.
+
+    outs = disaggregated_generate(producer.engine, consumer.engine, prompts, params)
+
+Both engines run a PDConnector over one store (kv_role "kv_producer" / "kv_consumer"). The
+producer prefills every prompt (its batch), the handoffs land in the store (the producer
+steps until its saves are done), then the consumer runs every continuation (its batch).
+Returns per prompt the output token ids: the producer's first token, then the consumer's.
+The HTTP form, across two processes, is toolkit/kv_transfer/http_proxy.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from toolkit.kv_transfer.pd import handoff_request
+
+
+def _drain(engine: Any) -> dict[str, list[int]]:
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = list(o.outputs[0].token_ids)
+    return done
+
+
+def disaggregated_generate(producer: Any, consumer: Any, prompts: Sequence[Sequence[int]], params: Any,
+                           *, prefix: str = "pd") -> list[list[int]]:
+    if params.n != 1 or params.best_of not in (None, 1):
+        raise ValueError("disaggregated_generate runs one sample per prompt (n=1, no best_of)")
+    ids = [f"{prefix}-{i}" for i in range(len(prompts))]
+    first_params = dataclasses.replace(params, max_tokens=1)
+    for rid, p in zip(ids, prompts):
+        producer.add_request(list(p), first_params, request_id=rid, output_kind="final")
+    first = _drain(producer)                       # includes the saves of the handoffs
+    outs: dict[str, list[int]] = {}
+    for rid, p in zip(ids, prompts):
+        toks = first[rid]
+        stopped = toks and (toks[-1] == producer.eos_token_id and not params.ignore_eos
+                            or toks[-1] in (params.stop_token_ids or ()))
+        if params.max_tokens == 1 or stopped:
+            outs[rid] = toks
+            continue
+        cont, cparams = handoff_request(p, params, toks[0])
+        consumer.add_request(cont, cparams, request_id=rid, output_kind="final")
+    rest = _drain(consumer)
+    return [outs[rid] if rid in outs else first[rid] + rest[rid] for rid in ids]
