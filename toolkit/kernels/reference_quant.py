@@ -54,6 +54,17 @@ def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
     return quantize_with_scale(x, scale, dtype), scale
 
 
+def per_token_group_quant(x: torch.Tensor, group: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic quantization per token and group of K columns (block-wise fp8's activations):
+    x [T, K] -> (codes [T, K], fp32 scales [T, ceil(K / group)])."""
+    t, k = x.shape
+    g = -(-k // group)
+    xg = F.pad(x.float(), (0, g * group - k)).reshape(t, g, group)
+    scale = (xg.abs().amax(dim=-1) / qmax(dtype)).clamp(min=MIN_SCALE)              # [T, G]
+    q = quantize_with_scale(xg, scale[..., None], dtype).reshape(t, g * group)[:, :k]
+    return q, scale
+
+
 def scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """W8A8: (a_q [M, K] x a_scale [M, 1]) @ (w_q [N, K] x w_scale [N])^T (+ bias) -> [M, N]."""

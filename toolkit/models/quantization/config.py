@@ -170,10 +170,12 @@ def _ct_scheme(group: dict, fmt: str | None, kernels: str) -> tuple[Any, str, st
             raise _refuse(m, "asymmetric fp8 weights")
         if strategy == "block":
             block = w.get("block_structure") or [128, 128]
-            if a is not None and not (a.get("type") == "float" and a.get("dynamic") in (True, "local")):
+            if a is not None and not (a.get("type") == "float" and a.get("dynamic") in (True, "local")
+                                      and a.get("strategy") in ("group", "token")):
                 raise _refuse(m, f"block-wise fp8 weights with activations {a!r}")
-            return (BlockFp8LinearMethod(tuple(block), "weight_scale", kernels),
-                    f"fp8 block {list(block)} weights, activations unquantized", "fp8-block")
+            acts = "dynamic" if a is not None else None
+            return (BlockFp8LinearMethod(tuple(block), "weight_scale", kernels, acts),
+                    f"fp8 block {list(block)} weights, {_block_acts(acts, block)}", f"fp8-block-{acts or 'a16'}")
         if strategy not in ("channel", "tensor"):
             raise _refuse(m, f"fp8 weight strategy {strategy!r}")
         acts = _ct_acts(m, a, "float")
@@ -218,6 +220,10 @@ def _ct_acts(m: str, a: dict | None, kind: str) -> str | None:
     if not a.get("dynamic") and a.get("strategy") == "tensor":
         return "static"
     raise _refuse(m, f"activation strategy {a.get('strategy')!r} with dynamic={a.get('dynamic')!r}")
+
+
+def _block_acts(acts: str | None, block: Any) -> str:
+    return f"dynamic per-token-group (1 x {block[1]}) activations" if acts else "activations unquantized"
 
 
 def _label(name: str, strategy: str, acts: str | None) -> str:
@@ -266,9 +272,9 @@ def _fp8(qc: dict, kernels: str) -> QuantizationScheme:
     if block is not None:
         if acts != "dynamic":
             raise _refuse("fp8", "block-wise weights with static activation scales")
-        method = BlockFp8LinearMethod(tuple(block), "weight_scale_inv", kernels)
-        return QuantizationScheme("fp8", f"fp8 block {list(block)} weights, activations unquantized",
-                                  _Chooser(lambda n: method, skip), "fp8-block")
+        method = BlockFp8LinearMethod(tuple(block), "weight_scale_inv", kernels, "dynamic")
+        return QuantizationScheme("fp8", f"fp8 block {list(block)} weights, {_block_acts('dynamic', block)}",
+                                  _Chooser(lambda n: method, skip), "fp8-block-dynamic")
     method = W8A8LinearMethod(FP8, "tensor", acts, kernels)
     return QuantizationScheme("fp8", _label("fp8", "tensor", acts), _Chooser(lambda n: method, skip),
                               f"fp8-tensor-{acts}")

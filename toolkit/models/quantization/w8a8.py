@@ -128,16 +128,21 @@ class BlockFp8LinearMethod:
     """FP8 weights with one scale per block [block_n, block_k] (Hugging Face `quant_method: fp8`
     with `weight_block_size`, DeepSeek-V3 / Qwen3-FP8: `weight_scale_inv`; compressed-tensors'
     block strategy: `weight_scale`). The scales are held expanded over rows, [N, ceil(K / block_k)],
-    and the GEMM dequantizes W in its inner loop with x unquantized (W8A16 arithmetic: the weight
-    bytes halve, the activations keep their precision)."""
+    and the GEMM dequantizes W in its inner loop. activations "dynamic" (vLLM's and DeepSeek's
+    reading of these checkpoints): x is quantized per token and group of block_k columns (1 x
+    block_k) and dequantized before that GEMM, which is the W8A8 block product's arithmetic;
+    None: x stays unquantized (W8A16)."""
 
     def __init__(self, block: tuple[int, int] = (128, 128), scale_name: str = "weight_scale_inv",
-                 kernels: str = "auto") -> None:
+                 kernels: str = "auto", activations: str | None = "dynamic") -> None:
         if len(block) != 2 or min(block) < 1:
             raise ValueError(f"weight_block_size must be two positive ints, got {block!r}")
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
+        if activations not in ("dynamic", None):
+            raise ValueError(f"activations must be 'dynamic' or None, got {activations!r}")
         self.block, self.scale_name, self.kernels = (int(block[0]), int(block[1])), scale_name, kernels
+        self.activations = activations
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int,
                        dtype: torch.dtype, device: torch.device) -> None:
@@ -152,12 +157,16 @@ class BlockFp8LinearMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
-        y = grouped_gemm(x.reshape(-1, shape[-1]), layer.weight, getattr(layer, self.scale_name),
-                         self.block[1], bias, self.kernels)
+        x2, bk = x.reshape(-1, shape[-1]), self.block[1]
+        if self.activations == "dynamic":                # 1 x block_k groups, quantized and back
+            q, s = ref.per_token_group_quant(x2, bk, ref.FP8)
+            x2 = (q.float() * ref.group_expand(s, bk, x2.shape[1])).to(x.dtype)
+        y = grouped_gemm(x2, layer.weight, getattr(layer, self.scale_name), bk, bias, self.kernels)
         return y.reshape(*shape[:-1], y.shape[-1])
 
     def __repr__(self) -> str:
-        return f"BlockFp8LinearMethod(block={list(self.block)}, a16, kernels={self.kernels!r})"
+        acts = "a8 per-token-group dynamic" if self.activations else "a16"
+        return f"BlockFp8LinearMethod(block={list(self.block)}, {acts}, kernels={self.kernels!r})"
 
 
 class OnlineFp8LinearMethod(W8A8LinearMethod):
