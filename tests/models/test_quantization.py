@@ -1,5 +1,5 @@
 """Quantized checkpoints (toolkit/models/quantization/) on a tiny random Llama, written at test time
-in each published format (quant_checkpoints.py):
+in each published format (toolkit/models/quantization/export.py):
 
 * weight-only formats (compressed-tensors W4A16 symmetric / with zero points, GPTQ, AWQ) give
   the logits of the dense model whose weights are the checkpoint's dequantized ones;
@@ -25,17 +25,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from model_configs import build_hf
 from paged import PagedRunner, greedy
-from quant_checkpoints import SCHEMES, STATIC_INPUT_SCALE, write_quantized
 
 from toolkit.kernels import reference_quant as ref
 from toolkit.models import load_model
 from toolkit.models.layers.linear import UnquantizedLinearMethod
 from toolkit.models.quantization import quantization_method_fn
+from toolkit.models.quantization.export import (SCHEME_NAMES, STATIC_INPUT_SCALE, quantize_tensor,
+                                                scheme_config, write_quantized)
 from toolkit.parallel.group import Group
 
 TOKENS = [[5, 17, 99, 3, 42, 8, 150], [7, 7, 200]]
 WEIGHT_ONLY = ["ct_w4a16", "ct_w4a16_asym", "gptq", "awq"]
 W8A8 = ["ct_fp8_dynamic", "ct_fp8_static", "ct_int8", "ct_fp8_block", "hf_fp8_block"]
+GROUP, BLOCK = 16, (32, 16)        # small enough for the tiny model's 96 / 160 features
+SCHEMES = {n: scheme_config(n, GROUP, BLOCK) for n in SCHEME_NAMES}
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +50,14 @@ def hf():
 def folders(hf, tmp_path_factory):
     """scheme -> (quantized folder, dequantized dense folder); written once per module."""
     made: dict[str, tuple[Path, Path]] = {}
+    src = tmp_path_factory.mktemp("dense_llama")
+    hf.save_pretrained(src)
 
     def get(scheme: str) -> tuple[Path, Path]:
         if scheme not in made:
             root = tmp_path_factory.mktemp(scheme)
             made[scheme] = (root / "q", root / "dense")
-            write_quantized(hf, scheme, *made[scheme])
+            write_quantized(src, scheme, made[scheme][0], dense_dst=made[scheme][1], group=GROUP, block=BLOCK)
         return made[scheme]
 
     return get
@@ -156,7 +161,7 @@ def test_packing_equals_compressed_tensors_packer():
     signed = torch.randint(-8, 8, (13, 45), generator=g).to(torch.int8)
     assert torch.equal(ct.pack_to_int32(signed, 4), ref.pack_int4((signed + 8).to(torch.uint8)))
     zp = torch.randint(-8, 8, (21, 3), generator=g).to(torch.int8)          # [N, G], packed along N
-    from quant_checkpoints import _pack_cols
+    from toolkit.models.quantization.export import _pack_cols
 
     assert torch.equal(ct.pack_to_int32(zp, 4, packed_dim=0), _pack_cols((zp + 8).to(torch.uint8).t()).t())
 
@@ -308,7 +313,6 @@ def test_ignore_lists_and_merged_layers():
 
 def test_ignored_layers_load_dense(hf, tmp_path):
     """A compressed-tensors checkpoint whose down_proj is ignored: those stay dense tensors."""
-    from quant_checkpoints import quantize_tensor
     import json
     from safetensors.torch import save_file
 
