@@ -31,4 +31,8 @@ CATALOG = {b.name: b for b in [
     Benchmark("speculative", "speculative", "n-gram and draft-model speculation: acceptance and tok/s"),
     Benchmark("structured", "structured", "grammar-constrained generation: mask cost and tok/s"),
     Benchmark("floor", "floor", "a workload's floor: every op at its roofline, as the engine would run it"),
+    Benchmark("quant_gemm", "quant_gemm", "FP8 / INT8 W8A8 and W4A16 GEMMs at the Llama-3.1-8B shapes "
+              "against cuBLAS bf16 and their rooflines"),
+    Benchmark("quant_divergence", "quant_divergence", "quantized weights' KL and top-1 agreement against "
+              "float32 on the embedded model", gpu=False),
 ]}
