@@ -1,7 +1,7 @@
 """W8A8 GEMMs on CUDA: (a_q x a_scale) @ (w_q x w_scale)^T with per-token and per-channel scales.
 
-    fp8   torch._scaled_mm (cuBLASLt, row-wise scales: a [M, 1], w [1, N], output bf16/fp16);
-          it needs K and N multiples of 16, else the twin runs
+    fp8   torch._scaled_mm (cuBLASLt, row-wise scales: a [M, 1], w [1, N], bf16 output); it
+          needs K and N multiples of 16 and a bf16 output, else the twin runs
     int8  torch._int_mm (int32 accumulation; it needs M > 16, so a decode step's rows are
           padded to 32, and K, N multiples of 8) then the two scales in one fp32 epilogue
 The twin, reference_quant.scaled_mm, has the same signature and is the CPU path.
@@ -25,7 +25,7 @@ def scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     if not a_q.is_cuda:
         return ref.scaled_mm(a_q, a_scale, w_q, w_scale, bias, out_dtype)
     if a_q.dtype == ref.FP8:
-        if k % 16 or n % 16 or out_dtype not in (torch.bfloat16, torch.float16):
+        if k % 16 or n % 16 or out_dtype != torch.bfloat16:
             return ref.scaled_mm(a_q, a_scale, w_q, w_scale, bias, out_dtype)
         # w_q [N, K] row-major is the column-major [K, N] operand cuBLASLt wants
         return torch._scaled_mm(a_q, w_q.t(), scale_a=a_scale.float().reshape(m, 1).contiguous(),

@@ -188,7 +188,7 @@ class OnlineFp8LinearMethod(W8A8LinearMethod):
     @staticmethod
     def _load(layer: nn.Module, loaded: Any, shard_id: Any) -> None:
         if is_row_parallel(layer):
-            full = take(loaded).float()                                        # [N, K_full]
+            full = take(loaded).to(layer.weight.device).float()                # [N, K_full]
             if tuple(full.shape) != (layer.out_features, layer.in_full):
                 raise ValueError(f"shape mismatch: checkpoint has {tuple(full.shape)}, the model expects "
                                  f"{(layer.out_features, layer.in_full)}")
@@ -211,7 +211,7 @@ class OnlineFp8LinearMethod(W8A8LinearMethod):
                                  f"the model expects {(rows, layer.in_features)}")
             jobs = [(shard_id, s)]
         for sid, s in jobs:
-            q, scale = ref.per_token_quant(take(loaded, 0, s).float(), ref.FP8)
+            q, scale = ref.per_token_quant(take(loaded, 0, s).to(layer.weight.device).float(), ref.FP8)
             off = layer.offsets[sid]
             layer.weight.data.narrow(0, off, s.size).copy_(q)
             layer.weight_scale.data.narrow(0, off, s.size).copy_(scale.reshape(-1))
