@@ -24,6 +24,7 @@ from benchmarks.fp8_kv import GEN_TOKENS, PROMPTS, divergence, print_divergence,
 # label -> (export scheme or None for quantization="fp8", group, block)
 SCHEMES = {
     "fp8 W8A8 (at load: per-channel, dynamic per-token)": (None, 0, (0, 0)),
+    "fp8 weights only (per-channel, activations unquantized)": ("ct_fp8_weight_only", 0, (0, 0)),
     "fp8 block 128x128 (per-token-group activations)": ("hf_fp8_block", 128, (128, 128)),
     "int8 W8A8 (per-channel, dynamic per-token)": ("ct_int8", 0, (0, 0)),
     "W4A16 group 64, symmetric": ("ct_w4a16", 64, (0, 0)),
@@ -34,6 +35,7 @@ SCHEMES = {
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="4 prompts x 32 tokens")
+    p.add_argument("--only", default="", help="run the schemes whose label contains this")
     p.add_argument("--out", default="benchmarks/results/quant_divergence.json")
     args = p.parse_args()
 
@@ -52,6 +54,8 @@ def main() -> None:
     print(f"quantized weights vs float32 on the embedded model, {n_prompts} prompts x {gen} tokens:")
     with tempfile.TemporaryDirectory() as tmp:
         for label, (scheme, group, block) in SCHEMES.items():
+            if args.only not in label:
+                continue
             if scheme is None:
                 llm = LLM(str(src), quantization="fp8", **opts)
             else:

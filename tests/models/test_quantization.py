@@ -35,7 +35,7 @@ from toolkit.models.quantization.export import (SCHEME_NAMES, STATIC_INPUT_SCALE
 from toolkit.parallel.group import Group
 
 TOKENS = [[5, 17, 99, 3, 42, 8, 150], [7, 7, 200]]
-WEIGHT_ONLY = ["ct_w4a16", "ct_w4a16_asym", "gptq", "awq"]
+WEIGHT_ONLY = ["ct_w4a16", "ct_w4a16_asym", "gptq", "awq", "ct_fp8_weight_only"]
 W8A8 = ["ct_fp8_dynamic", "ct_fp8_static", "ct_int8", "ct_fp8_block", "hf_fp8_block"]
 GROUP, BLOCK = 16, (32, 16)        # small enough for the tiny model's 96 / 160 features
 SCHEMES = {n: scheme_config(n, GROUP, BLOCK) for n in SCHEME_NAMES}
@@ -94,7 +94,7 @@ def test_weight_only_formats_equal_the_dequantized_dense_model(scheme, folders):
     q, dense = folders(scheme)
     model = load_model(q)
     method = model.model.layers[0].mlp.down_proj.method
-    assert type(method).__name__ == "W4A16LinearMethod"
+    assert type(method).__name__ == ("W8A8LinearMethod" if "fp8" in scheme else "W4A16LinearMethod")
     want = logits(load_model(dense))
     assert want.abs().max() > 1.0
     torch.testing.assert_close(logits(model), want, rtol=1e-4, atol=1e-4)

@@ -54,6 +54,7 @@ def scheme_config(scheme: str, group: int = 128, block: tuple[int, int] = (128, 
     blk = [int(block[0]), int(block[1])]
     return {
         "ct_fp8_dynamic": lambda: ct_config("float-quantized", _weights("float", 8, "channel"), _act("float")),
+        "ct_fp8_weight_only": lambda: ct_config("float-quantized", _weights("float", 8, "channel"), None),
         "ct_fp8_static": lambda: ct_config("float-quantized", _weights("float", 8, "tensor"), _act("float", dynamic=False)),
         "ct_int8": lambda: ct_config("int-quantized", _weights("int", 8, "channel"), _act("int")),
         "ct_w4a16": lambda: ct_config("pack-quantized", _weights("int", 4, "group", group), None),
@@ -68,7 +69,7 @@ def scheme_config(scheme: str, group: int = 128, block: tuple[int, int] = (128, 
     }[scheme]()
 
 
-SCHEME_NAMES = ("ct_fp8_dynamic", "ct_fp8_static", "ct_int8", "ct_w4a16", "ct_w4a16_asym", "ct_fp8_block",
+SCHEME_NAMES = ("ct_fp8_dynamic", "ct_fp8_weight_only", "ct_fp8_static", "ct_int8", "ct_w4a16", "ct_w4a16_asym", "ct_fp8_block",
                 "hf_fp8_block", "gptq", "awq")
 STATIC_INPUT_SCALE = 4.0 / 448    # the static fp8 scheme's activation scale (inputs ~ N(0, 1))
 
@@ -103,8 +104,8 @@ def quantize_tensor(scheme: str, w: torch.Tensor, group: int = 128, block: tuple
     """(checkpoint tensors by suffix, the dequantized fp32 weight) of one [N, K] weight."""
     w = w.float()
     n, k = w.shape
-    if scheme in ("ct_fp8_dynamic", "ct_int8"):
-        dtype = FP8 if scheme == "ct_fp8_dynamic" else torch.int8
+    if scheme in ("ct_fp8_dynamic", "ct_fp8_weight_only", "ct_int8"):
+        dtype = torch.int8 if scheme == "ct_int8" else FP8
         q, s = ref.per_token_quant(w, dtype)                              # per output row
         return {"weight": q, "weight_scale": s}, q.float() * s
     if scheme == "ct_fp8_static":
