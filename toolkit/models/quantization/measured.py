@@ -12,18 +12,34 @@ from __future__ import annotations
 
 from typing import Any
 
+_ON = "measured on SmolLM2-135M vs float32 (4 prompts x 32 tokens, round-to-nearest): next-token KL "
+
 # scheme family -> the measured figures
-MEASURED: dict[str, str] = {}
+MEASURED: dict[str, str] = {
+    "fp8": _ON + "8.7e-2 nats, total variation 0.108, top-1 85.2%, greedy equal for 32% of the tokens "
+                 "before the first difference (per-channel weights, dynamic per-token activations)",
+    "fp8-block": _ON + "8.3e-2 nats, total variation 0.099, top-1 90.6%, greedy 25% (128 x 128 blocks, "
+                       "1 x 128 activation groups)",
+    "int8": _ON + "1.3e-1 nats, total variation 0.126, top-1 86.7%, greedy 59% (per-channel weights, "
+                  "dynamic per-token activations)",
+    "w4a16": _ON + "8.4e-1 nats (group 128 with zero points; group 64 symmetric: 9.8e-1), total "
+                   "variation 0.33, top-1 61.7%, greedy 11%: a calibrated GPTQ / AWQ checkpoint is closer",
+}
 
 
 def family(key: str) -> str:
-    """A QuantizationScheme.key -> its family in MEASURED."""
-    if key.startswith("fp8-block"):
+    """A QuantizationScheme.key (compressed-tensors: groups joined by '+') -> its MEASURED family."""
+    first = key.split("+")[0]
+    if first.startswith("fp8-block"):
         return "fp8-block"
+    if first.startswith("fp8") and first.endswith("a16"):
+        return "fp8-w8a16"
+    if first.endswith("static"):                  # static activation scales: not measured
+        return first
     for name in ("fp8", "int8", "w4a16"):
-        if key.startswith(name) or f"+{name}" in key:
+        if first.startswith(name):
             return name
-    return key
+    return first
 
 
 def measured_cost(scheme: Any) -> str:
