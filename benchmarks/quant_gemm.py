@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +63,7 @@ def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[]
     from toolkit.kernels.quant_w8a8 import scaled_mm
 
     x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
-    dense = lambda: torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02   # noqa: E731
+    dense = lambda: torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
     outs: list = []
     if scheme == "bf16":
         ws = [dense() for _ in range(layers)]

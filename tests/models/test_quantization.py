@@ -30,8 +30,13 @@ from toolkit.kernels import reference_quant as ref
 from toolkit.models import load_model
 from toolkit.models.layers.linear import UnquantizedLinearMethod
 from toolkit.models.quantization import quantization_method_fn
-from toolkit.models.quantization.export import (SCHEME_NAMES, STATIC_INPUT_SCALE, quantize_tensor,
-                                                scheme_config, write_quantized)
+from toolkit.models.quantization.export import (
+    SCHEME_NAMES,
+    STATIC_INPUT_SCALE,
+    quantize_tensor,
+    scheme_config,
+    write_quantized,
+)
 from toolkit.parallel.group import Group
 
 TOKENS = [[5, 17, 99, 3, 42, 8, 150], [7, 7, 200]]
@@ -314,6 +319,7 @@ def test_ignore_lists_and_merged_layers():
 def test_ignored_layers_load_dense(hf, tmp_path):
     """A compressed-tensors checkpoint whose down_proj is ignored: those stay dense tensors."""
     import json
+
     from safetensors.torch import save_file
 
     tensors = {}

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.kernels.reference_quant import FP8, MIN_SCALE, qmax
+from toolkit.kernels.reference_quant import MIN_SCALE, qmax
 
 
 @triton.jit

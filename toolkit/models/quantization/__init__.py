@@ -11,10 +11,9 @@
 `quantization_method_fn`; a checkpoint with a quantization_config is read without being asked.
 """
 
-from toolkit.models.quantization.config import (QUANTIZATION_METHODS, QuantizationScheme,
-                                                quantization_method_fn)
+from toolkit.models.quantization.config import QUANTIZATION_METHODS, QuantizationScheme, quantization_method_fn
 from toolkit.models.quantization.w4a16 import W4A16LinearMethod
 from toolkit.models.quantization.w8a8 import BlockFp8LinearMethod, OnlineFp8LinearMethod, W8A8LinearMethod
 
-__all__ = ["QUANTIZATION_METHODS", "QuantizationScheme", "quantization_method_fn", "W4A16LinearMethod",
-           "BlockFp8LinearMethod", "OnlineFp8LinearMethod", "W8A8LinearMethod"]
+__all__ = ["QUANTIZATION_METHODS", "BlockFp8LinearMethod", "OnlineFp8LinearMethod", "QuantizationScheme",
+           "W4A16LinearMethod", "W8A8LinearMethod", "quantization_method_fn"]

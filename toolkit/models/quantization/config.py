@@ -21,13 +21,18 @@ supported listed.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from toolkit.kernels.reference_quant import FP8
 from toolkit.models.quantization.w4a16 import W4A16LinearMethod
-from toolkit.models.quantization.w8a8 import BlockFp8LinearMethod, OnlineFp8LinearMethod, W8A8LinearMethod
+from toolkit.models.quantization.w8a8 import (
+    BlockFp8LinearMethod,
+    OnlineFp8LinearMethod,
+    W8A8LinearMethod,
+)
 
 SUPPORTED = {
     "fp8": "FP8 checkpoints (quant_method 'fp8': block-wise weight_block_size with weight_scale_inv, "
@@ -297,7 +302,7 @@ def _gptq(qc: dict, kernels: str) -> QuantizationScheme:
     method = W4A16LinearMethod("gptq", gs, gptq_v2=fmt == "gptq_v2", kernels=kernels)
     inside = [n for block in (qc.get("modules_in_block_to_quantize") or []) for n in
               (block if isinstance(block, list) else [block])]
-    skip = (lambda n: not any(n.endswith("." + m) or n.endswith(m) for m in inside)) if inside else (lambda n: False)
+    skip = (lambda n: not any(n.endswith(m) for m in inside)) if inside else (lambda n: False)
     return QuantizationScheme("gptq", f"int4 weights (GPTQ), group {gs if gs not in (None, -1) else 'channel'}, "
                               "activations unquantized", _Chooser(lambda n: method, skip),
                               f"w4a16-g{gs if gs not in (None, -1) else 'channel'}")

@@ -20,8 +20,9 @@ in whole elements, so a rank's columns must start on a group / block / pack boun
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -24,7 +24,13 @@ import torch
 from torch import nn
 
 from toolkit.kernels import reference_quant as ref
-from toolkit.models.quantization.params import Layout, check_row_split, ignored, is_row_parallel, quant_param
+from toolkit.models.quantization.params import (
+    Layout,
+    check_row_split,
+    ignored,
+    is_row_parallel,
+    quant_param,
+)
 from toolkit.models.quantization.w8a8 import KERNELS, use_fast
 
 FORMATS = ("compressed-tensors", "gptq", "awq")
@@ -67,7 +73,7 @@ class W4A16LinearMethod:
             gk = g
         layer.group_k = g or in_features                # the local group the kernel sees
         groups = -(-in_features // layer.group_k)
-        n_groups = lambda i: -(-i // g) if g else 1     # noqa: E731 - checkpoint groups of K = i
+        n_groups = lambda i: -(-i // g) if g else 1     # checkpoint groups of K = i
         split = gk is not None                          # the scales' K dimension follows the rank's columns
         if self.fmt == "compressed-tensors":
             quant_param(layer, "weight_packed", (out_features, -(-in_features // 8)), torch.int32,

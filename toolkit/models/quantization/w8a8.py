@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from toolkit.kernels import reference_quant as ref
@@ -95,7 +94,7 @@ class W8A8LinearMethod:
                     lambda r, i: (r, i), init="normal", device=device)
         if self.weight_strategy == "channel":
             scale = Layout(0, None, convert=_rows)
-            shape = lambda r, i: (r, 1)                       # noqa: E731 - compressed-tensors' [N, 1]
+            shape = lambda r, i: (r, 1)                       # compressed-tensors' [N, 1]
         else:
             scale, shape = Layout(None, None, convert=_broadcast), (lambda r, i: (1,))
         quant_param(layer, "weight_scale", (out_features,), torch.float32, scale, shape, init="ones", device=device)
@@ -150,7 +149,7 @@ class BlockFp8LinearMethod:
         check_row_split(layer, bk, f"block-wise fp8 ({bn} x {bk})")
         quant_param(layer, "weight", (out_features, in_features), ref.FP8, Layout(0, 1), lambda r, i: (r, i),
                     init="normal", device=device)
-        expand = lambda t, rows: t.float().repeat_interleave(bn, dim=0)[:rows]      # noqa: E731
+        expand = lambda t, rows: t.float().repeat_interleave(bn, dim=0)[:rows]
         quant_param(layer, self.scale_name, (out_features, -(-in_features // bk)), torch.float32,
                     Layout(0, 1, out_div=bn, in_div=bk, convert=expand),
                     lambda r, i: (-(-r // bn), -(-i // bk)), init="ones", device=device)
@@ -234,4 +233,4 @@ def dense_weight(layer: nn.Module) -> torch.Tensor:
     return layer.weight.float() * layer.weight_scale.float().reshape(-1, 1)
 
 
-__all__ = ["W8A8LinearMethod", "BlockFp8LinearMethod", "OnlineFp8LinearMethod", "dense_weight"]
+__all__ = ["BlockFp8LinearMethod", "OnlineFp8LinearMethod", "W8A8LinearMethod", "dense_weight"]
