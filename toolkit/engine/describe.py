@@ -81,10 +81,9 @@ def _quantization(model: Any, short: bool = False) -> str:
         return ""
     from toolkit.models.quantization.measured import measured_cost
 
-    cost = measured_cost(scheme)
     if short:
-        return f", quantization={scheme.method} ({cost})"
-    return f"{scheme.method}: {scheme.label}; lossy, {cost}"
+        return f", quantization={scheme.method} ({measured_cost(scheme, short=True)})"
+    return f"{scheme.method}: {scheme.label}; lossy, {measured_cost(scheme)}"
 
 
 def _fp8_cost(kv_cache: Any) -> str:

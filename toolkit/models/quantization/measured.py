@@ -12,20 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-_ON = "measured on SmolLM2-135M vs float32 (4 prompts x 32 tokens, round-to-nearest): next-token KL "
-
-# scheme family -> the measured figures
-MEASURED: dict[str, str] = {
-    "fp8": _ON + "8.7e-2 nats, total variation 0.108, top-1 85.2%, greedy equal for 32% of the tokens "
-                 "before the first difference (per-channel weights, dynamic per-token activations)",
-    "fp8-w8a16": _ON + "6.5e-2 nats, total variation 0.088, top-1 87.5%, greedy 27% (per-channel "
-                       "weights, activations unquantized)",
-    "fp8-block": _ON + "8.3e-2 nats, total variation 0.099, top-1 90.6%, greedy 25% (128 x 128 blocks, "
-                       "1 x 128 activation groups)",
-    "int8": _ON + "1.3e-1 nats, total variation 0.126, top-1 86.7%, greedy 59% (per-channel weights, "
-                  "dynamic per-token activations)",
-    "w4a16": _ON + "8.4e-1 nats (group 128 with zero points; group 64 symmetric: 9.8e-1), total "
-                   "variation 0.33, top-1 61.7%, greedy 11%: a calibrated GPTQ / AWQ checkpoint is closer",
+# scheme family -> (next-token KL in nats, total variation, top-1 agreement, greedy share before
+# the first difference, what was measured), 4 prompts x 32 tokens, round-to-nearest checkpoints
+MEASURED: dict[str, tuple[float, float, float, float, str]] = {
+    "fp8": (8.7e-2, 0.108, 0.852, 0.32, "per-channel weights, dynamic per-token activations"),
+    "fp8-w8a16": (6.5e-2, 0.088, 0.875, 0.27, "per-channel weights, activations unquantized"),
+    "fp8-block": (8.3e-2, 0.099, 0.906, 0.25, "128 x 128 blocks, 1 x 128 activation groups"),
+    "int8": (1.3e-1, 0.126, 0.867, 0.59, "per-channel weights, dynamic per-token activations"),
+    "w4a16": (8.4e-1, 0.333, 0.617, 0.11, "group 128 with zero points (group 64 symmetric: KL 9.8e-1); "
+                                          "a calibrated GPTQ / AWQ checkpoint is closer"),
 }
 
 
@@ -44,7 +39,14 @@ def family(key: str) -> str:
     return first
 
 
-def measured_cost(scheme: Any) -> str:
-    """The measured figures of a scheme's family (or that there are none)."""
+def measured_cost(scheme: Any, short: bool = False) -> str:
+    """The measured figures of a scheme's family (or that there are none); short: KL and top-1."""
     got = MEASURED.get(family(getattr(scheme, "key", "")))
-    return got if got is not None else "divergence not measured for this scheme"
+    if got is None:
+        return "divergence not measured for this scheme"
+    kl, tv, top1, greedy, what = got
+    if short:
+        return f"KL {kl:.1e}, top-1 {100 * top1:.1f}% vs float32 on SmolLM2-135M"
+    return (f"measured on SmolLM2-135M vs float32 (4 prompts x 32 tokens, round-to-nearest): next-token "
+            f"KL {kl:.1e} nats, total variation {tv:.3f}, top-1 {100 * top1:.1f}%, greedy equal for "
+            f"{100 * greedy:.0f}% of the tokens before the first difference ({what})")
