@@ -45,4 +45,8 @@ CATALOG = {b.name: b for b in [
               "grouped GEMM, the decode step against its roofline, ShareGPT against Hugging Face"),
     Benchmark("sleep_mode", "sleep_mode", "sleep / wake of both levels and update_weights GB/s "
               "against building a new LLM"),
+    Benchmark("quant_gemm", "quant_gemm", "FP8 / INT8 W8A8 and W4A16 GEMMs at the Llama-3.1-8B shapes "
+              "against cuBLAS bf16 and their rooflines"),
+    Benchmark("quant_divergence", "quant_divergence", "quantized weights' KL and top-1 agreement against "
+              "float32 on the embedded model", gpu=False),
 ]}

@@ -119,7 +119,7 @@ def run(setting: str, args, reqs) -> dict:
     loop, _, gc_mode = setting.partition("-")      # "async", "sync", "async-nofreeze", ...
     llm = LLM(cfg, dtype="bfloat16", max_num_seqs=args.batch, max_num_batched_tokens=8192,
               gpu_memory_utilization=0.6, enable_prefix_caching=False, max_model_len=4096,
-              async_scheduling=loop == "async")
+              async_scheduling=loop == "async", quantization=args.quantization)
     build = time.perf_counter() - t0
     eng = llm.engine
     out = dict(setting=setting, startup=dict(eng.startup, total_s=build))
@@ -249,6 +249,8 @@ def main() -> None:
     ap.add_argument("--roofline", action="store_true",
                     help="the decode step's kernels by kind against their floors (benchmarks/roofline.py)")
     ap.add_argument("--cprofile", type=int, default=0, help="profile N steady decode steps (host)")
+    ap.add_argument("--quantization", default=None,
+                    help="EngineConfig.quantization: 'fp8' quantizes the random bf16 weights at load")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from toolkit.models.shapes import llama31_8b, qwen3_0_6b

@@ -65,7 +65,7 @@ def run_toolkit(cfg, reqs, args) -> dict:
     attention = paged_prefill_attention if args.attention == "paged-prefill" else args.attention
     llm = LLM(cfg, dtype="bfloat16", attention=attention, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=args.kv_fraction,
-              enable_prefix_caching=False, max_model_len=4096)
+              enable_prefix_caching=False, max_model_len=4096, quantization=args.quantization)
     eng = llm.engine
     # what the engine holds beyond the weights and the KV cache is mostly its CUDA graphs' memory
     startup = dict(eng.startup, reserved_gib=torch.cuda.memory_reserved() / 2**30,
@@ -208,6 +208,9 @@ def main() -> None:
                          "each step's floor, by decode batch band (benchmarks/step_floor.py)")
     ap.add_argument("--blas", default=None, choices=["cublas", "cublaslt"],
                     help="torch.backends.cuda.preferred_blas_library for the whole run (default: torch's)")
+    ap.add_argument("--quantization", default=None,
+                    help="EngineConfig.quantization of the toolkit's run: 'fp8' quantizes the random bf16 "
+                         "weights at load (per-channel weights, dynamic per-token activations)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.blas:

@@ -128,6 +128,12 @@ class EngineConfig:
     kv_cache_dir: str | None = None
     # size bound of the disk tier (and of a "pd" handoff directory), in GiB; LRU beyond it
     kv_cache_dir_gb: float = 4.0
+    # quantized weights: None = the checkpoint's own quantization_config when it has one (else
+    # dense); "fp8" = quantize a bf16/fp32 checkpoint at load time (per-channel fp8 weights,
+    # dynamic per-token fp8 activations); "compressed-tensors" / "gptq" / "awq" / "fp8" name the
+    # checkpoint's method (checked against it). Lossy: each scheme's measured cost is in
+    # docs/guides/quantization.md and the engine's repr
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.pooler_config is not None:
@@ -223,6 +229,14 @@ class EngineConfig:
         if self.kv_cache_dtype != "auto" and self.tensor_parallel_size > 1:
             raise ValueError("EngineConfig.kv_cache_dtype='fp8' is not supported with "
                              "tensor_parallel_size > 1 yet; use kv_cache_dtype='auto'")
+        if self.quantization is not None:
+            from toolkit.models.quantization.config import ALIASES, QUANTIZATION_METHODS
+
+            if not isinstance(self.quantization, str):
+                raise TypeError(f"EngineConfig.quantization must be a string or None, got "
+                                f"{type(self.quantization).__name__} {self.quantization!r}")
+            _check(ALIASES.get(self.quantization, self.quantization) in QUANTIZATION_METHODS, "quantization",
+                   f"None or one of {QUANTIZATION_METHODS}", self.quantization)
 
     def _check_lora(self) -> None:
         for name in ("max_loras", "max_lora_rank", "max_cpu_loras"):

@@ -80,10 +80,12 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         model = executor.model
     elif isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model = load_model(model, dtype=dtype, device=device, load_format=load_format,
-                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels], **methods)
+                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels],
+                           quantization=cfg.quantization, **methods)
     elif not hasattr(model, "forward"):   # a transformers config: random weights
         model = load_model(model, dtype=dtype, device=device, load_format="dummy",
-                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels], **methods)
+                           model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels],
+                           quantization=cfg.quantization, **methods)
     if lora is not None:
         lora.attach(model)
     if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
@@ -273,7 +275,7 @@ def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: 
                       device=device.type if device.index is None else str(device), attention=attention,
                       load_format=load_format, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
                       kv_cache_bytes=cfg.kv_cache_bytes, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                      cpu_kv_budget=CPU_KV_BUDGET)
+                      cpu_kv_budget=CPU_KV_BUDGET, quantization=cfg.quantization)
 
 
 def _host_tier(cfg: EngineConfig, kv_cache: KVCache, executor: Any) -> dict:

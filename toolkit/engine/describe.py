@@ -50,6 +50,8 @@ def engine_rows(engine: Any, html: bool) -> dict[str, Any]:
     sleep = getattr(engine, "sleep_mode", None)
     if sleep is not None and (sleep.enabled or sleep.is_sleeping()):
         rows["sleep mode"] = repr(sleep)
+    if (quant := _quantization(model)):
+        rows["quantization"] = quant
     return rows
 
 
@@ -63,7 +65,8 @@ def engine_repr(engine: Any, name: str = "Engine") -> str:
     return (f"{name}(model={type(engine.model).__name__}, scheduler={type(engine.scheduler).__name__}, "
             f"allocator={type(alloc).__name__}, attention={type(r.attention).__name__}, "
             f"sampler={type(r.sampler).__name__}, kv={r.kv_cache.num_blocks}x{r.kv_cache.block_size} "
-            f"tokens{fp8}, running={_count(engine.scheduler, 'num_running')}, "
+            f"tokens{fp8}{_quantization(engine.model, short=True)}, "
+            f"running={_count(engine.scheduler, 'num_running')}, "
             f"waiting={_count(engine.scheduler, 'num_waiting')}, steps={engine.num_steps}"
             + (f", {engine.sleep_mode!r}" if getattr(engine, "sleep_mode", None) is not None
                and engine.sleep_mode.is_sleeping() else "") + ")")
@@ -73,6 +76,19 @@ def engine_html(engine: Any, name: str = "Engine") -> str:
     if engine is None or engine.closed:
         return html_table(name, {"state": "closed"}, kind=name.lower())
     return html_table(name, engine_rows(engine, html=True), kind=name.lower())
+
+
+def _quantization(model: Any, short: bool = False) -> str:
+    """The model's quantized-weight scheme and its measured cost (quantization/measured.py); ''
+    for dense weights."""
+    scheme = getattr(model, "quantization_scheme", None)
+    if scheme is None:
+        return ""
+    from toolkit.models.quantization.measured import measured_cost
+
+    if short:
+        return f", quantization={scheme.method} ({measured_cost(scheme, short=True)})"
+    return f"{scheme.method}: {scheme.label}; lossy, {measured_cost(scheme)}"
 
 
 def _fp8_cost(kv_cache: Any) -> str:

@@ -52,6 +52,7 @@ class LoRAState:
             if name.rsplit(".", 1)[-1] not in ADAPTABLE:
                 return inner
             return LoRALinearMethod(inner if inner is not None else UnquantizedLinearMethod(), self)
+        method.around = self.linear_method     # load_model rebuilds it around a quantization scheme
         return method
 
     def attach(self, model: torch.nn.Module) -> None:

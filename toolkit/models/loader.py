@@ -88,6 +88,7 @@ def load_model(
     kernels: str = "auto",
     model_impl: str = "auto",
     linear_method: Any = None,
+    quantization: str | None = None,
 ) -> torch.nn.Module:
     """A model from a local HF folder (safetensors, or .bin with load_format="pt") or random weights.
 
@@ -97,7 +98,12 @@ def load_model(
     Group (None: one process); its layers read only their slices of each tensor. kernels:
     "auto" | "triton" | "cpu" | "torch" (toolkit/models/ops.py). model_impl: "auto" | "native"
     | "transformers" (model_class). linear_method: layer name -> its LinearMethod (None: dense),
-    for a native model (a quantization config or LoRA plugs in here).
+    for a native model (a quantization config or LoRA plugs in here). quantization: None (the
+    checkpoint's quantization_config, if any, is read), "fp8" (an unquantized checkpoint is
+    quantized at load time), or the checkpoint's method (toolkit/models/quantization/); a
+    linear_method given too is asked first, the quantization scheme where it answers None; a
+    linear_method with an `around(base_fn)` attribute (a wrapper: LoRA) is rebuilt around the
+    scheme instead, so it wraps each layer's quantized method.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -113,6 +119,7 @@ def load_model(
         )
     cls = model_class(config, model_impl)
     fmt = "dummy" if load_format == "dummy" else resolve_format(folder, load_format)
+    linear_method, scheme = _with_quantization(config, cls, quantization, kernels, linear_method)
     extra = {"linear_method": linear_method} if linear_method is not None else {}
     model = cls(config, dtype=dtype, device=device, group=group, kernels=kernels,
                 eos_token_ids=_eos_token_ids(folder, config), **extra)
@@ -132,7 +139,31 @@ def load_model(
                 f"checkpoint in {folder} lacks {len(missing)} tensor(s) the model needs: "
                 f"{missing[:8]}{' ...' if len(missing) > 8 else ''}"
             )
+    if scheme is not None:
+        model.quantization_scheme = scheme       # what describe / repr show
     return model.eval()
+
+
+def _with_quantization(config: Any, cls: type, quantization: str | None, kernels: str,
+                       linear_method: Any) -> tuple[Any, Any]:
+    """(the per-module method fn, the QuantizationScheme or None): the checkpoint's or the asked
+    quantization, behind a caller's linear_method when both are given."""
+    from toolkit.models.quantization import quantization_method_fn
+
+    scheme = quantization_method_fn(config, quantization,
+                                    kernels={"triton": "triton", "torch": "reference"}.get(kernels, "auto"))
+    if scheme is None:
+        return linear_method, None
+    if cls.__name__ == "TransformersForCausalLM":
+        raise ValueError(f"quantized weights ({scheme.method}) run on the toolkit's native model files; "
+                         "model_impl='transformers' cannot load them (use model_impl='native' or 'auto' "
+                         "with a supported architecture)")
+    if linear_method is None:
+        return scheme, scheme
+    around = getattr(linear_method, "around", None)
+    if around is not None:          # a wrapper (LoRA): it wraps each layer's quantized method
+        return around(scheme), scheme
+    return (lambda name: linear_method(name) or scheme(name)), scheme
 
 
 def _eos_token_ids(folder: Path | None, config: Any) -> list[int]:

@@ -93,7 +93,8 @@ class TPExecutor:
     def __init__(self, source: Any, *, size: int, dtype: torch.dtype, device: str, attention: Any,
                  load_format: str, block_size: int, num_blocks: int | None, kv_cache_bytes: int | None,
                  gpu_memory_utilization: float, cpu_kv_budget: int,
-                 startup_timeout: float = 1800.0, collective_timeout: float = 600.0) -> None:
+                 startup_timeout: float = 1800.0, collective_timeout: float = 600.0,
+                 quantization: str | None = None) -> None:
         from toolkit.models.loader import load_config
         from toolkit.parallel.sharding import check_tensor_parallel
 
@@ -116,7 +117,8 @@ class TPExecutor:
         self.size, self.device = size, torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         spec = WorkerSpec(source, load_format, dtype, device, attention, block_size, num_blocks,
                           kv_cache_bytes, gpu_memory_utilization, cpu_kv_budget,
-                          threads=max(1, (os.cpu_count() or 1) // size), timeout_s=collective_timeout)
+                          threads=max(1, (os.cpu_count() or 1) // size), timeout_s=collective_timeout,
+                          quantization=quantization)
         self.closed, self.error = False, None
         self.group = None
         self._dead: tuple[int, int | None] | None = None       # (rank, exit code) seen by the monitor
@@ -153,7 +155,7 @@ class TPExecutor:
             self._expect(rank, "hello", startup_timeout)
         self.group = make_group(self.store, 0, self.size, self.device, timeout)
         self.model = build_shard(spec.source, self.group, dtype=spec.dtype, device=self.device,
-                                 load_format=spec.load_format)
+                                 load_format=spec.load_format, quantization=spec.quantization)
         fits = [kv_blocks_fit(self.model, spec.block_size, spec.dtype, self.device, num_blocks=spec.num_blocks,
                               budget_bytes=spec.kv_cache_bytes,
                               gpu_memory_utilization=spec.gpu_memory_utilization,

@@ -19,7 +19,7 @@ from toolkit.parallel.sharding import check_tensor_parallel
 
 
 def build_shard(source: Any, group: Group, *, dtype: torch.dtype, device: torch.device,
-                load_format: str = "auto") -> Any:
+                load_format: str = "auto", quantization: str | None = None) -> Any:
     """This rank's model from a Hugging Face folder (its slices only) or a config (random)."""
     from toolkit.models.loader import load_model
 
@@ -29,7 +29,8 @@ def build_shard(source: Any, group: Group, *, dtype: torch.dtype, device: torch.
 
         config = load_config(Path(source))
     check_tensor_parallel(config, group.size)
-    model = load_model(source, dtype=dtype, device=device, load_format=load_format, group=group)
+    model = load_model(source, dtype=dtype, device=device, load_format=load_format, group=group,
+                       quantization=quantization)
     if not model.spec.supports_tensor_parallel:
         raise ValueError(f"{type(model).__name__} does not support tensor parallelism")
     if model.device.type == "cuda":       # the full random tensors' memory back before the KV sizing

@@ -37,6 +37,7 @@ class WorkerSpec:
     cpu_kv_budget: int
     threads: int                   # torch threads of a worker on the CPU
     timeout_s: float
+    quantization: str | None = None   # EngineConfig.quantization
 
     def device(self, rank: int) -> torch.device:
         return torch.device("cuda", rank) if self.device_type == "cuda" else torch.device("cpu")
@@ -53,7 +54,7 @@ def setup_rank(spec: WorkerSpec, rank: int, size: int, port: int) -> tuple[Any, 
     group = make_group(store, rank, size, device, timeout)
     group.store = store                      # kept alive with the group
     return group, build_shard(spec.source, group, dtype=spec.dtype, device=device,
-                              load_format=spec.load_format)
+                              load_format=spec.load_format, quantization=spec.quantization)
 
 
 def worker_main(rank: int, size: int, port: int, conn: Any, spec: WorkerSpec) -> None:
