@@ -21,6 +21,7 @@ from torch import nn
 
 from toolkit.kernels import reference_quant as ref
 from toolkit.models.layers.parallel import shape_of, take
+from toolkit.models.quantization.carrier import QuantizedActivation
 from toolkit.models.quantization.params import Layout, check_row_split, is_row_parallel, quant_param
 
 KERNELS = ("auto", "triton", "reference")
@@ -104,7 +105,21 @@ class W8A8LinearMethod:
             quant_param(layer, "input_scale", (out_features,), torch.float32, Layout(None, None, convert=_broadcast),
                         lambda r, i: (1,), init="ones", device=device)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def fused_input_dtype(self, layer: nn.Module) -> torch.dtype | None:
+        """The codes' dtype when this layer takes its input already quantized per token (a fused
+        norm or activation makes it: quantization/fusion.py); None: it quantizes x itself. Asked on
+        the Triton path only (fp8 on the CPU stays unfused: per_token_quant's note)."""
+        if self.activations != "dynamic" or self.kernels == "reference":
+            return None
+        fast = self.kernels == "triton" or layer.weight.is_cuda
+        return self.weight_dtype if fast and (layer.weight.is_cuda or self.weight_dtype == torch.int8) else None
+
+    def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedActivation,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(x, QuantizedActivation):                                # codes [T, K], scales [T, 1]
+            if x.q.dtype != self.weight_dtype or self.activations != "dynamic":
+                raise ValueError(f"{self!r} cannot take a {x!r}")
+            return scaled_mm(x.q, x.scale, layer.weight, layer.weight_scale, bias, x.dtype, self.kernels)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])                                         # [T, K]
         if self.activations is None:                                          # fp8 weight-only
