@@ -4,6 +4,7 @@
 * the fused path (RMSNorm -> codes -> qkv / gate_up, SiLU -> codes -> down_proj) gives the
   unfused path's logits (tolerance: the kernels differ from the unfused ones in summation
   order, not in arithmetic) and the same greedy tokens;
+* on CUDA (`gpu`), fp8 and int8 in bf16, the same within bf16 tolerance;
 * the wiring happens where it should and nowhere else: every decoder layer's three seams on
   the Triton path, none on the CPU path, none for fp8 under the interpreter (its fp8 cast is
   wrong), none for weight-only schemes; a W8A8 layer given a carrier it cannot use refuses it.
@@ -76,3 +77,17 @@ def test_w8a8_refuses_a_carrier_it_cannot_use():
     with pytest.raises(ValueError, match="cannot take"):
         W8A8LinearMethod(torch.float8_e4m3fn).apply(layer, carrier)
     assert torch.equal(carrier.dequantize(), torch.zeros(2, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["ct_fp8_dynamic", "ct_int8"])
+def test_gpu_fused_bf16_equals_unfused(folder, scheme):
+    """On CUDA the fusion is on by default (kernels="auto"); bf16 logits close to the unfused ones."""
+    model = load_model(folder(scheme), dtype=torch.bfloat16, device="cuda")
+    assert model.fused_activation_quant == 3 * model.spec.num_layers
+    fused = _logits(model).float()
+    unfuse_activation_quant(model)
+    unfused = _logits(model).float()
+    assert not fused.isnan().any()
+    torch.testing.assert_close(fused, unfused, rtol=0.05, atol=0.05 * unfused.abs().max().item())
+    assert (fused.argmax(-1) == unfused.argmax(-1)).float().mean() > 0.9
