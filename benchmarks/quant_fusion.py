@@ -9,7 +9,8 @@ For M = 1 .. 4096 tokens and fp8 / int8 codes, each variant once per layer of it
 
 with each one's floor (the bytes it must move over the copy bandwidth): the fused norm reads x
 and the residual and writes the residual and the codes, the unfused pair also writes the dense
-output and reads it back.
+output and reads it back; the fused SiLU reads gate|up once from memory (its rows are wider
+than fused_quant.MAX_ONE_BLOCK at TP=1, so its second pass re-reads the row from L2).
 
     python -m benchmarks quant_fusion [--batches 1,16,64,256,1024,4096] [--layers 32] [--out f.json]
 """

@@ -75,6 +75,18 @@ def test_silu_and_mul_quant_matches_twin(t, i, zero_row, big, dtype, qdtype, see
         assert (q[0].float() == 0).all()
 
 
+@pytest.mark.parametrize("i", [4096, 4100])
+def test_silu_and_mul_quant_wide_rows(i):
+    """The widest row held in registers, and the two-pass path past it (an odd remainder)."""
+    x = (torch.randn(3, 2 * i, generator=gen(i)) * 4).to(DEVICE)
+    x[1] = 0.0
+    q, s = silu_and_mul_per_token_quant(x, torch.int8)
+    q_ref, s_ref = ref.silu_and_mul_per_token_quant(x, torch.int8)
+    torch.testing.assert_close(s, s_ref, **SCALE_TOL[torch.float32])
+    _codes_match(q, q_ref, torch.int8)
+    assert (q[1] == 0).all()
+
+
 def test_int8_codes_dequantize_to_the_norm():
     """Not only the twin: the codes times the scales are the plain RMSNorm within half a step."""
     x = torch.randn(5, 67, generator=gen(0)).to(DEVICE)

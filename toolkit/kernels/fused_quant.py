@@ -4,7 +4,8 @@ input is written once, as 8-bit codes, instead of written dense and read back to
 * `rms_norm_dynamic_per_token_quant`: RMSNorm (+ the residual add) -> per-token codes + scales,
   what a decoder layer's norm hands its q|k|v or gate|up projection (vLLM's name);
 * `silu_and_mul_per_token_quant`: SiLU(gate) * up -> per-token codes + scales, what the MLP's
-  activation hands down_proj.
+  activation hands down_proj (rows wider than MAX_ONE_BLOCK: a max pass, then a quantize pass
+  that recomputes from the row it just read).
 
 Each rounds its dense result to the activation dtype before quantizing, as the unfused norm /
 activation then `quant_act.per_token_quant` do, so the codes are the unfused path's. Scales are
@@ -20,6 +21,8 @@ import triton.language as tl
 
 from toolkit.kernels.reference_model import check_rms_norm
 from toolkit.kernels.reference_quant import MIN_SCALE, qmax
+
+MAX_ONE_BLOCK = 4096          # SiLU rows up to this width are held in registers (one read of gate|up)
 
 
 @triton.jit
@@ -64,21 +67,31 @@ def _silu_mul(x_ptr, row, stride_x, cols, mask, n_cols, OUT_TY: tl.constexpr):
 
 @triton.jit
 def _silu_and_mul_quant_kernel(x_ptr, q_ptr, s_ptr, n_cols, stride_x, stride_q, QMAX: tl.constexpr,
-                               MIN_S: tl.constexpr, IS_INT: tl.constexpr, BLOCK: tl.constexpr):
+                               MIN_S: tl.constexpr, IS_INT: tl.constexpr, ONE_BLOCK: tl.constexpr,
+                               BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK):             # pass 1: the row's max |silu(g) * u|
-        cols = start + tl.arange(0, BLOCK)
-        y = _silu_mul(x_ptr, row, stride_x, cols, cols < n_cols, n_cols, x_ptr.dtype.element_ty)
-        amax = tl.maximum(amax, tl.abs(y))
-    scale = tl.maximum(tl.max(amax, axis=0) / QMAX, MIN_S)
-    tl.store(s_ptr + row, scale)
-    for start in range(0, n_cols, BLOCK):             # pass 2: recompute (cheaper than a dense write)
-        cols = start + tl.arange(0, BLOCK)
+    if ONE_BLOCK:                                     # the row stays in registers: one read
+        cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         y = _silu_mul(x_ptr, row, stride_x, cols, mask, n_cols, x_ptr.dtype.element_ty)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=0) / QMAX, MIN_S)
+        tl.store(s_ptr + row, scale)
         q = _quantize(y, scale, QMAX, IS_INT)
         tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):         # pass 1: the row's max |silu(g) * u|
+            cols = start + tl.arange(0, BLOCK)
+            y = _silu_mul(x_ptr, row, stride_x, cols, cols < n_cols, n_cols, x_ptr.dtype.element_ty)
+            amax = tl.maximum(amax, tl.abs(y))
+        scale = tl.maximum(tl.max(amax, axis=0) / QMAX, MIN_S)
+        tl.store(s_ptr + row, scale)
+        for start in range(0, n_cols, BLOCK):         # pass 2: recompute from the row just read
+            cols = start + tl.arange(0, BLOCK)        # (4 I bytes per token: L2-resident)
+            mask = cols < n_cols
+            y = _silu_mul(x_ptr, row, stride_x, cols, mask, n_cols, x_ptr.dtype.element_ty)
+            q = _quantize(y, scale, QMAX, IS_INT)
+            tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -119,7 +132,8 @@ def silu_and_mul_per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[t
     q = torch.empty(t, i, dtype=dtype, device=x.device)
     s = torch.empty(t, 1, dtype=torch.float32, device=x.device)
     if t:
-        block = min(triton.next_power_of_2(max(i, 1)), 1024)
+        block = min(triton.next_power_of_2(max(i, 1)), MAX_ONE_BLOCK)
         _silu_and_mul_quant_kernel[(t,)](x2, q, s, i, x2.stride(0), q.stride(0), QMAX=m, MIN_S=MIN_SCALE,
-                                         IS_INT=dtype == torch.int8, BLOCK=block)
+                                         IS_INT=dtype == torch.int8, ONE_BLOCK=i <= block, BLOCK=block,
+                                         num_warps=min(max(block // 512, 1), 8))
     return q, s
