@@ -13,8 +13,7 @@ from transformers import LlamaConfig
 
 from toolkit.models import load_model
 from toolkit.models.layers.linear import ColumnParallelLinear, RowParallelLinear
-from toolkit.models.quantization import W4A16LinearMethod
-from toolkit.models.quantization import w4a16, w8a8
+from toolkit.models.quantization import W4A16LinearMethod, w4a16, w8a8
 from toolkit.models.quantization.export import SCHEME_NAMES, scheme_config
 
 
