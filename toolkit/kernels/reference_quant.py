@@ -1,4 +1,5 @@
-"""Pure-torch twins of the quantized-linear kernels (quant_act.py, quant_w8a8.py, quant_w4a16.py).
+"""Pure-torch twins of the quantized-linear kernels (quant_act.py, quant_w8a8.py, quant_w4a16.py,
+fused_quant.py).
 
 Same signatures as the launchers; the test oracle and the CPU path. Each GEMM twin
 dequantizes to fp32 and multiplies there, so in fp32 it is the exact product of the
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from toolkit.kernels import reference_model
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -125,3 +128,21 @@ def grouped_w8a16_gemm(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor,
     w = dequantize_grouped(w_q, scales, group_size).to(x.dtype).float()
     y = F.linear(x.float(), w, None if bias is None else bias.float())
     return y.to(x.dtype)
+
+
+def rms_norm_dynamic_per_token_quant(x: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype,
+                                     residual: torch.Tensor | None = None
+                                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Twin of fused_quant's: the RMSNorm twin (+ residual), then per-token quantization of its
+    [T, N] rows -> (codes, fp32 scales [T, 1], the new residual)."""
+    normed, new_residual = reference_model.rms_norm(x, weight, eps, residual)
+    q, s = per_token_quant(normed.reshape(-1, x.shape[-1]), dtype)
+    return q, s, new_residual
+
+
+def silu_and_mul_per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Twin of fused_quant's: silu(gate) * up in x's dtype, then per-token quantization."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"the last dimension of x must be even (gate | up), got {tuple(x.shape)}")
+    y = reference_model.silu_and_mul(x)
+    return per_token_quant(y.reshape(-1, y.shape[-1]), dtype)

@@ -136,9 +136,15 @@ class CausalLM(nn.Module):
         """Random weights through the loaders (module doc): matrices N(0, std), biases 0, norms
         at their checkpoint's neutral value, the same for every tensor-parallel size."""
         for name, p in self.named_parameters():
+            if p.init is None:              # read-and-checked checkpoint tensors hold nothing
+                continue
             for sid, shape in p.shards:
                 full = torch.empty(shape, dtype=self.dtype, device=self.device)
-                if p.init == "normal":
+                if callable(p.init):        # a quantized layout: (shape, generator, std) -> the tensor
+                    gen = torch.Generator(device=self.device).manual_seed(
+                        seed * 1_000_003 + zlib.crc32(f"{name}:{sid}".encode()))
+                    full = p.init(shape, gen, std)
+                elif p.init == "normal":
                     gen = torch.Generator(device=self.device).manual_seed(
                         seed * 1_000_003 + zlib.crc32(f"{name}:{sid}".encode()))
                     full.normal_(0.0, std, generator=gen)

@@ -141,6 +141,9 @@ def load_model(
             )
     if scheme is not None:
         model.quantization_scheme = scheme       # what describe / repr show
+        from toolkit.models.quantization.fusion import fuse_activation_quant
+
+        fuse_activation_quant(model)             # norms / SiLU hand W8A8 layers codes (Triton path)
     return model.eval()
 
 

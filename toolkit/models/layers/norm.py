@@ -34,6 +34,9 @@ class RMSNorm(nn.Module):
         self.eps, self.ops = eps, ops
         self.weight = mark(vector(n, dtype, torch.device(device)), self.weight_loader, [(None, (n,))],
                            self.init)
+        # ops.rms_norm's signature returning (a QuantizedActivation, the new residual): set when
+        # this norm's consumer is a W8A8 layer (quantization/fusion.py); None: dense output
+        self.quant_out: Any = None
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         copy_whole(param, loaded, "a norm")
@@ -41,6 +44,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, n] (+ residual [T, n]) -> (normed [T, n], the new residual [T, n])."""
+        if self.quant_out is not None:
+            return self.quant_out(x, self.weight, self.eps, residual)
         return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
     def extra_repr(self) -> str:

@@ -6,6 +6,8 @@
     params.py   parameters that place their rank's part of each checkpoint tensor (TP)
     config.py   a checkpoint's quantization_config (or quantization="fp8") -> per-module methods
     measured.py the measured divergence of each scheme (reprs, docs)
+    carrier.py  QuantizedActivation: per-token codes + scales a fused norm / SiLU hands a W8A8 layer
+    fusion.py   wires those producers to their W8A8 consumers when a model loads (Triton path)
 
 `load_model(folder, quantization=...)` and `EngineConfig.quantization` use
 `quantization_method_fn`; a checkpoint with a quantization_config is read without being asked.

@@ -68,11 +68,40 @@ def check_row_split(layer: nn.Module, align: int, what: str) -> None:
                          f"{layer.in_full} into multiples of {align}")
 
 
+# Random weights in a quantized layout (load_format="dummy": benchmarks at real shapes): an
+# initialiser (full checkpoint shape, generator, std) -> the checkpoint tensor, drawn whole so
+# every tensor-parallel size loads the same model; codes times scales have about `std`.
+Init = Callable[[tuple[int, ...], torch.Generator, float], torch.Tensor]
+FP8_CODE_STD = 64.0                    # random fp8 codes: N(0, 64), well inside +-448
+INT8_CODE_STD = 73.3                   # uniform int8 codes in [-127, 127]
+INT4_CODE_STD = 6.5                    # (u - z) with u and z uniform nibbles
+
+
+def random_words(shape: tuple[int, ...], gen: torch.Generator, std: float) -> torch.Tensor:
+    """int32 words of 8 packed nibbles, each uniform in 0..15 (codes or zero points)."""
+    return torch.randint(-2**31, 2**31, shape, generator=gen, device=gen.device, dtype=torch.int64).to(torch.int32)
+
+
+def random_codes(dtype: torch.dtype) -> Init:
+    def init(shape: tuple[int, ...], gen: torch.Generator, std: float) -> torch.Tensor:
+        if dtype == torch.int8:
+            return torch.randint(-127, 128, shape, generator=gen, device=gen.device, dtype=torch.int8)
+        z = torch.randn(shape, generator=gen, device=gen.device) * FP8_CODE_STD
+        return z.clamp(-448.0, 448.0).to(dtype)
+    return init
+
+
+def scale_for(code_std: float) -> Init:
+    """Scales that give dequantized weights of std `std` from codes of std `code_std`."""
+    return lambda shape, gen, std: torch.full(shape, std / code_std, device=gen.device)
+
+
 def quant_param(layer: nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype,
-                layout: Layout, shape_fn: Callable[[int, int], tuple[int, ...]], init: str = "zeros",
+                layout: Layout, shape_fn: Callable[[int, int], tuple[int, ...]], init: str | Init = "zeros",
                 device: torch.device | None = None) -> nn.Parameter:
     """A parameter `name` of the layer, loaded from checkpoint tensors of full shape
-    shape_fn(rows, in_features) through `layout`."""
+    shape_fn(rows, in_features) through `layout`; init: what random weights draw ("zeros" /
+    "ones" / "normal" in the model's dtype, or an Init giving the checkpoint's tensor)."""
     p = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
     p.weight_loader = lambda param, loaded, shard_id=None: load_part(layer, layout, param, loaded, shard_id)
     p.shards, p.init = full_shapes(layer, shape_fn), init
@@ -152,6 +181,6 @@ def ignored(layer: nn.Module, name: str, shape_fn: Callable[[int, int], tuple[in
         if check is not None:
             check(take(loaded), shard_id)
 
-    p.weight_loader, p.shards, p.init = load, full_shapes(layer, shape_fn), "zeros"
+    p.weight_loader, p.shards, p.init = load, full_shapes(layer, shape_fn), None   # random weights skip it
     setattr(layer, name, p)
     return p

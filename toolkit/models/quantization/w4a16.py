@@ -25,11 +25,14 @@ from torch import nn
 
 from toolkit.kernels import reference_quant as ref
 from toolkit.models.quantization.params import (
+    INT4_CODE_STD,
     Layout,
     check_row_split,
     ignored,
     is_row_parallel,
     quant_param,
+    random_words,
+    scale_for,
 )
 from toolkit.models.quantization.w8a8 import KERNELS, use_fast
 
@@ -77,38 +80,38 @@ class W4A16LinearMethod:
         split = gk is not None                          # the scales' K dimension follows the rank's columns
         if self.fmt == "compressed-tensors":
             quant_param(layer, "weight_packed", (out_features, -(-in_features // 8)), torch.int32,
-                        Layout(0, 1, in_div=8), lambda r, i: (r, -(-i // 8)), device=device)
+                        Layout(0, 1, in_div=8), lambda r, i: (r, -(-i // 8)), init=random_words, device=device)
             quant_param(layer, "weight_scale", (out_features, groups), torch.float32,
                         Layout(0, 1 if split else None, in_div=g or 1, convert=lambda t, rows: t.float()),
-                        lambda r, i: (r, n_groups(i)), init="ones", device=device)
+                        lambda r, i: (r, n_groups(i)), init=scale_for(INT4_CODE_STD), device=device)
             if not self.symmetric:
                 quant_param(layer, "weight_zero_point", (out_features, groups), torch.uint8,
                             Layout(0, 1 if split else None, out_div=8, in_div=g or 1, convert=lambda t, rows: unpack_cols(t.t()).t()),
-                            lambda r, i: (-(-r // 8), n_groups(i)), device=device)
+                            lambda r, i: (-(-r // 8), n_groups(i)), init=random_words, device=device)
             ignored(layer, "weight_shape", lambda r, i: (2,), self._check_shape(layer, full_k))
         elif self.fmt == "gptq":
             quant_param(layer, "qweight", (out_features, -(-in_features // 8)), torch.int32,
                         Layout(1, 0, in_div=8, convert=lambda t, rows: t.t()),
-                        lambda r, i: (i // 8, r), device=device)
+                        lambda r, i: (i // 8, r), init=random_words, device=device)
             off = 0 if self.gptq_v2 else 1
             quant_param(layer, "qzeros", (out_features, groups), torch.uint8,
                         Layout(1, 0 if split else None, out_div=8, in_div=g or 1,
                                convert=lambda t, rows: ((unpack_cols(t).to(torch.int32) + off) & 15).t()),
-                        lambda r, i: (n_groups(i), r // 8), device=device)
+                        lambda r, i: (n_groups(i), r // 8), init=random_words, device=device)
             quant_param(layer, "scales", (out_features, groups), torch.float32,
                         Layout(1, 0 if split else None, in_div=g or 1, convert=lambda t, rows: t.float().t()),
-                        lambda r, i: (n_groups(i), r), init="ones", device=device)
+                        lambda r, i: (n_groups(i), r), init=scale_for(INT4_CODE_STD), device=device)
             ignored(layer, "g_idx", lambda r, i: (i,), self._check_g_idx(full_k))
         else:
             quant_param(layer, "qweight", (out_features, -(-in_features // 8)), torch.int32,
                         Layout(1, 0, out_div=8, convert=lambda t, rows: ref.pack_int4(unpack_cols(t, awq=True).t())),
-                        lambda r, i: (i, r // 8), device=device)
+                        lambda r, i: (i, r // 8), init=random_words, device=device)
             quant_param(layer, "qzeros", (out_features, groups), torch.uint8,
                         Layout(1, 0 if split else None, out_div=8, in_div=g or 1, convert=lambda t, rows: unpack_cols(t, awq=True).t()),
-                        lambda r, i: (n_groups(i), r // 8), device=device)
+                        lambda r, i: (n_groups(i), r // 8), init=random_words, device=device)
             quant_param(layer, "scales", (out_features, groups), torch.float32,
                         Layout(1, 0 if split else None, in_div=g or 1, convert=lambda t, rows: t.float().t()),
-                        lambda r, i: (n_groups(i), r), init="ones", device=device)
+                        lambda r, i: (n_groups(i), r), init=scale_for(INT4_CODE_STD), device=device)
 
     def _check_shape(self, layer: nn.Module, full_k: int) -> Any:
         def check(t: torch.Tensor, shard_id: Any) -> None:

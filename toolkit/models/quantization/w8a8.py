@@ -21,7 +21,17 @@ from torch import nn
 
 from toolkit.kernels import reference_quant as ref
 from toolkit.models.layers.parallel import shape_of, take
-from toolkit.models.quantization.params import Layout, check_row_split, is_row_parallel, quant_param
+from toolkit.models.quantization.carrier import QuantizedActivation
+from toolkit.models.quantization.params import (
+    FP8_CODE_STD,
+    INT8_CODE_STD,
+    Layout,
+    check_row_split,
+    is_row_parallel,
+    quant_param,
+    random_codes,
+    scale_for,
+)
 
 KERNELS = ("auto", "triton", "reference")
 
@@ -93,18 +103,34 @@ class W8A8LinearMethod:
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int,
                        dtype: torch.dtype, device: torch.device) -> None:
         quant_param(layer, "weight", (out_features, in_features), self.weight_dtype, Layout(0, 1),
-                    lambda r, i: (r, i), init="normal", device=device)
+                    lambda r, i: (r, i), init=random_codes(self.weight_dtype), device=device)
+        code_std = FP8_CODE_STD if self.weight_dtype == ref.FP8 else INT8_CODE_STD
         if self.weight_strategy == "channel":
             scale = Layout(0, None, convert=_rows)
             shape = lambda r, i: (r, 1)                       # compressed-tensors' [N, 1]
         else:
             scale, shape = Layout(None, None, convert=_broadcast), (lambda r, i: (1,))
-        quant_param(layer, "weight_scale", (out_features,), torch.float32, scale, shape, init="ones", device=device)
+        quant_param(layer, "weight_scale", (out_features,), torch.float32, scale, shape, init=scale_for(code_std),
+                    device=device)
         if self.activations == "static":
             quant_param(layer, "input_scale", (out_features,), torch.float32, Layout(None, None, convert=_broadcast),
                         lambda r, i: (1,), init="ones", device=device)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def fused_input_dtype(self, layer: nn.Module) -> torch.dtype | None:
+        """The codes' dtype when this layer takes its input already quantized per token (a fused
+        norm or activation makes it: quantization/fusion.py); None: it quantizes x itself. Asked on
+        the Triton path only (fp8 on the CPU stays unfused: per_token_quant's note)."""
+        if self.activations != "dynamic" or self.kernels == "reference":
+            return None
+        fast = self.kernels == "triton" or layer.weight.is_cuda
+        return self.weight_dtype if fast and (layer.weight.is_cuda or self.weight_dtype == torch.int8) else None
+
+    def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedActivation,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(x, QuantizedActivation):                                # codes [T, K], scales [T, 1]
+            if x.q.dtype != self.weight_dtype or self.activations != "dynamic":
+                raise ValueError(f"{self!r} cannot take a {x!r}")
+            return scaled_mm(x.q, x.scale, layer.weight, layer.weight_scale, bias, x.dtype, self.kernels)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])                                         # [T, K]
         if self.activations is None:                                          # fp8 weight-only
@@ -150,11 +176,11 @@ class BlockFp8LinearMethod:
         bn, bk = self.block
         check_row_split(layer, bk, f"block-wise fp8 ({bn} x {bk})")
         quant_param(layer, "weight", (out_features, in_features), ref.FP8, Layout(0, 1), lambda r, i: (r, i),
-                    init="normal", device=device)
+                    init=random_codes(ref.FP8), device=device)
         expand = lambda t, rows: t.float().repeat_interleave(bn, dim=0)[:rows]
         quant_param(layer, self.scale_name, (out_features, -(-in_features // bk)), torch.float32,
                     Layout(0, 1, out_div=bn, in_div=bk, convert=expand),
-                    lambda r, i: (-(-r // bn), -(-i // bk)), init="ones", device=device)
+                    lambda r, i: (-(-r // bn), -(-i // bk)), init=scale_for(FP8_CODE_STD), device=device)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
@@ -183,7 +209,8 @@ class OnlineFp8LinearMethod(W8A8LinearMethod):
                        dtype: torch.dtype, device: torch.device) -> None:
         super().create_weights(layer, in_features, out_features, dtype, device)
         layer.weight.weight_loader = lambda p, loaded, shard_id=None: self._load(layer, loaded, shard_id)
-        layer.weight_scale.shards = []                       # written with the weight
+        layer.weight.init = "normal"                         # random weights: a bf16 / fp32 checkpoint's
+        layer.weight_scale.shards, layer.weight_scale.init = [], None     # written with the weight
         layer.weight_scale.weight_loader = _refuse_scale
 
     @staticmethod
