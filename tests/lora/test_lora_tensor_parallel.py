@@ -50,3 +50,22 @@ def _lora_slots(runner) -> tuple:
     state = next(m.method.state for m in runner.model.modules()
                  if isinstance(getattr(m, "method", None), LoRALinearMethod))
     return list(state.slot_holds), state.num_loads
+
+
+@pytest.mark.gpu
+def test_tp2_nccl_cuda_graphs_with_adapters_equal_tp1(lora_base, adapters):
+    """On 2 GPUs: NCCL, CUDA graphs whose inputs include each rank's slot-index buffer, fp32
+    greedy with base and adapter requests equal to TP=1."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    _, folder = lora_base
+    names = [None, "qv8", "all4", "mlp16", None, "all4", "qv8"]
+    opts = dict(OPTS, dtype="float32", device="cuda", cuda_graphs=True, max_num_batched_tokens=64)
+    with LLM(str(folder), **opts) as tp1:
+        want = _run(tp1, adapters, names)
+    with LLM(str(folder), tensor_parallel_size=2, **opts) as tp2:
+        assert tp2.engine.runner.graphs is not None
+        assert _run(tp2, adapters, names) == want
+        assert tp2.engine.runner.graphs.graphs                 # steps replayed graphs
