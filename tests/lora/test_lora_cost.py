@@ -46,7 +46,7 @@ def test_fit_recovers_the_lora_terms():
     X[:, FEATURES.index("decode_seqs")] = rng.integers(0, 128, n)
     X[:, ADA] = rng.integers(0, 9, n)
     X[:, TOK] = X[:, ADA] * rng.integers(1, 64, n)             # adapters' tokens: none without adapters
-    true = dict(const=2e-3, prefill_tokens=1e-5, decode_seqs=5e-5, lora_tokens=3e-6, lora_adapters=4e-4)
+    true = {"const": 2e-3, "prefill_tokens": 1e-5, "decode_seqs": 5e-5, "lora_tokens": 3e-6, "lora_adapters": 4e-4}
     y = X @ np.array([true.get(f, 0.0) for f in FEATURES])
     m = CostModel.fit(zip(X, y))
     for f, v in true.items():

@@ -13,8 +13,8 @@ from toolkit import LLM, LoRARequest, SamplingParams
 PROMPTS = [[5, 17, 99, 3, 250, 41, 7, 8, 9, 11, 12, 13, 400, 401, 402, 403, 404, 405],
            [300, 301, 7, 7, 19], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]]
 # max_num_batched_tokens=16: the 18- and 19-token prompts prefill in two chunks
-OPTS = dict(enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=2, num_blocks=64, block_size=4,
-            max_num_seqs=3, max_num_batched_tokens=16)
+OPTS = {"enable_lora": True, "max_loras": 2, "max_lora_rank": 16, "max_cpu_loras": 2, "num_blocks": 64,
+        "block_size": 4, "max_num_seqs": 3, "max_num_batched_tokens": 16}
 
 
 def _run(llm: LLM, adapters, names: list[str | None]) -> list[list[int]]:
@@ -62,7 +62,7 @@ def test_tp2_nccl_cuda_graphs_with_adapters_equal_tp1(lora_base, adapters):
         pytest.skip("needs 2 GPUs")
     _, folder = lora_base
     names = [None, "qv8", "all4", "mlp16", None, "all4", "qv8"]
-    opts = dict(OPTS, dtype="float32", device="cuda", cuda_graphs=True, max_num_batched_tokens=64)
+    opts = {**OPTS, "dtype": "float32", "device": "cuda", "cuda_graphs": True, "max_num_batched_tokens": 64}
     with LLM(str(folder), **opts) as tp1:
         want = _run(tp1, adapters, names)
     with LLM(str(folder), tensor_parallel_size=2, **opts) as tp2:

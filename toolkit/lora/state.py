@@ -101,7 +101,7 @@ class LoRAState:
         return w
 
     # -- the step --
-    def step_plan(self, out: Any, num_tokens: int) -> "LoRAStep":
+    def step_plan(self, out: Any, num_tokens: int) -> LoRAStep:
         """The step's LoRA part as data a tensor-parallel rank can apply (picklable): which
         adapter each slot must hold, their requests, and each of the num_tokens (padded)
         tokens' slot."""
@@ -117,7 +117,7 @@ class LoRAState:
         return LoRAStep(slots, {a: self.known[a] for a in slots}, idx)
 
     @torch.inference_mode()
-    def apply(self, step: "LoRAStep") -> None:
+    def apply(self, step: LoRAStep) -> None:
         """Load the adapters the step puts in slots that do not hold them (a rank reads its own
         slices from the folder, through its host cache), then write `indices` (stream order:
         after the last step's forward, before this one's)."""
@@ -131,7 +131,7 @@ class LoRAState:
         n = step.indices.shape[0]
         self.indices[:n].copy_(torch.from_numpy(step.indices), non_blocking=self.device.type == "cuda")
 
-    def begin_step(self, out: Any, num_tokens: int) -> "LoRAStep":
+    def begin_step(self, out: Any, num_tokens: int) -> LoRAStep:
         """step_plan + apply on this rank; the plan goes on to the other ranks (TP)."""
         step = self.step_plan(out, num_tokens)
         self.apply(step)
@@ -145,8 +145,9 @@ class LoRAState:
 
     def spec(self) -> dict[str, Any]:
         """The arguments another rank builds its own LoRAState from (its device aside)."""
-        return dict(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
-                    max_cpu_loras=self.host.capacity, max_tokens=self.indices.shape[0], backend=self.backend)
+        return {"max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
+                "max_cpu_loras": self.host.capacity, "max_tokens": self.indices.shape[0],
+                "backend": self.backend}
 
     def __repr__(self) -> str:
         return (f"LoRAState(slots={self.slot_holds}, max_rank={self.max_lora_rank}, {len(self.layers)} layers, "
