@@ -252,9 +252,6 @@ class EngineConfig:
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise ValueError(f"EngineConfig.max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
                              f"({self.max_loras}): every adapter in a slot is also kept on the host")
-        if self.enable_lora and self.tensor_parallel_size > 1:
-            raise ValueError("EngineConfig.enable_lora is not supported with tensor_parallel_size > 1 yet "
-                             "(the layers slice adapters per rank, but the ranks' slot loads are not wired)")
         if self.enable_lora and self.speculative == "draft":
             raise ValueError("EngineConfig.enable_lora is not supported with speculative='draft' (the draft "
                              "model shares the target's layers but not its step's adapter indices); use "

@@ -76,7 +76,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     lora = _lora_state(cfg, model, device)   # multi-LoRA: its linear_method wraps the layers
     methods = {"linear_method": lora.linear_method()} if lora is not None else {}
     if cfg.tensor_parallel_size > 1:      # each rank loads its own shard (toolkit/parallel/)
-        executor = _tensor_parallel(model, cfg, dtype, device, attention, load_format)
+        executor = _tensor_parallel(model, cfg, dtype, device, attention, load_format, lora)
         model = executor.model
     elif isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model = load_model(model, dtype=dtype, device=device, load_format=load_format,
@@ -86,7 +86,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         model = load_model(model, dtype=dtype, device=device, load_format="dummy",
                            model_impl=cfg.model_impl, kernels=MODEL_KERNELS[cfg.kernels],
                            quantization=cfg.quantization, **methods)
-    if lora is not None:
+    if lora is not None and executor is None:     # TP: the executor attached rank 0's shard
         lora.attach(model)
     if isinstance(tokenizer, (str, bytes)) or hasattr(tokenizer, "__fspath__"):
         tokenizer = load_tokenizer(tokenizer)
@@ -265,7 +265,7 @@ def _attach_pooling(engine: Engine, runner: Runner, model: Any, tokenizer: Any, 
 
 
 def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: torch.device,
-                     attention: Any, load_format: str) -> Any:
+                     attention: Any, load_format: str, lora: Any = None) -> Any:
     """Start the N ranks (rank 0 here, workers 1..N-1): each loads its shard and its KV cache."""
     from toolkit.parallel.executor import TPExecutor
 
@@ -275,7 +275,7 @@ def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: 
                       device=device.type if device.index is None else str(device), attention=attention,
                       load_format=load_format, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
                       kv_cache_bytes=cfg.kv_cache_bytes, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                      cpu_kv_budget=CPU_KV_BUDGET, quantization=cfg.quantization)
+                      cpu_kv_budget=CPU_KV_BUDGET, quantization=cfg.quantization, lora=lora)
 
 
 def _host_tier(cfg: EngineConfig, kv_cache: KVCache, executor: Any) -> dict:

@@ -5,7 +5,9 @@
     attach(model)            find those layers and their checkpoint names after the build
     register(lora_request)   read and check an adapter (host cache), ValueError if it cannot run
     begin_step(out)          load the step's adapters into the slots the scheduler's pool gave
-                             them (out.lora_slots) and fill `indices` [T]: each token's slot
+                             them (out.lora_slots) and fill `indices` [T]: each token's slot;
+                             = apply(step_plan(out)), and the LoRAStep it returns is what the
+                             other tensor-parallel ranks apply to their own LoRAState
 
 The slots' assignment (which adapter, LRU, reference counts) is the scheduler's AdapterPool;
 this object only mirrors it in device memory: it knows what each slot holds and copies an
@@ -15,6 +17,7 @@ reach `indices` through this object.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -98,24 +101,41 @@ class LoRAState:
         return w
 
     # -- the step --
-    @torch.inference_mode()
-    def begin_step(self, out: Any, num_tokens: int) -> None:
-        """Load adapters the plan puts in slots that do not hold them, then write each of the
-        num_tokens (padded) tokens' slot into `indices` (stream order: after the last step's
-        forward, before this one's)."""
+    def step_plan(self, out: Any, num_tokens: int) -> LoRAStep:
+        """The step's LoRA part as data a tensor-parallel rank can apply (picklable): which
+        adapter each slot must hold, their requests, and each of the num_tokens (padded)
+        tokens' slot."""
         if num_tokens > self.indices.shape[0]:
             raise ValueError(f"a step of {num_tokens} tokens exceeds the LoRA index buffer of "
                              f"{self.indices.shape[0]} (max_num_batched_tokens)")
-        slots: dict[int, int] = getattr(out, "lora_slots", None) or {}
-        for adapter, slot in slots.items():
-            if self.slot_holds[slot] != adapter:
-                self._load(slot, self.register(self.known[adapter]))
+        slots: dict[int, int] = dict(getattr(out, "lora_slots", None) or {})
         per_req = [slots[s.request.lora_request.lora_int_id] if s.request.lora_request is not None else -1
                    for s in out.scheduled]                 # one slot per request, repeated per token
         idx = np.full(num_tokens, -1, dtype=np.int32)      # CUDA-graph padding rows stay -1
         n = sum(s.num_new_tokens for s in out.scheduled)
         idx[:n] = np.repeat(np.asarray(per_req, dtype=np.int32), [s.num_new_tokens for s in out.scheduled])
-        self.indices[:num_tokens].copy_(torch.from_numpy(idx), non_blocking=self.device.type == "cuda")
+        return LoRAStep(slots, {a: self.known[a] for a in slots}, idx)
+
+    @torch.inference_mode()
+    def apply(self, step: LoRAStep) -> None:
+        """Load the adapters the step puts in slots that do not hold them (a rank reads its own
+        slices from the folder, through its host cache), then write `indices` (stream order:
+        after the last step's forward, before this one's)."""
+        for adapter, slot in step.slots.items():
+            if self.slot_holds[slot] != adapter:
+                req = step.requests[adapter]
+                if self.known.get(adapter) != req:         # a rank learns adapters from the steps
+                    self.known[adapter] = req
+                    self.host.pop(adapter)
+                self._load(slot, self.register(req))
+        n = step.indices.shape[0]
+        self.indices[:n].copy_(torch.from_numpy(step.indices), non_blocking=self.device.type == "cuda")
+
+    def begin_step(self, out: Any, num_tokens: int) -> LoRAStep:
+        """step_plan + apply on this rank; the plan goes on to the other ranks (TP)."""
+        step = self.step_plan(out, num_tokens)
+        self.apply(step)
+        return step
 
     def _load(self, slot: int, w: AdapterWeights) -> None:
         for mod, method, ckpt in self.layers.values():
@@ -123,7 +143,21 @@ class LoRAState:
         self.slot_holds[slot] = w.lora_int_id
         self.num_loads += 1
 
+    def spec(self) -> dict[str, Any]:
+        """The arguments another rank builds its own LoRAState from (its device aside)."""
+        return {"max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
+                "max_cpu_loras": self.host.capacity, "max_tokens": self.indices.shape[0],
+                "backend": self.backend}
+
     def __repr__(self) -> str:
         return (f"LoRAState(slots={self.slot_holds}, max_rank={self.max_lora_rank}, {len(self.layers)} layers, "
                 f"{self.host!r})")
 
+
+
+@dataclass
+class LoRAStep:
+    """One step's LoRA part (numpy and plain objects: it crosses a pipe to TP ranks)."""
+    slots: dict[int, int]                      # adapter id -> the slot it runs from
+    requests: dict[int, LoRARequest]           # adapter id -> its request (folder to read)
+    indices: np.ndarray                        # int32 [T] each token's slot, -1 = base

@@ -14,7 +14,10 @@ fails the collective as soon as a peer's socket closes; for NCCL a monitor threa
 communicator (`Group.abort`) when a worker's process ends, and the next step raises.
 
 One step: the Runner prepares the batch as at TP=1 (rank 0's device); `execute` sends each
-worker a `StepMsg` (layout host arrays, row counts, CUDA-graph bucket, block copies) and
+worker a `StepMsg` (layout host arrays, row counts, CUDA-graph bucket, block copies, and with
+multi-LoRA the step's LoRAStep: each rank loads its own slices of the adapters the step puts
+in slots, read from the adapter's folder through its own host cache, and fills its per-token
+slot indices; rank 0's Runner applied the same plan to rank 0's LoRAState) and
 then every rank runs `run_rank` (the ModelRunner TP=1 runs) in lockstep (broadcast of ids / positions / rows, the
 forward with two all-reduces a layer, the logits gather). With async scheduling, step N + 1's
 message goes out while the GPUs still run step N: rank 0's launch returns before its kernels
@@ -94,7 +97,7 @@ class TPExecutor:
                  load_format: str, block_size: int, num_blocks: int | None, kv_cache_bytes: int | None,
                  gpu_memory_utilization: float, cpu_kv_budget: int,
                  startup_timeout: float = 1800.0, collective_timeout: float = 600.0,
-                 quantization: str | None = None) -> None:
+                 quantization: str | None = None, lora: Any = None) -> None:
         from toolkit.models.loader import load_config
         from toolkit.parallel.sharding import check_tensor_parallel
 
@@ -118,7 +121,8 @@ class TPExecutor:
         spec = WorkerSpec(source, load_format, dtype, device, attention, block_size, num_blocks,
                           kv_cache_bytes, gpu_memory_utilization, cpu_kv_budget,
                           threads=max(1, (os.cpu_count() or 1) // size), timeout_s=collective_timeout,
-                          quantization=quantization)
+                          quantization=quantization, lora=lora.spec() if lora is not None else None)
+        self.lora = lora                 # rank 0's LoRAState (the Runner applies each step's plan)
         self.closed, self.error = False, None
         self.group = None
         self._dead: tuple[int, int | None] | None = None       # (rank, exit code) seen by the monitor
@@ -155,7 +159,10 @@ class TPExecutor:
             self._expect(rank, "hello", startup_timeout)
         self.group = make_group(self.store, 0, self.size, self.device, timeout)
         self.model = build_shard(spec.source, self.group, dtype=spec.dtype, device=self.device,
-                                 load_format=spec.load_format, quantization=spec.quantization)
+                                 load_format=spec.load_format, quantization=spec.quantization,
+                                 linear_method=self.lora.linear_method() if self.lora is not None else None)
+        if self.lora is not None:
+            self.lora.attach(self.model)
         fits = [kv_blocks_fit(self.model, spec.block_size, spec.dtype, self.device, num_blocks=spec.num_blocks,
                               budget_bytes=spec.kv_cache_bytes,
                               gpu_memory_utilization=spec.gpu_memory_utilization,

@@ -19,8 +19,10 @@ from toolkit.parallel.sharding import check_tensor_parallel
 
 
 def build_shard(source: Any, group: Group, *, dtype: torch.dtype, device: torch.device,
-                load_format: str = "auto", quantization: str | None = None) -> Any:
-    """This rank's model from a Hugging Face folder (its slices only) or a config (random)."""
+                load_format: str = "auto", quantization: str | None = None,
+                linear_method: Any = None) -> Any:
+    """This rank's model from a Hugging Face folder (its slices only) or a config (random);
+    linear_method: layer name -> LinearMethod (multi-LoRA's, wrapping each adaptable layer)."""
     from toolkit.models.loader import load_model
 
     config = source
@@ -29,8 +31,9 @@ def build_shard(source: Any, group: Group, *, dtype: torch.dtype, device: torch.
 
         config = load_config(Path(source))
     check_tensor_parallel(config, group.size)
+    extra = {"linear_method": linear_method} if linear_method is not None else {}
     model = load_model(source, dtype=dtype, device=device, load_format=load_format, group=group,
-                       quantization=quantization)
+                       quantization=quantization, **extra)
     if not model.spec.supports_tensor_parallel:
         raise ValueError(f"{type(model).__name__} does not support tensor parallelism")
     if model.device.type == "cuda":       # the full random tensors' memory back before the KV sizing

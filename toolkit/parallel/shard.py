@@ -35,6 +35,7 @@ class StepMsg:
     num_prompt_rows: int                   # P: rows whose logits give prompt logprobs
     graph_batch: int | None                # the CUDA-graph bucket the step is padded to
     blocks_to_copy: list[tuple[int, int]] | None
+    lora: Any = None                       # LoRAStep: the step's slot loads and per-token slots
 
     @classmethod
     def of(cls, batch: Any) -> "StepMsg":
@@ -42,7 +43,7 @@ class StepMsg:
         fields = {f.name: getattr(host, f.name) for f in dataclasses.fields(host) if f.name != "host_copy"}
         return cls({k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in fields.items()},
                    int(batch.logits_indices.shape[0]), len(batch.prompt_rows or ()), batch.graph_batch,
-                   batch.blocks_to_copy)
+                   batch.blocks_to_copy, getattr(batch, "lora", None))
 
     def layout_on(self, device: torch.device) -> PagedKVLayout:
         host = PagedKVLayout(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v

@@ -1,6 +1,7 @@
 """The worker process of ranks 1..N-1 (started with the spawn method by TPExecutor).
 
-    hello -> join the process group -> build the shard -> ("loaded", blocks that fit)
+    hello -> join the process group -> build the shard (with its LoRAState's layers when
+    spec.lora) -> ("loaded", blocks that fit)
     <- ("kv", num_blocks) -> KV cache + attention -> ("ready")
     then, until ("stop") or the pipe closes: ("step", StepMsg) | ("graphs", max_tokens, full_tokens) |
     ("call", fn, args) -> ("reply", ok, value)
@@ -38,12 +39,14 @@ class WorkerSpec:
     threads: int                   # torch threads of a worker on the CPU
     timeout_s: float
     quantization: str | None = None   # EngineConfig.quantization
+    lora: dict | None = None       # LoRAState arguments (enable_lora): each rank builds its own
 
     def device(self, rank: int) -> torch.device:
         return torch.device("cuda", rank) if self.device_type == "cuda" else torch.device("cpu")
 
 
-def setup_rank(spec: WorkerSpec, rank: int, size: int, port: int) -> tuple[Any, Any]:
+def setup_rank(spec: WorkerSpec, rank: int, size: int, port: int,
+               linear_method: Any = None) -> tuple[Any, Any]:
     """(group, model shard) of this rank: join the group through rank 0's TCPStore, load."""
     from toolkit.parallel.group import make_group
     from toolkit.parallel.model import build_shard
@@ -54,7 +57,8 @@ def setup_rank(spec: WorkerSpec, rank: int, size: int, port: int) -> tuple[Any, 
     group = make_group(store, rank, size, device, timeout)
     group.store = store                      # kept alive with the group
     return group, build_shard(spec.source, group, dtype=spec.dtype, device=device,
-                              load_format=spec.load_format, quantization=spec.quantization)
+                              load_format=spec.load_format, quantization=spec.quantization,
+                              linear_method=linear_method)
 
 
 def worker_main(rank: int, size: int, port: int, conn: Any, spec: WorkerSpec) -> None:
@@ -66,7 +70,15 @@ def worker_main(rank: int, size: int, port: int, conn: Any, spec: WorkerSpec) ->
         else:
             torch.set_num_threads(spec.threads)
         conn.send(("hello", os.getpid()))
-        group, model = setup_rank(spec, rank, size, port)
+        lora = None
+        if spec.lora is not None:            # this rank's slots hold its slices of the adapters
+            from toolkit.lora.state import LoRAState
+
+            lora = LoRAState(**spec.lora, device=spec.device(rank))
+        group, model = setup_rank(spec, rank, size, port,
+                                  lora.linear_method() if lora is not None else None)
+        if lora is not None:
+            lora.attach(model)
         from toolkit.parallel.shard import kv_blocks_fit, make_kv_and_attention, run_rank
         from toolkit.worker.model_runner import ModelRunner
 
@@ -83,6 +95,8 @@ def worker_main(rank: int, size: int, port: int, conn: Any, spec: WorkerSpec) ->
         while True:
             msg = conn.recv()
             if msg[0] == "step":
+                if lora is not None and msg[1].lora is not None:
+                    lora.apply(msg[1].lora)      # slot loads and token slots before the forward
                 run_rank(step, group, msg[1], msg[1].layout_on(device))
             elif msg[0] == "graphs":
                 step.enable_cuda_graphs(*msg[1:])

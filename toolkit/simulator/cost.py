@@ -4,7 +4,7 @@ seconds of admitting a request.
     t = c_const + c_prefill * prefill_tokens + c_decode * decode_seqs
         + c_decode_kv * decode_kv_tokens + c_prefill_attn * prefill_attn_ktokens
         + c_prefill_seqs * prefill_seqs + c_eager * eager_steps + c_mixed * mixed_ktokens
-        + c_moe * moe_experts
+        + c_moe * moe_experts + c_lora_tok * lora_tokens + c_lora * lora_adapters
 
 - prefill_tokens: tokens of prompt (or recompute) chunks: the GEMMs' rows beyond decode.
 - decode_seqs: sequences decoding one token (+ drafts) this step.
@@ -39,6 +39,18 @@ seconds of admitting a request.
   MoE model (a tokens x k feature would be k times those columns, with nothing to tell
   them apart). Uniform routing is assumed; a skewed router touches fewer.
 
+- lora_tokens, lora_adapters (multi-LoRA; 0 for a step of base requests): the step's tokens
+  that run an adapter, and the distinct adapters among them. The batched LoRA kernels
+  (S-LoRA / Punica: one shrink x A^T and one expand h B^T per projection over per-token slot
+  indices) do work per adapter token — the FLOPs, rank R against the hidden size, and each
+  token's gathered A/B rows in a decode tile — and read each running adapter's A and B once
+  per step for a prefill chunk's tiles (a GEMM per adapter), so a step of 8 distinct adapters
+  costs more than one of 8 requests of one adapter. Base tokens cost nothing (their tiles
+  skip). Fitted like the others, from steps recorded on an engine serving adapters
+  (`TraceRecorder`: step_features reads each request's lora_request); a profile without
+  adapters leaves both 0. Slot loads (copying an adapter in) are not a step feature: the
+  Simulator charges them (`lora_load_s`), as the scheduler's pool decides them.
+
 Admission (`admission`, outside any step): the host seconds of `engine.add_request` for a
 prompt of n tokens, `per_request + per_token * n` (validating and copying the prompt ids,
 building the Request). Whoever drives the engine (LLM.generate, the serving core,
@@ -65,7 +77,7 @@ import numpy as np
 from toolkit.types import ScheduledRequest, SchedulerOutput
 
 FEATURES = ("const", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attn_ktokens", "prefill_seqs",
-            "eager_steps", "mixed_ktokens", "moe_experts")
+            "eager_steps", "mixed_ktokens", "moe_experts", "lora_tokens", "lora_adapters")
 _PREFILL, _DECODE, _EAGER, _MIXED = (FEATURES.index(f) for f in
                                      ("prefill_tokens", "decode_seqs", "eager_steps", "mixed_ktokens"))
 ADMISSION = ("per_request", "per_token")     # host seconds of add_request: + per prompt token
@@ -99,10 +111,15 @@ def step_features(out: SchedulerOutput, graph_tokens: int | None = None,
     """float64 [len(FEATURES)] of one step's plan (before or after its update); graph_tokens:
     the most tokens a step of the engine replays from CUDA graphs (None: it has none); moe:
     the model's routing ({"num_experts", "top_k"}; None or {}: dense, moe_experts 0)."""
-    prefill = decode = decode_kv = chunks = tokens = 0
+    prefill = decode = decode_kv = chunks = tokens = lora_tokens = 0
     attn = 0.0
+    adapters: set[int] = set()
     for s in out.scheduled:
         tokens += s.num_new_tokens
+        lora = getattr(s.request, "lora_request", None)
+        if lora is not None:
+            lora_tokens += s.num_new_tokens
+            adapters.add(lora.lora_int_id)
         if _is_decode(s):
             decode += 1
             decode_kv += s.end
@@ -113,7 +130,8 @@ def step_features(out: SchedulerOutput, graph_tokens: int | None = None,
     eager = float(graph_tokens is not None and tokens > graph_tokens)
     mixed = float(mixed_ktokens(prefill, decode, eager))
     experts = float(experts_touched(tokens, moe["num_experts"], moe["top_k"])) if moe else 0.0
-    return np.array([1.0, prefill, decode, decode_kv, attn, chunks, eager, mixed, experts], dtype=np.float64)
+    return np.array([1.0, prefill, decode, decode_kv, attn, chunks, eager, mixed, experts, lora_tokens,
+                     len(adapters)], dtype=np.float64)
 
 
 def as_features(x, *, one_step: bool = False) -> np.ndarray:
@@ -295,7 +313,7 @@ class CostModel:
 
 def _nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     """min ||A w - b|| with w >= 0: least squares on an active set, dropping the most
-    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 9 columns)."""
+    negative coefficient until none is (Lawson-Hanson's outer loop, enough for 11 columns)."""
     active = list(range(A.shape[1]))
     w = np.zeros(A.shape[1])
     while active:

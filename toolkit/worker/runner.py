@@ -18,7 +18,7 @@ scheduling the next step's placeholder input ids are gathered from them on the d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -61,6 +61,7 @@ class Batch:
     prompt_logprobs: dict[str, list[dict[int, float]]] | None = None   # filled by forward()
     blocks_to_copy: list[tuple[int, int]] | None = None   # copy-on-write (src, dst) before the forward
     pooling: list | None = None      # [PoolChunk] of the step's pooling requests (prefill-only)
+    lora: Any = None                 # LoRAStep (toolkit/lora/state.py): slot loads, per-token slots
 
     @property
     def num_rows(self) -> int:
@@ -149,7 +150,7 @@ class Runner:
             self.pooling.drop(out.finished_ids)     # aborted pooling requests' kept rows
         batch = self.prepare(out, prev)
         if self.lora is not None:
-            self.lora.begin_step(out, len(batch.input_ids))
+            batch.lora = self.lora.begin_step(out, len(batch.input_ids))   # TP ranks apply it too
         # plain rows may sample from a graph that starts at the hidden states (its LM head inside)
         graphed = self.sample_graphs is not None and not any(batch.drafts)
         if batch.pooling:                 # the pooled rows need the hidden states
