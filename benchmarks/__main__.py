@@ -21,7 +21,10 @@ from benchmarks.catalog import CATALOG
 def listing() -> str:
     width = max(map(len, CATALOG))
     lines = ["usage: python -m benchmarks NAME [ARGS]   (ARGS: python -m benchmarks NAME --help)", ""]
-    row = lambda b: f"  {b.name:<{width}}  {b.what}{'' if b.gpu else '  [CPU]'}"  # noqa: E731
+
+    def row(b):
+        return f"  {b.name:<{width}}  {b.what}{'' if b.gpu else '  [CPU]'}"
+
     lines += [row(b) for b in CATALOG.values() if not b.probe]
     lines += ["", "probes (diagnostics, each written to answer one question about the engine):"]
     lines += [row(b) for b in CATALOG.values() if b.probe]
