@@ -53,6 +53,7 @@ def run(name: str, argv: list[str]) -> Path:
     bench = CATALOG[name]
     mod = importlib.import_module(f"benchmarks.{bench.module}")
     folder = Path(os.environ.get("OUT", "benchmarks/results"))
+    os.environ["OUT"] = str(folder)          # where a benchmark puts files beside its JSON (plots, raw times)
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = Path(tmp) / "raw.json"
         saved = sys.argv
