@@ -5,12 +5,15 @@ summary; `python -m benchmarks report [--check]` renders RESULTS.md from benchma
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from benchmarks.catalog import CATALOG
 
@@ -18,10 +21,28 @@ from benchmarks.catalog import CATALOG
 def listing() -> str:
     width = max(map(len, CATALOG))
     lines = ["usage: python -m benchmarks NAME [ARGS]   (ARGS: python -m benchmarks NAME --help)", ""]
-    lines += [f"  {b.name:<{width}}  {b.what}{'' if b.gpu else '  [CPU]'}" for b in CATALOG.values()]
+
+    def row(b):
+        return f"  {b.name:<{width}}  {b.what}{'' if b.gpu else '  [CPU]'}"
+
+    lines += [row(b) for b in CATALOG.values() if not b.probe]
+    lines += ["", "probes (diagnostics, each written to answer one question about the engine):"]
+    lines += [row(b) for b in CATALOG.values() if b.probe]
     lines += ["", f"  {'keep':<{width}}  RECORD ID [--headline NAME ...]: a run's record into its machine's summary",
               f"  {'report':<{width}}  RESULTS.md and the README's table from benchmarks/summaries"]
     return "\n".join(lines)
+
+
+class _Tee(io.StringIO):
+    """Keeps what a benchmark prints (its raw output when it writes no JSON) and still shows it."""
+
+    def __init__(self, echo: Any) -> None:
+        super().__init__()
+        self.echo = echo
+
+    def write(self, text: str) -> int:
+        self.echo.write(text)
+        return super().write(text)
 
 
 def run(name: str, argv: list[str]) -> Path:
@@ -32,15 +53,20 @@ def run(name: str, argv: list[str]) -> Path:
     bench = CATALOG[name]
     mod = importlib.import_module(f"benchmarks.{bench.module}")
     folder = Path(os.environ.get("OUT", "benchmarks/results"))
+    os.environ["OUT"] = str(folder)          # where a benchmark puts files beside its JSON (plots, raw times)
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = Path(tmp) / "raw.json"
         saved = sys.argv
-        sys.argv = [f"python -m benchmarks {name}", *argv, "--out", str(raw_path)]
+        sys.argv = [f"python -m benchmarks {name}", *argv, *(["--out", str(raw_path)] if bench.writes_out else [])]
+        printed = _Tee(sys.stdout)
         try:
-            mod.main()
+            with contextlib.redirect_stdout(printed if not bench.writes_out else sys.stdout):
+                mod.main()
         finally:
             sys.argv = saved
         raw = json.loads(raw_path.read_text()) if raw_path.exists() else None
+        if not bench.writes_out:
+            raw = {"stdout": printed.getvalue()}
     command = " ".join(["python -m benchmarks", name, *argv])
     return write(make_record(name, command, extract(name, raw), raw=raw), folder)
 

@@ -2,7 +2,7 @@
 flash) on contiguous K/V; causal prefill TFLOP/s against SDPA flash and cuDNN. One process,
 same inputs, random data, a correctness check of every configuration before it is timed.
 
-    python benchmarks/attention.py [--out results.json] [--quick] [--no-sweep] [--parts prefix,decode]
+    python -m benchmarks attention [--quick] [--no-sweep] [--parts prefix,decode]
 
 Decode bytes = K/V of every visible token + q + out (what the kernel must move at least);
 bandwidth = bytes / median kernel time (triton.testing.do_bench, L2 flushed between runs),

@@ -8,7 +8,7 @@ Two workloads over the same seeded request stream for every allocator (CPU only)
 Each call is timed on its own (perf_counter_ns; ~0.1 us of the figure is the timer);
 "total" is all calls over their summed time.
 
-    python benchmarks/blocks.py [--ops 100000] [--num-blocks 4096] [--out blocks.json]
+    python -m benchmarks blocks [--ops 100000] [--num-blocks 4096]
 """
 
 from __future__ import annotations

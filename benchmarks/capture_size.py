@@ -9,9 +9,9 @@ prompt chunks of 128-1024 tokens alone, and prompts admitted beside a running de
 decode batch (the default before 2026-12-02: the run in benchmarks/RESULTS.md, made with
 `--sizes none,512`, measured exactly this), 512 today's default.
 
-    python benchmarks/capture_size.py --shape llama8b --sizes 128,512 --out $OUT/capture_size.json
-    python benchmarks/capture_size.py --shape llama8b --sizes 512,1024   # graphs past 512 (#18's next A/B)
-    python benchmarks/capture_size.py --shape tiny      # CPU check of the script (no graphs there)
+    python -m benchmarks capture_size --shape llama8b --sizes 128,512
+    python -m benchmarks capture_size --shape llama8b --sizes 512,1024   # graphs past 512 (#18's next A/B)
+    python -m benchmarks capture_size --shape tiny      # CPU check of the script (no graphs there)
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""The benchmarks `python -m benchmarks` runs: name -> module and what it measures."""
+"""The benchmarks `python -m benchmarks` runs: name -> module and what it measures.
+
+`probe` entries are diagnostics, each written to answer one question (where a step's host time
+goes, what a launch costs, which clock a step ran at); they stay runnable so the answer can be
+checked again on another machine or version."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ class Benchmark:
     module: str            # benchmarks.<module>, whose main() parses sys.argv and honours --out
     what: str
     gpu: bool = True       # needs CUDA for its figures
+    probe: bool = False    # a diagnostic, listed apart from the benchmarks
+    writes_out: bool = True  # main() takes --out; False: its printed output is the record's raw
 
 
 CATALOG = {b.name: b for b in [
@@ -51,4 +57,45 @@ CATALOG = {b.name: b for b in [
               "activation quantization against the unfused pair, at the Llama-3.1-8B shapes"),
     Benchmark("quant_divergence", "quant_divergence", "quantized weights' KL and top-1 agreement against "
               "float32 on the embedded model", gpu=False),
+    # probes
+    Benchmark("blocks", "blocks", "block allocators: allocate / free / lookup / publish per second on "
+              "one seeded request stream", gpu=False, probe=True),
+    Benchmark("capture_size", "capture_size", "steps past the decode batch: eager, or replayed from CUDA "
+              "graphs up to max_cudagraph_capture_size", probe=True),
+    Benchmark("eager_host", "eager_host", "an eager step's host time, GPU time and a cProfile of its "
+              "forward", probe=True),
+    Benchmark("fp8_kv", "fp8_kv", "the FP8 KV cache: divergence from bf16, capacity, ShareGPT tok/s, decode "
+              "bandwidth (--mode cpu runs the divergence on a CPU)", probe=True),
+    Benchmark("gemm_blas", "gemm_blas", "a decode step's projections, cuBLAS against cuBLASLt and their "
+              "bandwidth floor", probe=True),
+    Benchmark("host_overhead", "host_overhead", "the engine's host work per step, part by part, on a tiny "
+              "model", gpu=False, probe=True, writes_out=False),
+    Benchmark("host_parts", "host_parts", "a steady decode step's host pieces per batch size, timed "
+              "without a profiler", probe=True),
+    Benchmark("launch_costs", "launch_costs", "the host cost of a graph replay, a Triton launch, a torch op "
+              "and an upload", probe=True),
+    Benchmark("mixed_steps", "mixed_steps", "eager mixed steps with and without the TMA prefill path",
+              probe=True),
+    Benchmark("ngram_acceptance", "ngram_acceptance", "real n-gram draft acceptance on an input-copying "
+              "task, embedded SmolLM2, k = 1..6", gpu=False, probe=True, writes_out=False),
+    Benchmark("penalty_host", "penalty_host", "host time of penalised sampling metadata: rebuilt lists "
+              "against PenaltyHistory", gpu=False, probe=True),
+    Benchmark("profile_step", "profile_step", "one decode step's prepare / forward / sample / update and "
+              "a torch.profiler table", probe=True, writes_out=False),
+    Benchmark("sim_calibrate", "sim_calibrate", "fit the simulator's cost model on the engine (writes "
+              "toolkit/simulator/data/cost_models.json)", probe=True),
+    Benchmark("sim_gpu_all", "sim_gpu_all", "calibrate, find saturation, then the simulator against the "
+              "engine for several policies below and above it", probe=True),
+    Benchmark("sim_step_models", "sim_step_models", "offline: cost models refitted to one sim_gpu_all "
+              "run's per-step times (arguments: its results and raw JSON)", gpu=False, probe=True, writes_out=False),
+    Benchmark("step_clocks", "step_clocks", "step GPU time beside the SM clock and the kernels' busy "
+              "time", probe=True),
+    Benchmark("step_gaps", "step_gaps", "a policy's engine steps: kernel time against the GPU waiting "
+              "for the host", probe=True),
+    Benchmark("swap_vs_recompute", "swap_vs_recompute", "swap against recompute preemption under memory "
+              "pressure, long and short prompts", probe=True),
+    Benchmark("tensor_parallel", "tensor_parallel", "TP=2 against TP=1 on one host: equal greedy outputs, "
+              "tok/s (2 GPUs)", probe=True),
+    Benchmark("transformers_backend", "transformers_backend", "the Transformers backend beside the native "
+              "model file, same shape and settings", probe=True),
 ]}

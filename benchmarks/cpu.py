@@ -12,7 +12,7 @@ back to back, so on a shared machine their ratio is the steadier figure) are bot
 Greedy token ids are compared between the two ("same tokens" in the table). Also: the time to
 first token of the README's example (a fresh `LLM()`, one chat request), and LLM()'s start-up.
 
-    python -m benchmarks.cpu --repeats 3 --out benchmarks/results/cpu.json
+    python -m benchmarks cpu --repeats 3
 """
 
 from __future__ import annotations

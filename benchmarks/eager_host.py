@@ -7,8 +7,8 @@ one prefill step of P prompt tokens (P > the graphs' limit: eager) as the engine
 the host's time to issue the forward (no sync), the GPU's time (CUDA events), and a cProfile
 of the forward's host side, top functions by own time.
 
-    python -m benchmarks.eager_host --shape qwen3 --prompt 2048
-    python -m benchmarks.eager_host --shape tiny --prompt 600    # CPU check of the script
+    python -m benchmarks eager_host --shape qwen3 --prompt 2048
+    python -m benchmarks eager_host --shape tiny --prompt 600    # CPU check of the script
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ For each setting (sync, async) on the Qwen3-0.6B shape (random weights, bf16):
    of engine.step() over 30 steps, against the GPU's busy time per step (sum of kernel times
    from torch.profiler over 10 such steps, per step); their ratio is the host's overhead.
 
-    python -m benchmarks.engine_core --num 256 --batch 256 --out benchmarks/results/engine_core.json
+    python -m benchmarks startup --num 256 --batch 256
 """
 
 from __future__ import annotations

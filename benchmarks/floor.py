@@ -19,8 +19,8 @@ vLLM and this toolkit do (prompts admitted together share one weight read). The 
 alone are a bound even for an engine that hid every prefill inside them. A run's tok/s over
 the floor's tok/s is its fraction of the hardware.
 
-    python -m benchmarks.floor --shape qwen3 --workload random --num 256 --max-num-seqs 256
-    python -m benchmarks.floor --shape llama8b --workload sharegpt --num 1000 --max-num-seqs 1024
+    python -m benchmarks floor --shape qwen3 --workload random --num 256 --max-num-seqs 256
+    python -m benchmarks floor --shape llama8b --workload sharegpt --num 1000 --max-num-seqs 1024
 """
 
 from __future__ import annotations

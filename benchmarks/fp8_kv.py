@@ -1,7 +1,7 @@
 """FP8 (e4m3) KV cache: what it costs in accuracy and what it buys in capacity and bandwidth.
 
-    python -m benchmarks.fp8_kv --mode cpu [--quick]           # the embedded SmolLM2-135M, CPU
-    python -m benchmarks.fp8_kv --mode gpu [--quick]           # Llama-3.1-8B shape, H200
+    python -m benchmarks fp8_kv --mode cpu [--quick]           # the embedded SmolLM2-135M, CPU
+    python -m benchmarks fp8_kv --mode gpu [--quick]           # Llama-3.1-8B shape, H200
 
 Divergence (both modes), fp8 against the model's dtype (float32 on the CPU, bf16 on the GPU),
 the same weights in one process:

@@ -10,7 +10,7 @@ runs it); median of triton.testing.do_bench (L2 flushed), so the figure is GPU t
 Then the LM head's logits: bf16 GEMM + `.float()` (what `compute_logits` does) against one GEMM
 with fp32 output.
 
-    python benchmarks/fused_ops.py [--out results.json]
+    python -m benchmarks kernels
 """
 
 from __future__ import annotations

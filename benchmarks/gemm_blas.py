@@ -11,7 +11,7 @@ once with the split-K kernel for few rows (`toolkit/kernels/skinny_gemm.py`, in 
 with its tiling sweep `benchmarks/skinny_sweep.py`: 0.65-1.22x cuBLAS, not on main) when the
 checkout has it.
 
-    python -m benchmarks.gemm_blas --shape qwen3 --batches 16,64,128,256
+    python -m benchmarks gemm_blas --shape qwen3 --batches 16,64,128,256
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ timed by wrapping its method with perf_counter; "other" is the step's time not i
 listed part (the engine's own glue, the sampler's launch path, the result's conversion).
 The model forward and the sampler are listed but are compute, not host work, here.
 
-    python -m benchmarks.host_overhead --batch 256 --attention triton   # Triton's plan (reference kernels on the CPU)
-    python -m benchmarks.host_overhead --batch 256 --sync --cprofile 20
+    python -m benchmarks host_overhead --batch 256 --attention triton   # Triton's plan (reference kernels on the CPU)
+    python -m benchmarks host_overhead --batch 256 --sync --cprofile 20
 
 Numbers move with the machine's load; compare two versions back to back.
 """

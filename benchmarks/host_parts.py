@@ -9,8 +9,8 @@ third pass times each step on the stream with two events (`add_observer(gpu_time
 the step's first work to its tokens' copy, gaps included) and the host's wait for its tokens,
 which together say whose the step is:
 
-    python -m benchmarks.host_parts --shape qwen3 --batches 16,256
-    python -m benchmarks.host_parts --shape tiny --batches 16      # CPU check of the script
+    python -m benchmarks host_parts --shape qwen3 --batches 16,256
+    python -m benchmarks host_parts --shape tiny --batches 16      # CPU check of the script
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ is the median host time (perf_counter) of one call, in microseconds, warm:
 - a Triton kernel launched through `kernel[grid](...)`, and a torch in-place add;
 - a 4 KiB pinned host-to-device copy (non_blocking).
 
-    python -m benchmarks.launch_costs --out benchmarks/results/launch_costs.json
+    python -m benchmarks launch_costs
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ shape (the calibration sweep's mixes, a long prompt, a decode batch for referenc
 - with --profile, the device time of the kernels (their intervals' union, the profiler's own
   step ranges left out) and the costliest kernels, over the shape's timed steps.
 
-    python benchmarks/mixed_steps.py --shape llama8b --out results/mixed_steps.json
-    python benchmarks/mixed_steps.py --quick          # the tiny CPU model: a check of the plumbing
+    python -m benchmarks mixed_steps --shape llama8b
+    python -m benchmarks mixed_steps --quick          # the tiny CPU model: a check of the plumbing
 """
 
 from __future__ import annotations

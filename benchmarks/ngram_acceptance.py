@@ -1,7 +1,7 @@
 """Real acceptance of n-gram (prompt lookup) drafts on an input-copying task, embedded SmolLM2
 on the CPU: greedy, k = 1..6; also checks the output equals speculation off.
 
-    python benchmarks/ngram_acceptance.py
+    python -m benchmarks ngram_acceptance
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Device work runs on PyTorch's "meta" device, which costs the host nothing, as wo
 a GPU stream does; the list path's copy into pinned memory and its transfer (3 MB a step at
 batch 256 with 1500 tokens a row) are not counted, so its real cost on a GPU is higher than shown.
 
-    python benchmarks/penalty_host.py [--out results.json]
+    python -m benchmarks penalty_host
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ seconds, the prefix-cache hit rate (prompt tokens found cached at admission / pr
 tokens), and the host milliseconds spent in the prefix cache (hashing the chain plus the
 allocator's lookup / peek / publish).
 
-    python benchmarks/prefix_cache.py --out benchmarks/results/prefix_cache.json   # H200, < 5 min
-    python benchmarks/prefix_cache.py --small                                      # CPU check, tiny model
+    python -m benchmarks prefix_cache   # H200, < 5 min
+    python -m benchmarks prefix_cache --small                                      # CPU check, tiny model
     # the CPU tier under a GPU pool too small for the working set (H200, ~6 min):
-    python benchmarks/prefix_cache.py --num 300 --num-blocks 1536 --cpu-cache-gb 16 \
+    python -m benchmarks prefix_cache --num 300 --num-blocks 1536 --cpu-cache-gb 16 \
         --allocators hash_chain,hash_chain+cpu,radix+cpu --out benchmarks/results/prefix_cache_cpu_tier.json
-    python benchmarks/prefix_cache.py --quick      # the same comparison on the CPU (tiny model, ~2 min)
+    python -m benchmarks prefix_cache --quick      # the same comparison on the CPU (tiny model, ~2 min)
 
 "+cpu" allocators add the host tier (toolkit/blocks/host_tier.py): blocks the device prefix
 cache evicts go to --cpu-cache-gb of pinned host memory and come back on a hit. Their rows

@@ -3,8 +3,8 @@
 Times prepare / forward / sample / update with syncs in between, then cProfiles a few
 unsynchronised steps and prints the top functions. GPU only.
 
-    python benchmarks/profile_step.py --batch 256 --prompt 512
-    python -m benchmarks.profile_step --batch 256 --compare   # + whole steps: greedy vs mixed
+    python -m benchmarks profile_step --batch 256 --prompt 512
+    python -m benchmarks profile_step --batch 256 --compare   # + whole steps: greedy vs mixed
 
 It also replays one step's sampling alone, kernel by kernel (`sampling_kernels`), against the
 forward's GPU time.

@@ -1,6 +1,6 @@
 """Quantized weights: what each scheme costs in accuracy, on the embedded SmolLM2-135M (CPU).
 
-    python -m benchmarks quant_divergence [--quick]       (or python -m benchmarks.quant_divergence)
+    python -m benchmarks quant_divergence [--quick]
 
 Each scheme's checkpoint of the embedded model (float32) is written by
 toolkit/models/quantization/export.py (round-to-nearest, in the format's own layout);

@@ -13,7 +13,7 @@ shared-prefix trace; plus the router's own cost per request.
    / prompt tokens, from each request's metrics), mean and p90 TTFT.
 
     python -m benchmarks replicas                   # H200: about 5 minutes
-    python benchmarks/replicas.py --tiny --num 24   # the CPU check of the script itself
+    python -m benchmarks replicas --tiny --num 24   # the CPU check of the script itself
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ same load at 2, 4 and 8 replicas; each replica's KV cache is --num-blocks blocks
 enough that spreading every prefix over every replica thrashes the caches).
 
     python -m benchmarks replicas_sim                       # the CPU: about a minute
-    python benchmarks/replicas_sim.py --replicas 2 4 8 --out /tmp/replicas_sim.json
+    python -m benchmarks replicas_sim --replicas 2 4 8
 """
 
 from __future__ import annotations

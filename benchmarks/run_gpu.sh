@@ -1,70 +1,84 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then the benchmarks, each under its own time limit; logs and
-# JSON land in $OUT (or ./results). Usage: benchmarks/run_gpu.sh [tests] [throughput] [sampling] ...
+# One device call: GPU tests, then benchmarks, each through `python -m benchmarks NAME` under its
+# own time limit; each run's record (benchmarks/schema.json) and log land in $OUT (or ./results).
+# Usage: benchmarks/run_gpu.sh [tests] [throughput] [sampling] ...   (a step is a catalog name
+# or one of the presets below; `python -m benchmarks` lists the catalog)
 set -u
-OUT=${OUT:-results}; mkdir -p "$OUT"
+OUT=${OUT:-results}; mkdir -p "$OUT"; export OUT
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOOLKIT_CACHE=/tmp/toolkit-cache
 [ -d .cache/tokenizers ] && export TOOLKIT_TOKENIZER_CACHE=$PWD/.cache/tokenizers
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=$PYTHONPATH:/tmp/site
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+
+# bench LOG TIMEOUT TAIL NAME [ARGS...]: one benchmark, its log in $OUT/LOG.log, the last TAIL lines shown
+bench() {
+  local log=$1 limit=$2 tail=$3; shift 3
+  timeout "$limit" python3 -m benchmarks "$@" 2>&1 | grep -v Warning | tee "$OUT/$log.log" | tail -"$tail"
+  return "${PIPESTATUS[0]}"
+}
+
 for step in "$@"; do
   case $step in
-    tests)      timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_PATHS:-tests} 2>&1 | tail -40 ;;
+    tests)      timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_PATHS:-tests} 2>&1 | tail -40; (exit "${PIPESTATUS[0]}") ;;
     # nano-vllm's protocol with HF on all 256 requests (about 4 min of HF): HF_NUM=256 THR_ARGS="--temperature 0.6" THR_TIMEOUT=560
-    throughput) timeout ${THR_TIMEOUT:-420} python3 benchmarks/throughput.py --workload random --num 256 --hf-num ${HF_NUM:-64} ${THR_ARGS:-} --out $OUT/throughput_random.json 2>&1 | grep -v Warning | tail -30 ;;
+    throughput) bench throughput_random ${THR_TIMEOUT:-420} 30 throughput --workload random --num 256 --hf-num ${HF_NUM:-64} ${THR_ARGS:-} ;;
     # repetition penalty on every request: penalised rows on the device vs rebuilt per step, same process
-    penalties)  timeout ${PEN_TIMEOUT:-300} python3 benchmarks/throughput.py --workload random --num 256 --hf-num 0 --repetition-penalty 1.1 --penalty-ab --repeats ${PEN_REPEATS:-3} ${PEN_ARGS:-} --out $OUT/throughput_penalties.json 2>&1 | grep -v Warning | tail -20 ;;
-    # #21: the TMA prefill path end to end on ShareGPT, A B A in separate processes (carry
+    penalties)  bench throughput_penalties ${PEN_TIMEOUT:-300} 20 throughput --workload random --num 256 --hf-num 0 --repetition-penalty 1.1 --penalty-ab --repeats ${PEN_REPEATS:-3} ${PEN_ARGS:-} ;;
+    # the TMA prefill path end to end on ShareGPT, A B A in separate processes (carry
     # benchmarks/data): the default, then paged-prefill (the path off), then the default again
     sharegpt_ab) i=0; for v in triton paged-prefill triton; do i=$((i + 1))
-                   timeout ${SGAB_TIMEOUT:-110} python3 benchmarks/throughput.py --workload sharegpt --num 1000 --hf-num 0 --kv-fraction 0.5 --attention $v --out $OUT/throughput_sharegpt_ab$i-$v.json 2>&1 | grep -v Warning | grep "toolkit\|workload" | tail -3
+                   bench throughput_sharegpt_ab$i-$v ${SGAB_TIMEOUT:-110} 3 throughput --workload sharegpt --num 1000 --hf-num 0 --kv-fraction 0.5 --attention $v
                  done ;;
-    sharegpt)   timeout ${SG_TIMEOUT:-420} python3 benchmarks/throughput.py --workload sharegpt --num 1000 --hf-num ${HF_NUM:-100} --kv-fraction 0.5 ${SG_ARGS:-} --out $OUT/throughput_sharegpt.json 2>&1 | grep -v Warning | tail -20 ;;
-    engine_core) timeout ${EC_TIMEOUT:-300} python3 -m benchmarks.engine_core ${EC_ARGS:-} --out $OUT/engine_core${EC_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/engine_core${EC_TAG:-}.log | grep "^\[" | tail -12 ;;
-    sampling)   timeout 180 python3 benchmarks/sampling.py ${SAMPLING_ARGS:-} --out $OUT/sampling.json 2>&1 | tail -20 ;;
-    speculative) timeout ${SPEC_TIMEOUT:-300} python3 benchmarks/speculative.py ${SPEC_ARGS:-} --out $OUT/speculative.json 2>&1 | tail -35 ;;
-    structured) timeout 300 python3 benchmarks/structured.py ${STRUCT_ARGS:-} --out $OUT/structured.json 2>&1 | tee $OUT/structured.log | tail -40 ;;
-    profile)    timeout ${PROFILE_TIMEOUT:-200} python3 -m benchmarks.profile_step --batch ${BATCH:-256} ${PROFILE_ARGS:-} 2>&1 | tail -70 ;;
-    # steps past the decode batch: eager vs captured (EngineConfig.max_cudagraph_capture_size, #16)
-    capture_size) timeout ${CS_TIMEOUT:-300} python3 benchmarks/capture_size.py ${CS_ARGS:-} --out $OUT/capture_size.json 2>&1 | grep -v Warning | tail -20 ;;
-    # the attention input's fused small ops (qk_norm_rotary, rotary of q and k in one launch) vs the previous kernels
-    fused_ops)  timeout ${FO_TIMEOUT:-120} python3 benchmarks/fused_ops.py ${FO_ARGS:-} --out $OUT/fused_ops.json 2>&1 | tail -18 ;;
-    attention)  timeout ${ATT_TIMEOUT:-300} python3 benchmarks/attention.py ${ATT_ARGS:-} --out $OUT/attention${ATT_TAG:-}.json 2>&1 | tail -40 ;;
+    sharegpt)   bench throughput_sharegpt ${SG_TIMEOUT:-420} 20 throughput --workload sharegpt --num 1000 --hf-num ${HF_NUM:-100} --kv-fraction 0.5 ${SG_ARGS:-} ;;
+    engine_core|startup) bench startup${EC_TAG:-} ${EC_TIMEOUT:-300} 12 startup ${EC_ARGS:-} ;;
+    sampling)   bench sampling 180 20 sampling ${SAMPLING_ARGS:-} ;;
+    speculative) bench speculative ${SPEC_TIMEOUT:-300} 35 speculative ${SPEC_ARGS:-} ;;
+    structured) bench structured 300 40 structured ${STRUCT_ARGS:-} ;;
+    profile|profile_step) bench profile_step ${PROFILE_TIMEOUT:-200} 70 profile_step --batch ${BATCH:-256} ${PROFILE_ARGS:-} ;;
+    # steps past the decode batch: eager vs captured (EngineConfig.max_cudagraph_capture_size)
+    capture_size) bench capture_size ${CS_TIMEOUT:-300} 20 capture_size ${CS_ARGS:-} ;;
+    # the attention input's fused small ops (qk_norm_rotary, rotary of q and k in one launch)
+    fused_ops|kernels) bench kernels ${FO_TIMEOUT:-120} 18 kernels ${FO_ARGS:-} ;;
+    attention)  bench attention${ATT_TAG:-} ${ATT_TIMEOUT:-300} 40 attention ${ATT_ARGS:-} ;;
     # tensor parallelism (needs nvidia-h200-x2; carry benchmarks/data for ShareGPT): TP=1 then TP=2
-    tensor_parallel) timeout ${TP_TIMEOUT:-570} python3 benchmarks/tensor_parallel.py ${TP_ARGS:-} --out $OUT/tensor_parallel${TP_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/tensor_parallel${TP_TAG:-}.log | tail -30 ;;
-    prefix_cache) timeout ${PC_TIMEOUT:-300} python3 benchmarks/prefix_cache.py ${PC_ARGS:-} --out $OUT/prefix_cache.json 2>&1 | grep -v Warning | tail -20 ;;
-    # the host (CPU) tier under a device pool too small for the working set (#19)
-    cpu_tier) timeout ${CT_TIMEOUT:-570} python3 benchmarks/prefix_cache.py --num ${CT_NUM:-300} --num-blocks ${CT_BLOCKS:-1536} --cpu-cache-gb 16 --allocators ${CT_ALLOCATORS:-hash_chain,hash_chain+cpu,radix+cpu} --out $OUT/prefix_cache_cpu_tier.json 2>&1 | grep -v Warning | tail -20 ;;
-    # swap vs recompute preemption, one trace a call (SWAP_TRACE=long | short) (#19)
-    swap) timeout ${SWAP_TIMEOUT:-570} python3 benchmarks/swap_vs_recompute.py --traces ${SWAP_TRACE:-long} ${SWAP_ARGS:-} --out $OUT/swap_vs_recompute_${SWAP_TRACE:-long}.json 2>&1 | grep -v Warning | tail -20 ;;
-    # FP8 KV cache (#19), in two calls of ~5 min (carry benchmarks/data for ShareGPT):
+    tensor_parallel) bench tensor_parallel${TP_TAG:-} ${TP_TIMEOUT:-570} 30 tensor_parallel ${TP_ARGS:-} ;;
+    prefix_cache) bench prefix_cache ${PC_TIMEOUT:-300} 20 prefix_cache ${PC_ARGS:-} ;;
+    # the host (CPU) tier under a device pool too small for the working set
+    cpu_tier) bench prefix_cache_cpu_tier ${CT_TIMEOUT:-570} 20 prefix_cache --num ${CT_NUM:-300} --num-blocks ${CT_BLOCKS:-1536} --cpu-cache-gb 16 --allocators ${CT_ALLOCATORS:-hash_chain,hash_chain+cpu,radix+cpu} ;;
+    # swap vs recompute preemption, one trace a call (SWAP_TRACE=long | short)
+    swap|swap_vs_recompute) bench swap_vs_recompute_${SWAP_TRACE:-long} ${SWAP_TIMEOUT:-570} 20 swap_vs_recompute --traces ${SWAP_TRACE:-long} ${SWAP_ARGS:-} ;;
+    # FP8 KV cache, in two calls of ~5 min (carry benchmarks/data for ShareGPT):
     # FP8_PARTS="capacity sharegpt" FP8_TAG=_capacity, then FP8_PARTS="divergence decode" FP8_TAG=_divergence
-    fp8_kv) timeout ${FP8_TIMEOUT:-570} python3 -m benchmarks.fp8_kv --mode gpu --parts ${FP8_PARTS:-capacity sharegpt divergence decode} ${FP8_ARGS:-} --out $OUT/fp8_kv_gpu${FP8_TAG:-}.json 2>&1 | grep -v Warning | tee $OUT/fp8_kv_gpu${FP8_TAG:-}.log | tail -30 ;;
+    fp8_kv) bench fp8_kv_gpu${FP8_TAG:-} ${FP8_TIMEOUT:-570} 30 fp8_kv --mode gpu --parts ${FP8_PARTS:-capacity sharegpt divergence decode} ${FP8_ARGS:-} ;;
     # the simulator's cost model: fit on both shapes, the updated JSON copied back to $OUT
-    sim_calibrate) timeout ${CAL_TIMEOUT:-470} python3 benchmarks/sim_calibrate.py ${CAL_ARGS:---shapes qwen3,llama8b} --out $OUT/sim_calibrate.json 2>&1 | grep -v Warning | tail -50
-                   cp toolkit/simulator/data/cost_models.json $OUT/ ;;
+    sim_calibrate) bench sim_calibrate ${CAL_TIMEOUT:-470} 50 sim_calibrate ${CAL_ARGS:---shapes qwen3,llama8b}
+                   rc=$?; cp toolkit/simulator/data/cost_models.json $OUT/; (exit $rc) ;;
     # calibrate both shapes, find saturation, simulator vs engine for fcfs/sjf/vtc at 0.5x and 1.5x
     # (needs benchmarks/data carried); fitted models copied back to $OUT
-    sim_gpu_all) timeout ${SIMALL_TIMEOUT:-580} python3 benchmarks/sim_gpu_all.py ${SIMALL_ARGS:-} --out $OUT/sim_gpu_all.json 2>&1 | grep -v Warning | tee $OUT/sim_gpu_all.log | tail -80
-                 cp toolkit/simulator/data/cost_models.json $OUT/ ;;
-    # #18 probe: each policy's engine steps, stream time against kernel time (the GPU waiting on the host)
-    step_gaps) timeout ${SGAP_TIMEOUT:-300} python3 benchmarks/step_gaps.py ${SGAP_ARGS:---shape llama8b --rate 34 --policies vtc,fcfs} --out $OUT/step_gaps.json 2>&1 | grep -v Warning | tail -30 ;;
-    # #18 probe: eager and decode steps' GPU time beside nvidia-smi's SM clock and the kernels' busy time
-    step_clocks) timeout ${SC_TIMEOUT:-210} python3 benchmarks/step_clocks.py ${SC_ARGS:---shape llama8b --phases eager:35,decode:12,eager:20} --out $OUT/step_clocks.json 2>&1 | grep -v Warning | tee $OUT/step_clocks.log | tail -70 ;;
-    # #18 / #21 probe: an eager step's host time (no sync), GPU time and a cProfile of its forward
-    eager_host) timeout ${EH_TIMEOUT:-240} python3 -m benchmarks.eager_host ${EH_ARGS:---shape qwen3 --prompt 2048} --out $OUT/eager_host.json 2>&1 | grep -v Warning | tail -90 ;;
-    # #21 probe: host cost of a graph replay (by node count, idle / in flight), a Triton launch, a torch op, an upload
-    launch_costs) timeout ${LC_TIMEOUT:-200} python3 -m benchmarks.launch_costs ${LC_ARGS:-} --out $OUT/launch_costs.json 2>&1 | grep -v Warning | tail -30 ;;
-    # #21 probe: a steady decode step's host pieces timed without a profiler, per batch size
-    host_parts) timeout ${HP_TIMEOUT:-240} python3 -m benchmarks.host_parts ${HP_ARGS:---shape qwen3 --batches 1,16,64,256} --out $OUT/host_parts.json 2>&1 | grep -v Warning | tail -70 ;;
-    # #44 at the Qwen3-30B-A3B shape: the MoE layer's kernels and the decode step (MOE_PARTS=kernel,decode),
+    sim_gpu_all) bench sim_gpu_all ${SIMALL_TIMEOUT:-580} 80 sim_gpu_all ${SIMALL_ARGS:-}
+                 rc=$?; cp toolkit/simulator/data/cost_models.json $OUT/; (exit $rc) ;;
+    # each policy's engine steps, stream time against kernel time (the GPU waiting on the host)
+    step_gaps) bench step_gaps ${SGAP_TIMEOUT:-300} 30 step_gaps ${SGAP_ARGS:---shape llama8b --rate 34 --policies vtc,fcfs} ;;
+    # eager and decode steps' GPU time beside nvidia-smi's SM clock and the kernels' busy time
+    step_clocks) bench step_clocks ${SC_TIMEOUT:-210} 70 step_clocks ${SC_ARGS:---shape llama8b --phases eager:35,decode:12,eager:20} ;;
+    # an eager step's host time (no sync), GPU time and a cProfile of its forward
+    eager_host) bench eager_host ${EH_TIMEOUT:-240} 90 eager_host ${EH_ARGS:---shape qwen3 --prompt 2048} ;;
+    # host cost of a graph replay (by node count, idle / in flight), a Triton launch, a torch op, an upload
+    launch_costs) bench launch_costs ${LC_TIMEOUT:-200} 30 launch_costs ${LC_ARGS:-} ;;
+    # a steady decode step's host pieces timed without a profiler, per batch size
+    host_parts) bench host_parts ${HP_TIMEOUT:-240} 70 host_parts ${HP_ARGS:---shape qwen3 --batches 1,16,64,256} ;;
+    # the Qwen3-30B-A3B shape: the MoE layer's kernels and the decode step (MOE_PARTS=kernel,decode),
     # then ShareGPT against HF in a second call (MOE_PARTS=sharegpt MOE_TAG=_sharegpt; carry benchmarks/data)
-    moe) OUT=$OUT timeout ${MOE_TIMEOUT:-570} python3 -m benchmarks moe --parts ${MOE_PARTS:-kernel,decode} ${MOE_ARGS:-} 2>&1 | grep -v Warning | tee $OUT/moe${MOE_TAG:-}.log | tail -40 ;;
-    # #21 / #18 probe: the sweep's eager mixed steps with the TMA prefill path and without it, one process
-    mixed_steps) timeout ${MS_TIMEOUT:-300} python3 benchmarks/mixed_steps.py ${MS_ARGS:---shape llama8b --profile} --out $OUT/mixed_steps.json 2>&1 | grep -v Warning | tail -30 ;;
+    moe) bench moe${MOE_TAG:-} ${MOE_TIMEOUT:-570} 40 moe --parts ${MOE_PARTS:-kernel,decode} ${MOE_ARGS:-} ;;
+    # the sweep's eager mixed steps with the TMA prefill path and without it, one process
+    mixed_steps) bench mixed_steps ${MS_TIMEOUT:-300} 30 mixed_steps ${MS_ARGS:---shape llama8b --profile} ;;
     # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)
-    sim_validate) timeout ${VAL_TIMEOUT:-470} python3 benchmarks/sim_validate.py --num ${VAL_NUM:-300} ${VAL_ARGS:-} --out $OUT/sim_validate.json --plot $OUT/sim_validate_ttft.png 2>&1 | grep -v Warning | tail -60 ;;
+    sim_validate|simulator) bench simulator ${VAL_TIMEOUT:-470} 60 simulator --num ${VAL_NUM:-300} ${VAL_ARGS:-} --plot $OUT/sim_validate_ttft.png ;;
+    # any other catalog entry with its defaults; BENCH_ARGS for its arguments, BENCH_TIMEOUT for its limit
+    *) if python3 -c "import sys; from benchmarks.catalog import CATALOG; sys.exit(sys.argv[1] not in CATALOG)" "$step"; then
+         bench "$step" ${BENCH_TIMEOUT:-570} 40 "$step" ${BENCH_ARGS:-}
+       else echo "unknown step $step: not a preset here nor a name in \`python -m benchmarks\`"; false; fi ;;
   esac
-  echo "== $step done (rc ${PIPESTATUS[0]})"
+  echo "== $step done (rc $?)"
 done

@@ -1,7 +1,7 @@
 """Sampling-step time: the fast sampler vs the float64 reference vs a naive torch sampler.
 
-    python benchmarks/sampling.py --out results/sampling.json            # GPU: batch 1/64/256 x V=151936
-    python benchmarks/sampling.py --small --out /tmp/sampling.json       # CPU smoke run
+    python -m benchmarks sampling            # GPU: batch 1/64/256 x V=151936
+    python -m benchmarks sampling --small       # CPU smoke run
 
 Every row of a batch has its own parameters (greedy, top-k, top-p, min-p, penalties, seeds,
 logprobs mixed). Times are medians over --iters after --warmup (CUDA events on the GPU).

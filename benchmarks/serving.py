@@ -2,8 +2,8 @@
 through HTTP streaming, and the same requests through AsyncEngine directly and through
 LLM.generate, all on one engine in one run.
 
-    python benchmarks/serving.py --shape llama8b --num 300 --rates inf,4,8      # the H200
-    python benchmarks/serving.py --shape tiny --num 16 --rates inf,8             # a CPU check
+    python -m benchmarks serving --shape llama8b --num 300 --rates inf,4,8      # the H200
+    python -m benchmarks serving --shape tiny --num 16 --rates inf,8             # a CPU check
 
 Layout: one process builds the engine (random weights at the shape) and serves it with
 uvicorn on a thread, as `python -m toolkit.serve` does; the HTTP client runs in a child

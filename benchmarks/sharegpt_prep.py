@@ -7,7 +7,7 @@ than 2048; output length = the reference answer's length. Writes
 {"tokenizer": ..., "requests": [{"prompt_ids": [...], "output_len": n}, ...]} so the GPU
 run needs neither the 125 MB dataset nor the tokenizer.
 
-    python benchmarks/sharegpt_prep.py --num 1000 --out benchmarks/data/sharegpt.json
+    python -m benchmarks.sharegpt_prep --num 1000 --out benchmarks/data/sharegpt.json
 """
 
 from __future__ import annotations

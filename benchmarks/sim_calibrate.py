@@ -13,10 +13,10 @@ with add_request's host time per request and per prompt token (profile_admission
 written to toolkit/simulator/data/cost_models.json under "<device>/<shape>" (e.g.
 "nvidia-h200/llama-3.1-8b"), and the samples with each one's fitted time to --out.
 
-    python benchmarks/sim_calibrate.py --shapes qwen3,llama8b --out benchmarks/results/sim_calibrate.json
-    python benchmarks/sim_calibrate.py --tiny                  # the CPU check: a 2-layer Llama
-    python benchmarks/sim_calibrate.py --tiny-moe              # ... a 2-layer Qwen3-MoE, 32 experts top-4
-    python benchmarks/sim_calibrate.py --shapes qwen3moe       # Qwen3-30B-A3B on the GPU
+    python -m benchmarks sim_calibrate --shapes qwen3,llama8b
+    python -m benchmarks sim_calibrate --tiny                  # the CPU check: a 2-layer Llama
+    python -m benchmarks sim_calibrate --tiny-moe              # ... a 2-layer Qwen3-MoE, 32 experts top-4
+    python -m benchmarks sim_calibrate --shapes qwen3moe       # Qwen3-30B-A3B on the GPU
 
 moe_experts (a mixture-of-experts model's expected experts touched per step) is 0 for a
 dense shape; its sweep adds decode batches from 1 up, along which that count rises from k to E.

@@ -33,9 +33,9 @@ compare policies below and above it. For each model shape (random weights):
 Results go to --out after every run (a timeout keeps what was done); per-request times and
 one run's step recording to --raw. A table at the end (and after each shape).
 
-    python benchmarks/sim_gpu_all.py                   # the H200: both shapes, ~7-8 min cold
-    python benchmarks/sim_gpu_all.py --quick           # the CPU check: a 2-layer Llama, ~2 min
-    python benchmarks/sim_gpu_all.py --replay benchmarks/results/sim_gpu_all.json   # CPU, afterwards
+    python -m benchmarks sim_gpu_all                   # the H200: both shapes, ~7-8 min cold
+    python -m benchmarks sim_gpu_all --quick           # the CPU check: a 2-layer Llama, ~2 min
+    python -m benchmarks sim_gpu_all --replay benchmarks/results/sim_gpu_all.json   # CPU, afterwards
 """
 
 from __future__ import annotations
@@ -718,8 +718,10 @@ def main() -> None:
     ap.add_argument("--data", default=None, help="write fitted models here instead (--quick: only here)")
     ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/sim_gpu_all.json; "
                                                 "--quick: /tmp/sim_gpu_all_quick.json)")
-    ap.add_argument("--raw", default=None, help="per-request times JSON (default: <out>_raw.json)")
-    ap.add_argument("--plot-dir", default=None, help="PNGs of TTFT over time, overloaded runs (default: --out's folder)")
+    ap.add_argument("--raw", default=None, help="per-request times JSON (default: $OUT/sim_gpu_all_raw.json, "
+                                                "else <out>_raw.json)")
+    ap.add_argument("--plot-dir", default=None, help="PNGs of TTFT over time, overloaded runs (default: $OUT, "
+                                                     "else --out's folder)")
     ap.add_argument("--replay-shipped", nargs="?", const="", default=None, metavar="COST_MODELS_JSON",
                     help="with --replay: also simulate with the shipped cost model (or this file's)")
     ap.add_argument("--replay", default=None, metavar="RESULTS_JSON",
@@ -735,8 +737,11 @@ def main() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     # the CPU check's numbers say nothing about accuracy (a shared 2-core CPU): not results
     args.out = args.out or ("/tmp/sim_gpu_all_quick.json" if args.quick else os.path.join(here, "results", "sim_gpu_all.json"))
-    args.raw = args.raw or args.out.replace(".json", "_raw.json")
-    args.plot_dir = args.plot_dir or (None if args.quick else os.path.dirname(os.path.abspath(args.out)))
+    # through `python -m benchmarks`, --out is a temporary file: the side files go to $OUT
+    side = os.environ.get("OUT")
+    args.raw = args.raw or (os.path.join(side, "sim_gpu_all_raw.json") if side
+                            else args.out.replace(".json", "_raw.json"))
+    args.plot_dir = args.plot_dir or (None if args.quick else side or os.path.dirname(os.path.abspath(args.out)))
     t_start = time.perf_counter()
     out = Out(args.out, args.raw, dict(date=time.strftime("%Y-%m-%d %H:%M"), argv=sys.argv[1:],
                                        loads=args.loads, policies=args.policies))

@@ -3,11 +3,10 @@
 comparisons (out of sample), against the engine's per-metric medians. --across policies: fitted
 to the other policies' runs at the same load instead (a run with one load).
 
-    python benchmarks/sim_step_models.py benchmarks/results/sim_gpu_all_2026-12-02_k_llama8b.json \
-        benchmarks/results/sim_gpu_all_2026-12-02_k_llama8b_raw.json.gz
+    python -m benchmarks sim_step_models RESULTS.json RAW.json.gz   # the two files sim_gpu_all writes
 
 The live comparisons fit on a sweep and 32-step windows of the calibration runs; this asks
-whether a different step model would have predicted the other load (RESULTS.md, simulator (k)).
+whether a different step model would have predicted the other load (decision 0008).
 """
 
 from __future__ import annotations

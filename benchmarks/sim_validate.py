@@ -18,10 +18,10 @@ was not overloaded).
    the overloaded runs is drawn side by side (--plot). A diagnostic row: the simulator with
    the cost model refit on that engine run's own steps (calibration error vs model error).
 
-    python benchmarks/sharegpt_prep.py --num 1000 --out benchmarks/data/sharegpt.json   # on the CPU
-    python benchmarks/sim_validate.py --num 300 --out benchmarks/results/sim_validate.json \
+    python -m benchmarks.sharegpt_prep --num 1000 --out benchmarks/data/sharegpt.json   # on the CPU
+    python -m benchmarks simulator --num 300 \
         --plot benchmarks/results/sim_validate_ttft.png
-    python benchmarks/sim_validate.py --tiny --num 40     # the CPU check
+    python -m benchmarks simulator --tiny --num 40     # the CPU check
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Face names and full shapes, from transformers' model built on the meta device), 
 device and copied to the host for the host case (pageable, as a trainer's CPU state dict is).
 
     python -m benchmarks sleep_mode --shape llama8b
-    python benchmarks/sleep_mode.py --shape tiny        # CPU check of the script
+    python -m benchmarks sleep_mode --shape tiny        # CPU check of the script
 """
 
 from __future__ import annotations

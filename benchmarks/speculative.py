@@ -7,7 +7,7 @@ position (a = 0.3, 0.6, 0.9). Decode tokens/s = generated tokens / wall seconds 
 run with short prompts (prefill is a small share). Target (issue 7): batch 1, a = 0.9, k = 4
 -> >= 2.5x speculation off.
 
-    python benchmarks/speculative.py --out results/speculative.json
+    python -m benchmarks speculative
 """
 
 from __future__ import annotations

