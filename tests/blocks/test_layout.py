@@ -16,7 +16,7 @@ def batches(draw):  # -> (block_tables, kv_lens, q_lens, block_size)
     bs = draw(st.sampled_from([1, 3, 16]))
     kv = draw(st.lists(st.integers(1, 60), max_size=5))
     q = [draw(st.integers(1, k)) for k in kv]
-    ids = draw(st.permutations(range(200)))
+    ids = draw(st.permutations(range(320)))    # 5 sequences x (60 + 2) blocks of 1 at most
     tables, used = [], 0
     for k in kv:
         n = -(-k // bs) + draw(st.integers(0, 2))       # tables may be longer than needed
