@@ -22,9 +22,11 @@ def paged_attention(
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
     merge_rows: torch.Tensor | None = None, counters: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> None:
     """Twin of the Triton launcher (block_q, block_n, num_warps, num_stages are ignored):
-    each work item's keys [start, hi) masked causally, by the window and by `< hi`; an fp8
+    each work item's keys [start, hi) masked causally (unless causal=False), by the window
+    and by `< hi`; an fp8
     cache's K and V are dequantised (value x scale) in float32. With merge_rows (and the
     kernel's counters, untouched here) the split partials are merged into `out` afterwards."""
     del block_q, block_n, num_warps, num_stages
@@ -44,7 +46,7 @@ def paged_attention(
         if soft_cap is not None:
             s = soft_cap * torch.tanh(s / soft_cap)
         q_pos = first_pos + torch.arange(n_q, device=q.device)[:, None]    # [Q, 1]
-        ok = pos[None, :] <= q_pos
+        ok = pos[None, :] <= q_pos if causal else torch.ones_like(pos[None, :] <= q_pos)
         if sliding_window is not None:
             ok &= pos[None, :] > q_pos - sliding_window
         s = s.masked_fill(~ok, float("-inf"))
