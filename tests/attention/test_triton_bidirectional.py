@@ -1,6 +1,8 @@
 """Bidirectional (causal=False) attention in the Triton paged backend, for encoders whose
-prompts run whole: the kernel (TRITON_INTERPRET=1 on the CPU, fp32/fp16) and its torch twin on
-the same schedule against TorchAttention(causal=False) on ragged whole-prompt batches; the
+prompts run whole: the paged kernel (TRITON_INTERPRET=1 on the CPU, fp32/fp16) and its torch
+twin on the same schedule against TorchAttention(causal=False) on ragged whole-prompt batches;
+the TMA prefill kernel (self_attention, causal=False) against its twin and dense attention, and
+the backend's route through it after write_kv; the
 schedule's bidirectional rows (the fast builder equals the reference, every tile sees all of
 its sequence's keys); refusals of what bidirectional steps cannot be. A `gpu` test repeats
 the comparison in bf16 at a BERT-base shape."""
@@ -17,6 +19,8 @@ from toolkit.attention.schedule import TileConfig, build_schedule, build_schedul
 from toolkit.attention.torch_ref import TorchAttention
 from toolkit.attention.triton_paged import TritonPagedAttention
 from toolkit.attention.tuning import KernelConfig
+from toolkit.kernels import reference_attention
+from toolkit.kernels.self_attention import self_attention, tile_table
 
 # small tiles, so short prompts are decode-class (split, merged) and longer ones span several
 # prefill tiles with masked tails
@@ -93,6 +97,63 @@ def test_refuses_windows_and_partial_prompts() -> None:
     with pytest.raises(ValueError, match="whole prompts"):
         fast.plan(chunk.layout)
     assert "bidirectional" in repr(fast)
+
+
+def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [S, H, D], k, v [S, Hkv, D] of one sequence, every key visible -> [S, H, D] fp32."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.float().repeat_interleave(g, 1), v.float().repeat_interleave(g, 1)
+    p = torch.softmax(torch.einsum("qhd,khd->hqk", q.float(), k) * scale, -1)
+    return torch.einsum("hqk,khd->qhd", p, v)
+
+
+@settings(max_examples=8, deadline=None)
+@given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=3), group=st.sampled_from([1, 2, 4]),
+       h_kv=st.integers(1, 2), d=st.sampled_from([16, 32]), dtype=st.sampled_from([torch.float32, torch.float16]),
+       tiles=st.sampled_from([(32, 16), (16, 16), (64, 32)]), seed=st.integers(0, 2**16))
+def test_tma_prefill_kernel_bidirectional(lens, group, h_kv, d, dtype, tiles, seed) -> None:
+    """self_attention(causal=False) against its twin, and the twin against dense attention per
+    sequence; k / v strided views of one QKV tensor, as the model passes them."""
+    h, t = group * h_kv, sum(lens)
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(t, (h + 2 * h_kv) * d, generator=gen).to(dtype)
+    q, k, v = (qkv[:, : h * d].view(t, h, d), qkv[:, h * d:(h + h_kv) * d].view(t, h_kv, d),
+               qkv[:, (h + h_kv) * d:].view(t, h_kv, d))
+    table = tile_table(lens, tiles[0], "cpu")
+    out, lse = poisoned_like(q), torch.full((t, h), float("nan"))
+    self_attention(q, k, v, table, out, lse, scale=d ** -0.5, block_m=tiles[0], block_n=tiles[1],
+                   num_warps=4, num_stages=2, causal=False)
+    want, want_lse = torch.empty(q.shape), torch.empty(t, h)
+    reference_attention.self_attention(q, k, v, table, want, want_lse, scale=d ** -0.5, causal=False)
+    assert rel_err(out, want) < 2 * REL_TOL[dtype]
+    torch.testing.assert_close(lse, want_lse, atol=1e-2, rtol=1e-3)
+    start = 0
+    for n in lens:
+        sl = slice(start, start + n)
+        assert rel_err(want[sl], dense(q[sl], k[sl], v[sl], d ** -0.5)) < 1e-5
+        start += n
+    with pytest.raises(ValueError, match="no kv_cache prefix"):
+        self_attention(q, k, v, table, out, scale=1.0, kv_cache=torch.zeros(2, 1, 4, h_kv, d, dtype=dtype),
+                       kv_indices=torch.zeros(1, dtype=torch.int32), causal=False)
+
+
+def test_backend_takes_the_tma_path_after_write_kv() -> None:
+    """Whole fp16 prompts (one shorter than a decode tile, so on the paged kernel) with this
+    step's K/V from write_kv: the long ones on the TMA kernel, all equal to the twin."""
+    h, h_kv, d = 4, 2, 16
+    case = make_case(h, h_kv, d, 16, [70, 3, 33], [70, 3, 33], torch.float16, 0)
+    fast = TritonPagedAttention(case.cache, h, d, causal=False)
+    ref = TorchAttention(case.cache, h, d, causal=False)
+    fast.plan(case.layout)
+    ref.plan(case.layout)
+    kv = case.cache[0].flatten(1, 2)[:, case.layout.slot_mapping.long()]    # [2, T, H_kv, D]
+    qkv = torch.empty(kv.shape[1], (h + 2 * h_kv) * d, dtype=kv.dtype)
+    qkv[:, (h + h_kv) * d:] = kv[1].flatten(1)
+    fast.write_kv(0, kv[0].contiguous(), qkv[:, (h + h_kv) * d:].view(-1, h_kv, d))
+    out = poisoned_like(case.q)
+    fast.run(0, case.q, out=out)
+    assert fast.num_self_prefill_launches == 1
+    assert rel_err(out, ref.run(0, case.q)) < REL_TOL[torch.float16]
 
 
 @pytest.mark.gpu

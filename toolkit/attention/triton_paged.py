@@ -71,10 +71,9 @@ class TritonPagedAttention:
         self._attn, self._merge = self._kernels(use_triton)
         self._use_triton = use_triton
         # prefills may attend over the step's own K/V by TMA loads (and their cached prefix, if
-        # any, page by page): half types, no window / soft cap, a power-of-two head size, Triton,
-        # causal (bidirectional prompts take the paged kernel, whose full tiles are unmasked)
+        # any, page by page): half types, no window / soft cap, a power-of-two head size, Triton
         own = self.config.self_prefill
-        self._self_tile = own if (own is not None and use_triton and sliding_window is None and causal
+        self._self_tile = own if (own is not None and use_triton and sliding_window is None
                                   and soft_cap is None and head_dim & (head_dim - 1) == 0
                                   and kv_cache.dtype in (torch.float16, torch.bfloat16)) else None
         self._plan_id = 0
@@ -264,7 +263,7 @@ class TritonPagedAttention:
             paged = dict(kv_cache=cache, kv_indices=self.kv_indices) if self._self_prefix else {}
             self_attention(q, fresh[2], fresh[3], work["self"], out, scale=self.scale, **paged,
                            block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
-                           num_stages=t.num_stages)
+                           num_stages=t.num_stages, **({} if self.causal else {"causal": False}))
             self.num_self_prefill_launches += 1
         return out
 
@@ -323,10 +322,10 @@ class TritonPagedAttention:
             qkv = torch.zeros(n, (h + 2 * h_kv) * d, dtype=dtype, device=dev)
             q, k = torch.zeros(n, h, d, dtype=dtype, device=dev), torch.zeros(n, h_kv, d, dtype=dtype, device=dev)
             v = qkv[:, (h + h_kv) * d:].view(n, h_kv, d)
-            for cache in ({}, paged):
+            for cache in ({}, paged) if self.causal else ({},):   # bidirectional: never a prefix
                 self_attention(q, k, v, tile_table([n], t.block_q, dev), torch.empty_like(q),
                                scale=self.scale, **cache, block_m=t.block_q, block_n=t.block_n,
-                               num_warps=t.num_warps, num_stages=t.num_stages)
+                               num_warps=t.num_warps, num_stages=t.num_stages, causal=self.causal)
 
     # -- decode attention inside a CUDA graph (attention/static_plan.py) --
     supports_static_decode = True      # declared capability (AttentionBackend: default False)

@@ -80,11 +80,11 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: tor
                    out: torch.Tensor, lse: torch.Tensor | None = None, *, scale: float,
                    kv_cache: torch.Tensor | None = None, kv_indices: torch.Tensor | None = None,
                    block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                   num_stages: int = 3) -> None:
+                   num_stages: int = 3, causal: bool = True) -> None:
     """Twin of `toolkit.kernels.self_attention.self_attention` (tile sizes ignored): each chunk
-    attends causally over its own keys and over all of its cached prefix (read from kv_cache's
-    pages), in float32; the chunks are read from the tile table (start row, tile start,
-    length, prefix length, page-list start)."""
+    attends causally (causal=False: to every key) over its own keys and over all of its cached
+    prefix (read from kv_cache's pages), in float32; the chunks are read from the tile table
+    (start row, tile start, length, prefix length, page-list start)."""
     del block_m, block_n, num_warps, num_stages
     h, h_kv = q.shape[1], k.shape[1]
     for start, n, prefix, page_base in sorted({(s, n, p, b) for s, _, n, p, b in tiles.tolist()}):
@@ -102,6 +102,8 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: tor
         ks, vs = ks.repeat_interleave(h // h_kv, dim=1), vs.repeat_interleave(h // h_kv, dim=1)
         s = torch.einsum("qhd,khd->hqk", qs, ks) * scale                   # [H, S, P + S]
         hidden = torch.ones(n, prefix + n, dtype=torch.bool, device=q.device).triu(prefix + 1)
+        if not causal:
+            hidden.zero_()
         s = s.masked_fill(hidden, float("-inf"))
         lse_s = torch.logsumexp(s, dim=-1)                                 # [H, S]
         out[start:start + n] = torch.einsum("hqk,khd->qhd", torch.exp(s - lse_s[..., None]), vs).to(out.dtype)
