@@ -10,11 +10,6 @@ ratios are reported, with the two embeddings' smallest cosine similarity.
 
     python -m benchmarks embed --texts 256 --repeats 3                     # CPU
     python -m benchmarks embed --device cuda --texts 2048 --batch-size 64  # H200 (BERT-base)
-
---out writes the run as a benchmark record (benchmarks/record.py, with the raw numbers);
---keep ID also adds it to the machine's summary (--summary FILE: that file instead, e.g. the
-summaries/cpu-2core-xeon.json the CPU figures share, with --machine naming the CPU as its
-records do), whose headline figure `python -m benchmarks report` puts in the README.
 """
 
 from __future__ import annotations
@@ -65,10 +60,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=32, help="sentence-transformers' batch size")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=None, help="write the benchmark record (with raw output) here")
-    ap.add_argument("--keep", default=None, metavar="ID", help="add the record to a summary file as ID")
-    ap.add_argument("--summary", default=None, help="the summary file --keep writes (default: the machine's)")
-    ap.add_argument("--machine", default=None, help="the CPU's description in the record (default: platform's)")
+    ap.add_argument("--out", default=None)
     a = ap.parse_args()
     from sentence_transformers import SentenceTransformer
 
@@ -107,59 +99,11 @@ def main() -> None:
         "toolkit_emb_s": statistics.median(r[0] for r in rows),
         "st_emb_s": statistics.median(r[1] for r in rows),
         "median_ratio": statistics.median(r[0] / r[1] for r in rows),
-        "min_cosine": cos, "repeats": rows, "gpu": gpu,
+        "min_cosine": cos, "repeats": rows,
     }
     print(json.dumps(result, indent=1))
-    rec = to_record(result, a)
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(rec, indent=1))
-    if a.keep:
-        print("kept in", keep_record(rec, a.keep, a.summary))
-
-
-def figure_name(result: dict) -> str:
-    where = result["device"] if result["gpu"] else "a CPU"
-    return f"{result['model']} embeddings on {where}, {result['texts']} texts of 4-120 words"
-
-
-def to_record(result: dict, a: argparse.Namespace) -> dict:
-    """The run as a benchmark record: one figure (embeddings/s against sentence-transformers,
-    the median of per-repeat ratios), the raw numbers kept."""
-    from benchmarks.record import figure, make_record
-
-    fig = figure(figure_name(result), round(result["toolkit_emb_s"], 1), "emb/s", peer="sentence-transformers",
-                 peer_value=round(result["st_emb_s"], 1), ratio=round(result["median_ratio"], 3),
-                 config={"texts": result["texts"], "st_batch_size": result["st_batch_size"],
-                         "threads": result["threads"], "repeats": len(result["repeats"])})
-    fig["ratio"] = round(fig["value"] / fig["peer_value"], 3)   # value / peer_value (the validator's rule)
-    cmd = (f"python -m benchmarks embed --device {a.device} --texts {a.texts} --batch-size {a.batch_size} "
-           f"--repeats {a.repeats}")
-    notes = (f"same texts, same process, alternating; median per-repeat ratio {result['median_ratio']:.2f}; "
-             f"smallest cosine against sentence-transformers {result['min_cosine']:.6f}")
-    rec = make_record("embed", cmd, [fig], raw=result, notes=notes)
-    if a.machine:
-        rec["machine"]["cpu"] = a.machine
-    if a.out:
-        rec["source"] = a.out
-    return rec
-
-
-def keep_record(rec: dict, record_id: str, summary: str | None) -> Path:
-    """record.keep, into `summary` when given (the figure is the README's headline)."""
-    from benchmarks.record import keep, validate
-
-    name = rec["figures"][0]["name"]
-    if summary is None:
-        return keep(rec, record_id, headline=[name])
-    kept = {k: v for k, v in rec.items() if k != "raw"}
-    kept["id"] = record_id
-    kept["figures"] = [{**f, "headline": True} for f in rec["figures"]]
-    validate(kept)
-    path = Path(summary)
-    records = [r for r in json.loads(path.read_text()) if r.get("id") != record_id] + [kept]
-    path.write_text(json.dumps(records, indent=1) + "\n")
-    return path
+        Path(a.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
