@@ -74,8 +74,8 @@ def test_bidirectional_schedule_rows_see_every_key(lens, block_q, block_n, targe
     for n in lens:
         qo.append(qo[-1] + n)
         kvp.append(kvp[-1] + -(-n // 16))
-    args = dict(num_kv_heads=2, decode=TileConfig(block_q, block_n, 4, 1), prefill=TileConfig(16, 32, 4, 1),
-                window=None, target_programs=target, min_split_tokens=16, causal=False)
+    args = {"num_kv_heads": 2, "decode": TileConfig(block_q, block_n, 4, 1), "prefill": TileConfig(16, 32, 4, 1),
+            "window": None, "target_programs": target, "min_split_tokens": 16, "causal": False}
     fast, ref = build_schedule(qo, lens, kvp, **args), build_schedule_reference(qo, lens, kvp, **args)
     assert fast.decode.tolist() == ref.decode and fast.prefill.tolist() == ref.prefill
     assert fast.merge_rows.tolist() == ref.merge_rows
