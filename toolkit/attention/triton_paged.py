@@ -263,7 +263,7 @@ class TritonPagedAttention:
             paged = dict(kv_cache=cache, kv_indices=self.kv_indices) if self._self_prefix else {}
             self_attention(q, fresh[2], fresh[3], work["self"], out, scale=self.scale, **paged,
                            block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
-                           num_stages=t.num_stages, **({} if self.causal else {"causal": False}))
+                           num_stages=t.num_stages, causal=self.causal)
             self.num_self_prefill_launches += 1
         return out
 
