@@ -160,8 +160,18 @@ def test_backend_takes_the_tma_path_after_write_kv() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_bert_base_shape_on_gpu(dtype) -> None:
     """BERT-base's attention (12 heads of 64) over a ragged batch of 64 prompts up to 512
-    tokens, with the default tiles, against the twin."""
+    tokens, with the default tiles, against the twin: the paged kernel, then (after this
+    step's write_kv) the TMA prefill kernel where the GPU has it."""
     gen = torch.Generator().manual_seed(0)
     lens = torch.randint(1, 513, (64,), generator=gen).tolist()
     case = make_case(12, 12, 64, 16, lens, lens, dtype, 0)
     check(case, "triton")
+    fast, ref = TritonPagedAttention(case.cache, 12, 64, causal=False), TorchAttention(case.cache, 12, 64, causal=False)
+    fast.plan(case.layout)
+    ref.plan(case.layout)
+    kv = case.cache[0].flatten(1, 2)[:, case.layout.slot_mapping.long()]    # [2, T, H_kv, D]
+    fast.write_kv(0, kv[0].contiguous(), kv[1].contiguous())
+    out = poisoned_like(case.q)
+    fast.run(0, case.q, out=out)
+    assert fast.num_self_prefill_launches == int(fast._self_tile is not None)
+    assert rel_err(out, ref.run(0, case.q)) < REL_TOL[dtype]
