@@ -1,10 +1,9 @@
 """Bidirectional (causal=False) attention for encoders: the CPU SDPA backend equals the
 torch twin on ragged whole-prompt batches, the twin equals plain dense attention over each
-sequence, and the Triton backend refuses with a reason."""
+sequence (the Triton backend's: test_triton_bidirectional.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from attention_cases import make_case, poisoned_like, rel_err
 from hypothesis import given, settings
@@ -49,10 +48,3 @@ def test_cpu_equals_twin_equals_dense(lens, kv_heads, bs, seed) -> None:
         causal.plan(case.layout)
         assert rel_err(causal.run(0, case.q), want) > 1e-4
 
-
-def test_triton_backend_refuses_bidirectional() -> None:
-    from toolkit.attention.triton_paged import TritonPagedAttention
-
-    case = make_case(4, 2, 16, 4, [5], [5], torch.float32, 0)
-    with pytest.raises(ValueError, match="causally only"):
-        TritonPagedAttention(case.cache, 4, 16, causal=False)

@@ -1,5 +1,5 @@
-"""On a GPU in bf16: a BERT-base-shaped encoder (random weights, 2 layers) through the SDPA
-backend `attention="auto"` picks for bidirectional layers, and decoder embeddings (Triton
+"""On a GPU in bf16: a BERT-base-shaped encoder (random weights, 2 layers) through the Triton
+backend `attention="auto"` picks (bidirectional) and the SDPA backend, and decoder embeddings (Triton
 attention, CUDA graphs, beside generation) against transformers' hidden states."""
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from toolkit.pooling import PoolingParams
 pytestmark = pytest.mark.gpu
 
 
-def test_bert_base_shaped_encoder_on_cuda(tmp_path):
+@pytest.mark.parametrize("attention,backend", [("auto", "TritonPagedAttention"), ("cpu", "CPUAttention")])
+def test_bert_base_shaped_encoder_on_cuda(tmp_path, attention, backend):
     import transformers as tf
 
     torch.manual_seed(0)
     hf = tf.BertModel(tf.BertConfig(num_hidden_layers=2), add_pooling_layer=False).to("cuda", torch.bfloat16).eval()
     hf.save_pretrained(tmp_path)
-    llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", max_num_batched_tokens=4096)
-    assert type(llm.engine.runner.attention).__name__ == "CPUAttention"     # SDPA, bidirectional
+    llm = LLM(str(tmp_path), device="cuda", dtype="bfloat16", max_num_batched_tokens=4096, attention=attention)
+    assert type(llm.engine.runner.attention).__name__ == backend
     g = torch.Generator().manual_seed(1)
     prompts = [[101] + torch.randint(1000, 30000, (n,), generator=g).tolist() + [102] for n in (5, 77, 300, 1)]
     outs = llm.embed(prompts * 16)                                         # batch 64

@@ -10,6 +10,10 @@ one tile each, small row blocks, and split-KV (flash-decoding) when too few prog
 fill the GPU. Longer query runs form the *prefill* class: tiles of BLOCK_Q tokens, no split,
 the tiles with the most keys first (causal tiles grow along the sequence) for load balance.
 
+causal=False (bidirectional encoders, whose prompts run whole): every row of a sequence sees
+all of its keys, so each tile's key range is the one of the sequence's last position; the
+work rows keep their true first positions (the kernel, told CAUSAL=False, masks only `< hi`).
+
 Every work item is one row of toolkit.kernels.paged_attention's work table.
 """
 
@@ -91,7 +95,7 @@ def split_size(programs: int, longest: int, *, target_programs: int, min_split_t
 def build_schedule_reference(
     qo_indptr: list[int], kv_lens: list[int], kv_indptr: list[int], *, num_kv_heads: int,
     decode: TileConfig, prefill: TileConfig, window: int | None, target_programs: int,
-    min_split_tokens: int, max_splits: int = 0, busy_min_split_tokens: int = 0,
+    min_split_tokens: int, max_splits: int = 0, busy_min_split_tokens: int = 0, causal: bool = True,
 ) -> Schedule:
     """Work tables of one step. Split size is uniform (a multiple of decode.block_n) and chosen
     so that decode programs reach `target_programs`, never below `min_split_tokens` keys
@@ -126,7 +130,7 @@ def build_schedule_reference(
         lo = 0 if window is None else max(0, first - window + 1)
         s0, s1 = lo // split_tokens, last // split_tokens
         for s in range(s0, s1 + 1):
-            r = key_ranges(first, last, window, decode.block_n, s * split_tokens,
+            r = key_ranges(first if causal else last, last, window, decode.block_n, s * split_tokens,
                            (s + 1) * split_tokens)
             assert r is not None, "every split of a decode sequence holds a key"
             sched.decode.append([qo_indptr[b], q_lens[b], first, kv_indptr[b], *r, part_row, s - s0])
@@ -144,7 +148,8 @@ def build_schedule_reference(
         for t0 in range(0, q_lens[b], prefill.block_q):
             n_q = min(prefill.block_q, q_lens[b] - t0)
             first = kv_lens[b] - q_lens[b] + t0
-            r = key_ranges(first, first + n_q - 1, window, prefill.block_n, 0, 1 << 62)
+            seen = (first, first + n_q - 1) if causal else (kv_lens[b] - 1, kv_lens[b] - 1)
+            r = key_ranges(*seen, window, prefill.block_n, 0, 1 << 62)
             assert r is not None
             sched.prefill.append([qo_indptr[b] + t0, n_q, first, kv_indptr[b], *r, 0, 0])
     sched.prefill.sort(key=lambda w: w[7] - w[4], reverse=True)           # most keys first
@@ -168,7 +173,7 @@ def max_decode_splits(*, target_programs: int, num_kv_heads: int, min_split_toke
 def build_schedule(
     qo_indptr, kv_lens, kv_indptr, *, num_kv_heads: int,
     decode: TileConfig, prefill: TileConfig, window: int | None, target_programs: int,
-    min_split_tokens: int, max_splits: int = 0, busy_min_split_tokens: int = 0,
+    min_split_tokens: int, max_splits: int = 0, busy_min_split_tokens: int = 0, causal: bool = True,
 ) -> Schedule:
     """build_schedule_reference's rows, in the same order, as int32 arrays: the decode class
     vectorised over sequences and splits; prefill tiles (few: long query runs) in a loop."""
@@ -196,7 +201,7 @@ def build_schedule(
         k_hi = np.minimum((s0[seq] + j + 1) * split, la + 1)
         assert (k_lo < k_hi).all(), "every split of a decode sequence holds a key"
         u_lo = np.maximum(k_lo, 0 if window is None else la - window + 1)
-        u_hi = np.minimum(k_hi, f + 1)
+        u_hi = np.minimum(k_hi, f + 1) if causal else k_hi                 # bidirectional: all visible
         bn = decode.block_n
         start = k_lo // bn * bn
         full_lo = -(-u_lo // bn) * bn
@@ -220,7 +225,8 @@ def build_schedule(
             for t0 in range(0, qb, prefill.block_q):
                 n_q = min(prefill.block_q, qb - t0)
                 first_b = kb - qb + t0
-                r = key_ranges(first_b, first_b + n_q - 1, window, prefill.block_n, 0, 1 << 62)
+                seen = (first_b, first_b + n_q - 1) if causal else (kb - 1, kb - 1)
+                r = key_ranges(*seen, window, prefill.block_n, 0, 1 << 62)
                 assert r is not None
                 rows.append([qob + t0, n_q, first_b, kvpb, *r, 0, 0])
         rows.sort(key=lambda w: w[7] - w[4], reverse=True)                 # most keys first

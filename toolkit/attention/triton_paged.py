@@ -40,12 +40,13 @@ class TritonPagedAttention:
                  sliding_window: int | None = None, soft_cap: float | None = None, *,
                  config: KernelConfig | None = None, impl: str = "auto", causal: bool = True) -> None:
         """impl: "triton" (CUDA, or the CPU under TRITON_INTERPRET=1), "reference" (the kernels'
-        torch twins on the same schedule) or "auto" (Triton where it can run). causal=False
-        (bidirectional encoders) is refused: the kernels mask causally."""
-        if not causal:
-            raise ValueError("the Triton paged backend attends causally only; a bidirectional (encoder) "
-                             "model needs attention='cpu' (SDPA over the paged cache, any device) or 'torch'")
+        torch twins on the same schedule) or "auto" (Triton where it can run). causal=False:
+        bidirectional (encoders): a query sees every key of its sequence; each step must hold
+        whole prompts (no cached prefix, no chunk: the engine's prefill_whole requests), and
+        there is no sliding window."""
         check_geometry(kv_cache, num_heads, head_dim)
+        if not causal and sliding_window is not None:
+            raise ValueError(f"bidirectional attention (causal=False) has no sliding window, got {sliding_window}")
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
         if soft_cap is not None and not soft_cap > 0:
@@ -56,6 +57,7 @@ class TritonPagedAttention:
         self.scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
+        self.causal = causal
         dev = kv_cache.device
         # an fp8 cache's tiles are converted to q's dtype (bf16 on CUDA): the bf16 tiles
         tile_dtype = torch.bfloat16 if kv_cache.dtype == torch.float8_e4m3fn else kv_cache.dtype
@@ -95,13 +97,19 @@ class TritonPagedAttention:
         cfg = self.config
         host = layout.host                 # the CPU copy build() kept: no device->host sync
         qo, kvp, kv = host.qo_indptr.numpy(), host.kv_indptr.numpy(), host.kv_lens.numpy()
+        if not self.causal and not np.array_equal(qo[1:] - qo[:-1], kv):
+            bad = int(np.flatnonzero(qo[1:] - qo[:-1] != kv)[0])
+            raise ValueError(f"bidirectional attention needs whole prompts in one step; sequence {bad} has "
+                             f"{int(qo[bad + 1] - qo[bad])} query tokens over {int(kv[bad])} keys "
+                             f"(a chunk or a cached prefix)")
         prefill_kv = kv[(qo[1:] - qo[:-1]) > cfg.decode.block_q]
         self._prefill_tile = cfg.prefill_tile(int(prefill_kv.max()) if prefill_kv.size else 0)
         self.schedule = build_schedule(qo, kv, kvp, num_kv_heads=self.num_kv_heads, decode=cfg.decode,
                                        prefill=self._prefill_tile, window=self.sliding_window,
                                        target_programs=cfg.target_programs,
                                        min_split_tokens=cfg.min_split_tokens, max_splits=cfg.max_splits,
-                                       busy_min_split_tokens=cfg.busy_min_split_tokens)
+                                       busy_min_split_tokens=cfg.busy_min_split_tokens,
+                                       causal=self.causal)
         self._work = None                  # device tables: uploaded by the first run() (a step
         self.kv_indices = layout.kv_indices   # replayed as a whole CUDA graph needs none)
         self.layout = layout
@@ -226,7 +234,7 @@ class TritonPagedAttention:
         k_scale, v_scale = self.kv_cache.scales(layer)
         common: dict[str, Any] = {"scale": self.scale, "soft_cap": self.soft_cap,
                                   "sliding_window": self.sliding_window, "num_q_per_kv": self.group,
-                                  "k_scale": k_scale, "v_scale": v_scale}
+                                  "k_scale": k_scale, "v_scale": v_scale, "causal": self.causal}
         work = self._tables()
         if len(self.schedule.decode):
             # the tile by launch size, split launches included (their rows are the splits);
@@ -255,7 +263,7 @@ class TritonPagedAttention:
             paged = dict(kv_cache=cache, kv_indices=self.kv_indices) if self._self_prefix else {}
             self_attention(q, fresh[2], fresh[3], work["self"], out, scale=self.scale, **paged,
                            block_m=t.block_q, block_n=t.block_n, num_warps=t.num_warps,
-                           num_stages=t.num_stages)
+                           num_stages=t.num_stages, causal=self.causal)
             self.num_self_prefill_launches += 1
         return out
 
@@ -298,7 +306,8 @@ class TritonPagedAttention:
                    torch.empty_like(q), torch.zeros(1, h, 2, d, device=dev), torch.zeros(1, h, 2, device=dev),
                    scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
                    num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
-                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge)
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge,
+                   causal=self.causal)
 
     def _precompile_self_prefill(self, dtype: torch.dtype) -> None:
         """The TMA prefill kernel on dummy tensors laid out as the model passes them (q and k
@@ -313,10 +322,10 @@ class TritonPagedAttention:
             qkv = torch.zeros(n, (h + 2 * h_kv) * d, dtype=dtype, device=dev)
             q, k = torch.zeros(n, h, d, dtype=dtype, device=dev), torch.zeros(n, h_kv, d, dtype=dtype, device=dev)
             v = qkv[:, (h + h_kv) * d:].view(n, h_kv, d)
-            for cache in ({}, paged):
+            for cache in ({}, paged) if self.causal else ({},):   # bidirectional: never a prefix
                 self_attention(q, k, v, tile_table([n], t.block_q, dev), torch.empty_like(q),
                                scale=self.scale, **cache, block_m=t.block_q, block_n=t.block_n,
-                               num_warps=t.num_warps, num_stages=t.num_stages)
+                               num_warps=t.num_warps, num_stages=t.num_stages, causal=self.causal)
 
     # -- decode attention inside a CUDA graph (attention/static_plan.py) --
     supports_static_decode = True      # declared capability (AttentionBackend: default False)
@@ -361,7 +370,8 @@ class TritonPagedAttention:
                    b.part_out if split else None, b.part_lse if split else None,
                    scale=self.scale, soft_cap=self.soft_cap, sliding_window=self.sliding_window,
                    num_q_per_kv=self.group, k_scale=k_scale, v_scale=v_scale, block_q=t.block_q,
-                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge)
+                   block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages, **merge,
+                   causal=self.causal)
         if split and not fused:
             self._merge(b.part_out, b.part_lse, b.merge, out)
 
@@ -371,8 +381,9 @@ class TritonPagedAttention:
                 f"prefill tiles" if s else "not planned")
         if s and self._self_rows is not None:
             plan += f" ({len(self._self_rows)} TMA prefill tiles)"
+        mode = "" if self.causal else "bidirectional, "
         return (f"TritonPagedAttention(heads={self.num_heads}/{self.num_kv_heads}, d={self.head_dim}, "
-                f"window={self.sliding_window}, soft_cap={self.soft_cap}, {plan})")
+                f"{mode}window={self.sliding_window}, soft_cap={self.soft_cap}, {plan})")
 
     def _repr_html_(self) -> str:
         from toolkit.attention.describe import attention_html

@@ -148,9 +148,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         raise ValueError(f"cpu_cache_gb / host_cache_blocks need a scheduler that supports the host tier "
                          f"('continuous'); {type(scheduler).__name__} does not")
     if attention == "auto":               # EngineConfig.kernels picks; "torch" is the reference twin
-        attention = _default_attention(cfg.kernels, device)
-        if attention == "triton" and not all(x.causal for x in spec.layers):
-            attention = "cpu"             # bidirectional (an encoder): SDPA over the paged cache
+        attention = _default_attention(cfg.kernels, device)   # encoders too: every backend has causal=False
     backend = attention                   # the name (or class) the draft model's backend reuses
     attention = (executor.attention if executor is not None else
                  build_attention(spec, partial(create_part, "attention", attention, kv_cache=kv_cache)))

@@ -201,6 +201,7 @@ class Engine:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
         self._check_ids_free(rid, 1)
         text, ids = self.tokenize(prompt)
+        ids = self.pooling.truncate(ids, params, self.max_model_len)
         self._check_pooling_prompt(ids)
         req = self.pooling.request(rid, ids, params, next(self._salts), eos_token_id=self.eos_token_id,
                                    max_model_len=self.max_model_len, **fields,

@@ -30,6 +30,19 @@ class EnginePooling:
                              + ("a classifier head (PoolerConfig(classifier_from_token=[...]) or a model "
                                 "with one)" if task != "embed" else "a pooler"))
 
+    @staticmethod
+    def truncate(ids: list[int], params: PoolingParams, max_model_len: int) -> list[int]:
+        """The prompt's last truncate_prompt_tokens ids (-1: max_model_len; vLLM's left
+        truncation); all of them when it is None."""
+        k = params.truncate_prompt_tokens
+        if k is None:
+            return ids
+        if k > max_model_len:
+            raise ValueError(f"truncate_prompt_tokens={k} is more than max_model_len={max_model_len}; "
+                             f"give at most {max_model_len}, or -1 for max_model_len")
+        k = max_model_len if k == -1 else k
+        return ids[-k:] if len(ids) > k else ids
+
     def request(self, rid: str, ids: list[int], params: PoolingParams, salt: int, **fields: Any) -> Request:
         """The prefill-only Request. Only a causal LAST pooler may start from a prefix-cache hit
         (the last token is always computed); others get a private salt: every row computed."""

@@ -188,28 +188,32 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False while requests are in flight."""
         return self._engine().reset_prefix_cache()
-    def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None, *,
+              truncate_prompt_tokens: int | None = None) -> list:
         """Embeddings of the prompts (vLLM's EmbeddingRequestOutput: `.outputs.embedding`);
-        pooling_params: a toolkit.pooling.PoolingParams (normalize, dimensions) or one per prompt."""
+        pooling_params: a toolkit.pooling.PoolingParams (normalize, dimensions) or one per prompt.
+        truncate_prompt_tokens: keep each prompt's last k tokens (-1: max_model_len)."""
         from toolkit.entrypoints import pooling
 
         return pooling.embed(self._pooling_engine(), [_prompt_of(p) for p in _as_prompt_list(prompts)],
-                             pooling_params)
+                             pooling_params, truncate_prompt_tokens)
 
-    def classify(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
+    def classify(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None, *,
+                 truncate_prompt_tokens: int | None = None) -> list:
         """Class probabilities (ClassificationRequestOutput: `.outputs.probs`) from the
         model's classifier head (PoolerConfig.classifier_from_token, or the model's own)."""
         from toolkit.entrypoints import pooling
 
         return pooling.classify(self._pooling_engine(), [_prompt_of(p) for p in _as_prompt_list(prompts)],
-                                pooling_params)
+                                pooling_params, truncate_prompt_tokens)
 
-    def score(self, data_1: Any, data_2: Any, pooling_params: Any = None) -> list:
+    def score(self, data_1: Any, data_2: Any, pooling_params: Any = None, *,
+              truncate_prompt_tokens: int | None = None) -> list:
         """Relevance of each (query, document) pair, 1:N or N:N (ScoringRequestOutput:
         `.outputs.score`): a reranker head's probability, or the embeddings' cosine."""
         from toolkit.entrypoints import pooling
 
-        return pooling.score(self._pooling_engine(), data_1, data_2, pooling_params)
+        return pooling.score(self._pooling_engine(), data_1, data_2, pooling_params, truncate_prompt_tokens)
 
     def encode(self, prompts: Prompt | Sequence[Prompt], pooling_params: Any = None) -> list:
         """The raw pooling outputs (PoolingRequestOutput, `.outputs.data` a float32 tensor);

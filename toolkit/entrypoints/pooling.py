@@ -45,8 +45,10 @@ def run_pooling(engine: Any, prompts: list[Any], params: list[PoolingParams]) ->
     return [done[rid] for rid in sorted(order, key=order.get)]
 
 
-def params_list(pp: PoolingParams | Sequence[PoolingParams] | None, n: int, task: str) -> list[PoolingParams]:
-    """One PoolingParams per prompt, each with `task` (a different task given is an error)."""
+def params_list(pp: PoolingParams | Sequence[PoolingParams] | None, n: int, task: str,
+                truncate_prompt_tokens: int | None = None) -> list[PoolingParams]:
+    """One PoolingParams per prompt, each with `task` (a different task given is an error);
+    truncate_prompt_tokens, when given, replaces each one's (vLLM's LLM.embed argument)."""
     if pp is None or isinstance(pp, PoolingParams):
         pp = [pp or PoolingParams()] * n
     if not isinstance(pp, Sequence) or len(pp) != n:
@@ -57,19 +59,21 @@ def params_list(pp: PoolingParams | Sequence[PoolingParams] | None, n: int, task
             raise TypeError(f"pooling_params must hold PoolingParams, got {type(p).__name__}")
         if p.task not in (None, task):
             raise ValueError(f"pooling_params.task={p.task!r} given to {task}(); leave it None")
+        k = p.truncate_prompt_tokens if truncate_prompt_tokens is None else truncate_prompt_tokens
         out.append(PoolingParams(task=task, normalize=p.normalize, dimensions=p.dimensions,
-                                 use_activation=p.use_activation))
+                                 use_activation=p.use_activation, truncate_prompt_tokens=k))
     return out
 
 
-def embed(engine: Any, prompts: list[Any], pp: Any) -> list[EmbeddingRequestOutput]:
+def embed(engine: Any, prompts: list[Any], pp: Any, truncate: int | None = None) -> list[EmbeddingRequestOutput]:
     return [EmbeddingRequestOutput.from_base(o)
-            for o in run_pooling(engine, prompts, params_list(pp, len(prompts), "embed"))]
+            for o in run_pooling(engine, prompts, params_list(pp, len(prompts), "embed", truncate))]
 
 
-def classify(engine: Any, prompts: list[Any], pp: Any) -> list[ClassificationRequestOutput]:
+def classify(engine: Any, prompts: list[Any], pp: Any, truncate: int | None = None
+             ) -> list[ClassificationRequestOutput]:
     return [ClassificationRequestOutput.from_base(o)
-            for o in run_pooling(engine, prompts, params_list(pp, len(prompts), "classify"))]
+            for o in run_pooling(engine, prompts, params_list(pp, len(prompts), "classify", truncate))]
 
 
 def _pairs(a: Any, b: Any) -> list[tuple[Any, Any]]:
@@ -96,14 +100,15 @@ def _pair_prompt(engine: Any, q: Any, d: Any) -> Any:
     return list(q) + list(d)
 
 
-def score(engine: Any, data_1: Any, data_2: Any, pp: Any = None) -> list[ScoringRequestOutput]:
+def score(engine: Any, data_1: Any, data_2: Any, pp: Any = None, truncate: int | None = None
+          ) -> list[ScoringRequestOutput]:
     pairs = _pairs(data_1, data_2)
     if "score" in engine.pooling.tasks:                 # a cross-encoder / reranker head
         prompts = [_pair_prompt(engine, q, d) for q, d in pairs]
         return [ScoringRequestOutput.from_base(o)
-                for o in run_pooling(engine, prompts, params_list(pp, len(prompts), "score"))]
+                for o in run_pooling(engine, prompts, params_list(pp, len(prompts), "score", truncate))]
     flat = [x for pair in pairs for x in pair]          # a bi-encoder: cosine of the embeddings
-    embs = run_pooling(engine, flat, params_list(pp, len(flat), "embed"))
+    embs = run_pooling(engine, flat, params_list(pp, len(flat), "embed", truncate))
     out = []
     for i in range(len(pairs)):
         a, b = embs[2 * i], embs[2 * i + 1]

@@ -38,10 +38,10 @@ def _attend(
     stride_cb, stride_cs, head_off, scale, soft_cap, window,
     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    PRECISION: tl.constexpr, KV_FP8: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     """Online softmax over keys [n_lo, n_hi) in steps of BLOCK_N; acc [M, D_PAD], l_i/m_i [M]
-    (m_i in log2 units). MASKED tiles apply causal, window and `< hi` masks."""
+    (m_i in log2 units). MASKED tiles apply the causal (when CAUSAL), window and `< hi` masks."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     for n in range(n_lo, n_hi, BLOCK_N):
@@ -79,7 +79,10 @@ def _attend(
         else:
             s = s * (scale * LOG2E)
         if MASKED:
-            ok = (pos[None, :] <= q_pos[:, None]) & kin[None, :]
+            if CAUSAL:
+                ok = (pos[None, :] <= q_pos[:, None]) & kin[None, :]
+            else:                                # bidirectional: every key of the sequence
+                ok = (q_pos[:, None] >= 0) & kin[None, :]
             if HAS_WINDOW:
                 ok = ok & (pos[None, :] > q_pos[:, None] - window)
             s = tl.where(ok, s, float("-inf"))
@@ -149,7 +152,7 @@ def _paged_attention_kernel(
     PAGE: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     WORK_COLS: tl.constexpr, KV_FP8: tl.constexpr, F16_MATH: tl.constexpr,
-    FUSE_MERGE: tl.constexpr, S_CHUNK: tl.constexpr,
+    FUSE_MERGE: tl.constexpr, S_CHUNK: tl.constexpr, CAUSAL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     # KV heads on the grid's fast axis: a work row's programs start together and rows start in
@@ -186,15 +189,15 @@ def _paged_attention_kernel(
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
                             start, full_lo, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
                             window, True, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD, PRECISION,
-                            KV_FP8)
+                            KV_FP8, CAUSAL)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
                             full_lo, full_hi, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
                             window, False, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD,
-                            PRECISION, KV_FP8)
+                            PRECISION, KV_FP8, CAUSAL)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, kv_indices_ptr, page_base,
                             full_hi, hi, hi, stride_cb, stride_cs, head_off, scale, soft_cap,
                             window, True, HAS_WINDOW, HAS_SOFTCAP, PAGE, BLOCK_N, D, D_PAD, PRECISION,
-                            KV_FP8)
+                            KV_FP8, CAUSAL)
 
     has = l_i > 0.0                                                        # a row of an empty split has none
     o = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -235,6 +238,7 @@ def paged_attention(
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
     merge_rows: torch.Tensor | None = None, counters: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> None:
     """Attention of the work items' query tiles over the paged cache.
 
@@ -251,6 +255,8 @@ def paged_attention(
     no faster than a bf16 cache's (docs/decisions/0011-fp8-kv-cache-scales-and-fp16-math.md;
     `benchmarks/fp8_kv.py` times it). q -> fp16 keeps more mantissa than bf16 and is exact for
     |q| < 65504; the products still accumulate in fp32.
+    causal=False (bidirectional encoders): rows see every key of [start, hi), whatever their
+    position; the schedule (build_schedule(causal=False)) gives each tile all of its keys.
     """
     check_scales(kv_cache, k_scale, v_scale)
     n_work = work.shape[0]
@@ -280,6 +286,7 @@ def paged_attention(
         WORK_COLS=WORK_COLS, KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
         F16_MATH=kv_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16,
         FUSE_MERGE=fuse, S_CHUNK=merge_chunk(g_pad, triton.next_power_of_2(d), num_warps),
+        CAUSAL=causal,
         num_warps=num_warps, num_stages=num_stages,
     )
 

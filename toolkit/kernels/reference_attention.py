@@ -22,9 +22,11 @@ def paged_attention(
     block_q: int, block_n: int, num_warps: int = 4, num_stages: int = 2,
     k_scale: float = 1.0, v_scale: float = 1.0,
     merge_rows: torch.Tensor | None = None, counters: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> None:
     """Twin of the Triton launcher (block_q, block_n, num_warps, num_stages are ignored):
-    each work item's keys [start, hi) masked causally, by the window and by `< hi`; an fp8
+    each work item's keys [start, hi) masked causally (unless causal=False), by the window
+    and by `< hi`; an fp8
     cache's K and V are dequantised (value x scale) in float32. With merge_rows (and the
     kernel's counters, untouched here) the split partials are merged into `out` afterwards."""
     del block_q, block_n, num_warps, num_stages
@@ -44,7 +46,7 @@ def paged_attention(
         if soft_cap is not None:
             s = soft_cap * torch.tanh(s / soft_cap)
         q_pos = first_pos + torch.arange(n_q, device=q.device)[:, None]    # [Q, 1]
-        ok = pos[None, :] <= q_pos
+        ok = pos[None, :] <= q_pos if causal else torch.ones_like(pos[None, :] <= q_pos)
         if sliding_window is not None:
             ok &= pos[None, :] > q_pos - sliding_window
         s = s.masked_fill(~ok, float("-inf"))
@@ -78,11 +80,11 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: tor
                    out: torch.Tensor, lse: torch.Tensor | None = None, *, scale: float,
                    kv_cache: torch.Tensor | None = None, kv_indices: torch.Tensor | None = None,
                    block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                   num_stages: int = 3) -> None:
+                   num_stages: int = 3, causal: bool = True) -> None:
     """Twin of `toolkit.kernels.self_attention.self_attention` (tile sizes ignored): each chunk
-    attends causally over its own keys and over all of its cached prefix (read from kv_cache's
-    pages), in float32; the chunks are read from the tile table (start row, tile start,
-    length, prefix length, page-list start)."""
+    attends causally (causal=False: to every key) over its own keys and over all of its cached
+    prefix (read from kv_cache's pages), in float32; the chunks are read from the tile table
+    (start row, tile start, length, prefix length, page-list start)."""
     del block_m, block_n, num_warps, num_stages
     h, h_kv = q.shape[1], k.shape[1]
     for start, n, prefix, page_base in sorted({(s, n, p, b) for s, _, n, p, b in tiles.tolist()}):
@@ -100,6 +102,8 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: tor
         ks, vs = ks.repeat_interleave(h // h_kv, dim=1), vs.repeat_interleave(h // h_kv, dim=1)
         s = torch.einsum("qhd,khd->hqk", qs, ks) * scale                   # [H, S, P + S]
         hidden = torch.ones(n, prefix + n, dtype=torch.bool, device=q.device).triu(prefix + 1)
+        if not causal:
+            hidden.zero_()
         s = s.masked_fill(hidden, float("-inf"))
         lse_s = torch.logsumexp(s, dim=-1)                                 # [H, S]
         out[start:start + n] = torch.einsum("hqk,khd->qhd", torch.exp(s - lse_s[..., None]), vs).to(out.dtype)

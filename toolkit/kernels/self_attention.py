@@ -17,7 +17,10 @@ flash-attention's:
   length, first entry of the sequence's page list) is built on the host, tiles with the most
   keys first, for load balance;
 - GQA: query head h reads KV head h // (H / H_kv); the output optionally gets the log-sum-exp
-  [T, H] (natural log).
+  [T, H] (natural log);
+- causal=False (bidirectional encoders: whole prompts, no prefix): every row sees all of its
+  chunk's keys, unmasked tiles then the last partial one masked by the chunk's length (the
+  CAUSAL constexpr; the causal variant compiles as before).
 
 Twin: `reference_attention.self_attention` (float32, per sequence).
 """
@@ -60,6 +63,7 @@ def _self_attention_kernel(
     stride_ot, stride_oh, stride_lt, stride_cb, stride_cs, stride_ch, scale,
     NUM_Q_PER_KV: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LSE: tl.constexpr, HAS_PREFIX: tl.constexpr, PAGE: tl.constexpr, TILE_COLS: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     w = tl.program_id(0)
     h = tl.program_id(1)
@@ -100,21 +104,35 @@ def _self_attention_kernel(
             v = tl.load(v_cache_ptr + slot[:, None] + offs_d[None, :], mask=kin[:, None], other=0.0)
             acc, l_i, m_i = _online_softmax(acc, l_i, m_i, q, k, v, kin[None, :], qk_scale, True)
 
-    # the chunk's own keys every row of the tile sees: [0, m0) (m0 is a multiple of BLOCK_M,
-    # so of BLOCK_N)
-    for n in tl.range(0, m0, BLOCK_N):
-        k = k_desc.load([seq_start + n, kvh * D])                          # [N, D]
-        v = v_desc.load([seq_start + n, kvh * D])
-        acc, l_i, m_i = _online_softmax(acc, l_i, m_i, q, k, v, None, qk_scale, False)
-    # the diagonal: keys [m0, min(m0 + BLOCK_M, seq_len)), causal mask; a key past the chunk
-    # is only ever "visible" to a query row past it too, which is not stored. V rows past the
-    # chunk belong to the next one (or read as 0): p is 0 there for every stored row
-    hi = tl.minimum(m0 + BLOCK_M, seq_len)
-    for n in tl.range(m0, hi, BLOCK_N):
-        k = k_desc.load([seq_start + n, kvh * D])
-        v = v_desc.load([seq_start + n, kvh * D])
-        causal = (n + offs_n)[None, :] <= offs_m[:, None]
-        acc, l_i, m_i = _online_softmax(acc, l_i, m_i, q, k, v, causal, qk_scale, True)
+    if CAUSAL:
+        # the chunk's own keys every row of the tile sees: [0, m0) (m0 is a multiple of BLOCK_M,
+        # so of BLOCK_N)
+        for n in tl.range(0, m0, BLOCK_N):
+            k = k_desc.load([seq_start + n, kvh * D])                      # [N, D]
+            v = v_desc.load([seq_start + n, kvh * D])
+            acc, l_i, m_i = _online_softmax(acc, l_i, m_i, q, k, v, None, qk_scale, False)
+        # the diagonal: keys [m0, min(m0 + BLOCK_M, seq_len)), causal mask; a key past the chunk
+        # is only ever "visible" to a query row past it too, which is not stored. V rows past the
+        # chunk belong to the next one (or read as 0): p is 0 there for every stored row
+        hi = tl.minimum(m0 + BLOCK_M, seq_len)
+        for n in tl.range(m0, hi, BLOCK_N):
+            k = k_desc.load([seq_start + n, kvh * D])
+            v = v_desc.load([seq_start + n, kvh * D])
+            causal = (n + offs_n)[None, :] <= offs_m[:, None]
+            acc, l_i, m_i = _online_softmax(acc, l_i, m_i, q, k, v, causal, qk_scale, True)
+    else:
+        # bidirectional: all of the chunk's keys; whole tiles unmasked, then the partial last
+        # one masked by the chunk's length (rows past it belong to the next chunk)
+        full = seq_len - seq_len % BLOCK_N
+        for n in tl.range(0, full, BLOCK_N):
+            k = k_desc.load([seq_start + n, kvh * D])                      # [N, D]
+            v = v_desc.load([seq_start + n, kvh * D])
+            acc, l_i, m_i = _online_softmax(acc, l_i, m_i, q, k, v, None, qk_scale, False)
+        if full < seq_len:
+            k = k_desc.load([seq_start + full, kvh * D])
+            v = v_desc.load([seq_start + full, kvh * D])
+            kin = (full + offs_n)[None, :] < seq_len      # V rows past it: p is 0 there
+            acc, l_i, m_i = _online_softmax(acc, l_i, m_i, q, k, v, kin, qk_scale, True)
 
     row_ok = offs_m < seq_len
     rows = (seq_start + offs_m).to(tl.int64)
@@ -153,8 +171,9 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: tor
                    out: torch.Tensor, lse: torch.Tensor | None = None, *, scale: float,
                    kv_cache: torch.Tensor | None = None, kv_indices: torch.Tensor | None = None,
                    block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                   num_stages: int = 3) -> None:
-    """Causal attention of each chunk's tokens over its cached prefix and its own keys.
+                   num_stages: int = 3, causal: bool = True) -> None:
+    """Causal attention of each chunk's tokens over its cached prefix and its own keys;
+    causal=False: every token over all of its chunk's keys (no prefix: kv_cache must be None).
 
     q [T, H, D], k / v [T, H_kv, D] (the step's new tokens; each token's heads contiguous, rows
     may be strided, as views of a QKV projection); tiles int32 [W, TILE_COLS] from `tile_table`;
@@ -178,6 +197,8 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: tor
                        or tuple(kv_cache.shape[3:]) != (h_kv, d)):
         raise ValueError(f"kv_cache must be [2, NB, BS, {h_kv}, {d}] in q's dtype {q.dtype}, with "
                          f"kv_indices; got {tuple(kv_cache.shape)} {kv_cache.dtype}")
+    if not causal and kv_cache is not None:
+        raise ValueError("bidirectional self_attention (causal=False) takes whole prompts: no kv_cache prefix")
     if tiles.shape[0] == 0:
         return
 
@@ -201,5 +222,5 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: tor
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, *cache_args[3:],
         float(scale), NUM_Q_PER_KV=h // h_kv, D=d, BLOCK_M=block_m, BLOCK_N=block_n,
         HAS_LSE=lse is not None, HAS_PREFIX=has_prefix, PAGE=page, TILE_COLS=TILE_COLS,
-        num_warps=num_warps, num_stages=num_stages,
+        CAUSAL=causal, num_warps=num_warps, num_stages=num_stages,
     )

@@ -28,10 +28,12 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
     normalize: bool | None = None          # vLLM's extra
+    truncate_prompt_tokens: int | None = None   # vLLM's extra: keep the last k tokens (-1: max_model_len)
 
 
 class ScoreRequest(BaseModel):
     model: str | None = None
+    truncate_prompt_tokens: int | None = None
     text_1: str | list[str] | None = None  # vLLM's names (queries / documents also taken)
     text_2: str | list[str] | None = None
     queries: str | list[str] | None = None
@@ -43,6 +45,7 @@ class RerankRequest(BaseModel):
     query: str
     documents: list[str]
     top_n: int | None = Field(default=None, ge=1)
+    truncate_prompt_tokens: int | None = None
 
 
 def engine_tasks(engine: Any) -> list[str]:
@@ -89,7 +92,8 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
             return error("input must not be empty")
         try:
             outs = await pool(prompts, PoolingParams(task="embed", dimensions=body.dimensions,
-                                                     normalize=body.normalize))
+                                                     normalize=body.normalize,
+                                                     truncate_prompt_tokens=body.truncate_prompt_tokens))
         except (ValueError, TypeError) as e:
             return error(str(e))
         n = sum(len(o.prompt_token_ids) for o in outs)
@@ -99,17 +103,17 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
                          for i, o in enumerate(outs)],
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
 
-    async def scores(queries: Any, documents: Any) -> tuple[list[float], int]:
+    async def scores(queries: Any, documents: Any, truncate: int | None = None) -> tuple[list[float], int]:
         from toolkit.entrypoints.pooling import _pairs
 
         pairs = _pairs(queries, documents)
         have = await tasks()
         if "score" in have:                  # a cross-encoder / reranker: the pair in one prompt
             tok = await asyncio.wrap_future(engine.call(_pair_ids(pairs)))
-            outs = await pool(tok, PoolingParams(task="score"))
+            outs = await pool(tok, PoolingParams(task="score", truncate_prompt_tokens=truncate))
             return [float(o.outputs.data[-1]) for o in outs], sum(len(o.prompt_token_ids) for o in outs)
         flat = [x for p in pairs for x in p]
-        outs = await pool(flat, PoolingParams(task="embed"))
+        outs = await pool(flat, PoolingParams(task="embed", truncate_prompt_tokens=truncate))
         import torch
 
         got = [float(torch.nn.functional.cosine_similarity(outs[2 * i].outputs.data,
@@ -127,7 +131,7 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
         if (refused := await check("embed" if "score" not in await tasks() else "score")) is not None:
             return refused
         try:
-            got, n = await scores(q, d)
+            got, n = await scores(q, d, body.truncate_prompt_tokens)
         except (ValueError, TypeError) as e:
             return error(str(e))
         return {"id": P.new_id("score"), "object": "list", "created": int(time.time()), "model": model_name,
@@ -142,7 +146,7 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
         if (refused := await check("embed" if "score" not in await tasks() else "score")) is not None:
             return refused
         try:
-            got, n = await scores(body.query, body.documents)
+            got, n = await scores(body.query, body.documents, body.truncate_prompt_tokens)
         except (ValueError, TypeError) as e:
             return error(str(e))
         order = sorted(range(len(got)), key=lambda i: -got[i])[: body.top_n or len(got)]
