@@ -98,6 +98,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
 
         max_model_len = min(max_model_len, max_seq_length(folder) or max_model_len)
     loaded = time.perf_counter()
+    log.info("model %s loaded in %.1f s (%s on %s, max_model_len %d)", folder or type(model).__name__,
+             loaded - t0, dtype, device, max_model_len)
 
     # KV cache: sized after the weights are loaded
     shape = dict(num_layers=spec.num_layers, block_size=cfg.block_size,
