@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _FORMAT = "%(levelname)s %(asctime)s %(name)s: %(message)s"
 
 
@@ -30,8 +31,8 @@ def configure_logging() -> None:
     if logger.handlers or logging.getLogger().handlers:
         return                          # the program's (or this function's earlier) configuration
     level = os.environ.get("TOOLKIT_LOGGING_LEVEL", "INFO").upper()
-    if not isinstance(logging.getLevelName(level), int):
-        raise ValueError(f"TOOLKIT_LOGGING_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL; got {level!r}")
+    if level not in _LEVELS:
+        raise ValueError(f"TOOLKIT_LOGGING_LEVEL must be one of {', '.join(_LEVELS)}; got {level!r}")
     handler = ToolkitHandler()          # stderr, as vLLM's
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
     logger.addHandler(handler)

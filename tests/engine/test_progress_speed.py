@@ -14,7 +14,7 @@ PARAMS = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0)
 
 
 def test_bar_moves_in_the_first_prefill_and_shows_input_and_output_speed(monkeypatch):
-    import toolkit.progress as progress
+    from toolkit import progress
 
     seen: list[tuple[int, str]] = []               # (ticks so far, the text after the bar)
     ticks = [0]

@@ -18,7 +18,7 @@ from toolkit.samplers.pipeline import Sampler
 
 PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 BAD = 99                     # a prompt ending with this token makes the stage raise for its row
-OPTIONS = dict(num_blocks=64, block_size=8, max_num_seqs=8)
+OPTIONS = {"num_blocks": 64, "block_size": 8, "max_num_seqs": 8}
 
 
 def config() -> LlamaConfig:
@@ -109,8 +109,8 @@ def test_in_the_engine_process_too():
 
 def test_a_sampler_broken_for_every_row_still_ends_every_request():
     """No single row is at fault: the old behaviour, every request ends with the error."""
-    from toolkit.worker.sample_fault import attribute_fault
     from toolkit.samplers.base import SamplingMetadata
+    from toolkit.worker.sample_fault import attribute_fault
 
     def broken(logits, meta, **_):
         raise KeyError("all rows")

@@ -9,7 +9,8 @@ the others are scheduled again (their tokens are granted again, as no scheduler 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 

@@ -77,7 +77,7 @@ class GrammarLimits:
         follow) after an unbounded loop that can eat the same characters. A pattern Python
         cannot parse (Rust-only syntax) is left to the compile."""
         try:
-            from re import _parser as sre_parse      # the stdlib parser (3.11+)
+            from re import _parser as sre_parse  # the stdlib parser (3.11+)
         except ImportError:                          # pragma: no cover - Python 3.10
             import sre_parse  # type: ignore[no-redef]
         try:
@@ -90,7 +90,7 @@ class GrammarLimits:
         items = list(seq)
         for i, (op, av) in enumerate(items):
             if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None)):
-                lo, hi, body = av
+                _lo, hi, body = av
                 bounded = hi != sre.MAXREPEAT
                 if bounded:
                     if scale * hi > self.max_repeat:
