@@ -117,3 +117,30 @@ def test_a_sampler_broken_for_every_row_still_ends_every_request():
     meta = SamplingMetadata.build([PARAMS] * 2, [[1], [2]], [[], []], 10, torch.device("cpu"))
     err = KeyError("x")
     assert attribute_fault(broken, torch.zeros(2, 10), meta, ["a", "b"], err) is err
+
+
+def test_a_grammar_that_ended_in_a_failed_step_ends_its_request_in_the_next():
+    """advance() gave the grammars the last tokens before the sampling failed; a grammar that
+    ended there is reported by the next step (advance has nothing left to give it)."""
+    from types import SimpleNamespace
+
+    from toolkit.engine.engine import Engine
+
+    x, y = SimpleNamespace(request_id="x"), SimpleNamespace(request_id="y")
+    ends = iter([{"x": "stop"}, {}])
+    seen = []
+
+    def sample_tokens(fwd, grammars, ended):
+        seen.append(dict(ended))
+        if len(seen) == 1:
+            raise RuntimeError("y's row broke")
+        return "launched"
+    eng = SimpleNamespace(
+        runner=SimpleNamespace(execute_model=lambda out, prev: SimpleNamespace(batch=SimpleNamespace(sampling=[x, y])),
+                               sample_tokens=sample_tokens),
+        structured=SimpleNamespace(advance=lambda reqs: next(ends), grammars={"x": object()}),
+        _inflight=None, _undelivered=[], _ended_unsampled={})
+    with pytest.raises(RuntimeError):
+        Engine._launch(eng, None, [])
+    assert Engine._launch(eng, None, []) == "launched"
+    assert seen == [{"x": "stop"}, {"x": "stop"}] and eng._ended_unsampled == {}
