@@ -134,6 +134,9 @@ class EngineConfig:
     # checkpoint's method (checked against it). Lossy: each scheme's measured cost is in
     # docs/guides/quantization.md and the engine's repr
     quantization: str | None = None
+    # bounds on what a structured-output request may ask to compile (a GrammarLimits, or a
+    # dict of its fields; None: its defaults): refused at add_request with a ValueError (400)
+    grammar_limits: Any = None
 
     def __post_init__(self) -> None:
         if self.pooler_config is not None:

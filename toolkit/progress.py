@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Iterator
+import time
+from typing import Callable, Iterator
 
 
 class _Null:
@@ -12,6 +13,9 @@ class _Null:
         pass
 
     def set_queues(self, running: int, waiting: int) -> None:
+        pass
+
+    def set_info(self, text: str) -> None:
         pass
 
 
@@ -34,7 +38,10 @@ class _Tqdm:
         self.bar.update(n)
 
     def set_queues(self, running: int, waiting: int) -> None:
-        self.bar.set_postfix_str(f"running {running}, waiting {waiting}", refresh=False)
+        self.set_info(f"running {running}, waiting {waiting}")
+
+    def set_info(self, text: str) -> None:
+        self.bar.set_postfix_str(text, refresh=False)
 
 
 class _Rich:
@@ -45,12 +52,16 @@ class _Rich:
         self.progress.advance(self.task, n)
 
     def set_queues(self, running: int, waiting: int) -> None:
-        self.progress.update(self.task, queues=f"running {running}, waiting {waiting}")
+        self.set_info(f"running {running}, waiting {waiting}")
+
+    def set_info(self, text: str) -> None:
+        self.progress.update(self.task, queues=text)
 
 
 @contextlib.contextmanager
 def progress_bar(total: int, enabled: bool = True, desc: str = "", unit: str = "it") -> Iterator[object]:
-    """A bar with update(n) and set_queues(running, waiting): tqdm.auto in notebooks, rich
+    """A bar with update(n), set_queues(running, waiting) and set_info(text) (the text after
+    the bar): tqdm.auto in notebooks, rich
     in terminals; both show done / total, the rate in `unit`/s and the time left."""
     if not enabled or total < 2:
         yield _Null()
@@ -82,12 +93,18 @@ def progress_bar(total: int, enabled: bool = True, desc: str = "", unit: str = "
 
 
 class TokenProgress:
-    """The generate progress bar, in tokens: each step advances it by the tokens it ran;
-    a finished request tops its share up (prompt + n x max_tokens; cache hits and early
-    stops are never run)."""
+    """The generate progress bar, in tokens: each step advances it by the tokens it ran
+    (prompt chunks included, so a long first prefill moves it); a finished request tops its
+    share up (prompt + n x max_tokens; cache hits and early stops are never run). After the
+    bar, vLLM's "est. speed input: ... toks/s, output: ... toks/s" (prompt tokens run, and
+    tokens sampled, per second since the bar began) and the queues."""
 
-    def __init__(self, engine, order: dict[str, int], params: list, enabled: bool) -> None:
+    def __init__(self, engine, order: dict[str, int], params: list, enabled: bool,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.engine = engine
+        self.clock = clock
+        self.start = clock()
+        self.num_input = self.num_output = 0
         self.share = {}
         self.counted = dict.fromkeys(order, 0)
         self.owner = {}
@@ -123,9 +140,23 @@ class TokenProgress:
                 n += k
         if n:
             self.bar.update(n)
-        set_queues = getattr(self.bar, "set_queues", None)     # a user's bar may lack it
+        # a decode step samples a token a sequence (and its accepted drafts); a prompt's last
+        # chunk samples one too, counted with the decodes of the next step's view: an estimate
+        self.num_input += rec.num_prefill_tokens
+        self.num_output += rec.num_decode_tokens - rec.num_draft_tokens + rec.num_accepted_tokens
+        set_info = getattr(self.bar, "set_info", None)           # a user's bar may lack it
+        if set_info is not None:
+            set_info(self.info(rec.num_running, rec.num_waiting))
+            return
+        set_queues = getattr(self.bar, "set_queues", None)
         if set_queues is not None:
             set_queues(rec.num_running, rec.num_waiting)
+
+    def info(self, running: int, waiting: int) -> str:
+        """The text after the bar: estimated input / output speed, then the queues."""
+        dt = max(self.clock() - self.start, 1e-9)
+        return (f"est. speed input: {self.num_input / dt:,.0f} toks/s, output: {self.num_output / dt:,.0f} "
+                f"toks/s; running {running}, waiting {waiting}")
 
     def finished(self, o) -> None:
         left = self.share[o.request_id] - self.counted[o.request_id]

@@ -64,6 +64,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     cfg = config or EngineConfig()
     device = torch.device(cfg.resolve_device())
     dtype = cfg.resolve_dtype()
+    grammar_limits = _grammar_limits(cfg.grammar_limits)
 
     # model (+ tokenizer from the same folder)
     if model is None:
@@ -97,6 +98,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
 
         max_model_len = min(max_model_len, max_seq_length(folder) or max_model_len)
     loaded = time.perf_counter()
+    log.info("model %s loaded in %.1f s (%s on %s, max_model_len %d)", folder or type(model).__name__,
+             loaded - t0, dtype, device, max_model_len)
 
     # KV cache: sized after the weights are loaded
     shape = dict(num_layers=spec.num_layers, block_size=cfg.block_size,
@@ -219,10 +222,21 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                     async_scheduling=(device.type == "cuda" if cfg.async_scheduling is None
                                       else cfg.async_scheduling))
     engine.startup = startup
+    engine.structured.limits = grammar_limits   # before any compile: the compiler is built lazily
     engine.sleep_mode.enabled = cfg.enable_sleep_mode
     if executor.supports_hidden:          # pooling reads the hidden states (not tensor parallel yet)
         _attach_pooling(engine, runner, model, tokenizer, folder, cfg)
     return engine
+
+
+def _grammar_limits(value: Any) -> Any:
+    """EngineConfig.grammar_limits as a GrammarLimits (None: the compiler's defaults)."""
+    from toolkit.samplers.grammar.limits import GrammarLimits
+
+    gl = GrammarLimits(**value) if isinstance(value, dict) else value
+    if gl is not None and not isinstance(gl, GrammarLimits):
+        raise TypeError(f"grammar_limits must be a GrammarLimits or a dict of its fields, got {type(value).__name__}")
+    return gl
 
 
 def _lora_state(cfg: EngineConfig, model: Any, device: torch.device) -> Any:

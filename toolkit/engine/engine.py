@@ -77,6 +77,9 @@ class Engine:
         self._inflight: _InFlight | None = None
         self._host_tokens: set[str] = set()
         self._undelivered: list[RequestOutput] = []      # outputs the next step returns first
+        # grammars that ended in a step whose sampling then failed (their advance() is done):
+        # the next step reports them
+        self._ended_unsampled: dict[str, str] = {}
         self._ids = itertools.count()
         self.best_of = BestOf()                      # best_of > n: only the n best are reported
         self._salts = itertools.count(1)             # a private prefix-cache key per prompt_logprobs request
@@ -360,14 +363,23 @@ class Engine:
                 and not any(s.request_id in self._host_tokens for s in out.scheduled))
 
     def _launch(self, out: SchedulerOutput, landed: list[RequestOutput]):
+        ended: dict[str, str] = {}
         try:
             fwd = self.runner.execute_model(out, self._inflight and self._inflight.launched)
             # the grammars take the last step's tokens while the GPU runs this step's forward;
             # the bitmasks they give are applied when it samples
             ended = self.structured.advance(fwd.batch.sampling) if fwd.batch is not None else {}
+            if self._ended_unsampled and fwd.batch is not None:
+                carried, self._ended_unsampled = self._ended_unsampled, {}
+                ended.update({r.request_id: carried.pop(r.request_id)
+                              for r in fwd.batch.sampling if r.request_id in carried})
+                # the rest wait for their next sampling step, unless they are gone
+                self._ended_unsampled = {r: e for r, e in carried.items() if r in self.structured.grammars}
             return self.runner.sample_tokens(fwd, self.structured.grammars, ended)
         except BaseException:
             self._undelivered += landed              # already landed: the next step returns them
+            if ended:                                # a failed sampling: its requests run again
+                self._ended_unsampled.update({r: e for r, e in ended.items() if r in self.structured.grammars})
             raise
 
     def _count(self, out: SchedulerOutput, overlap: bool) -> None:

@@ -24,12 +24,15 @@ from toolkit.types import Request, StepResult
 
 class StructuredOutputManager:
     def __init__(self, tokenizer: Any, *, vocab_size: int, eos_token_ids: Sequence[int],
-                 max_rollback: int = 1, compile_timeout_s: float = 60.0) -> None:
+                 max_rollback: int = 1, compile_timeout_s: float = 60.0, limits: Any = None) -> None:
         if not compile_timeout_s > 0:
             raise ValueError(f"compile_timeout_s must be > 0, got {compile_timeout_s!r}")
         # a request whose grammar has not compiled after this long is rejected (its compile,
         # which cannot be interrupted, is cancelled if it has not started)
         self.compile_timeout_s = float(compile_timeout_s)
+        # what a request may ask to compile (GrammarLimits; None: its defaults), refused at
+        # add_request: a started compile cannot be interrupted, so its input is bounded
+        self.limits = limits
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
@@ -52,7 +55,7 @@ class StructuredOutputManager:
             from toolkit.samplers.grammar import GrammarCompiler
 
             self._compiler = GrammarCompiler(self.tokenizer, vocab_size=self.vocab_size,
-                                             eos_token_ids=self.eos_token_ids)
+                                             eos_token_ids=self.eos_token_ids, limits=self.limits)
         return self._compiler
 
     @property

@@ -41,6 +41,9 @@ class LLM:
             raise ValueError(f"unknown LLM option(s) {unknown}{' (' + said + ')' if said else ''}; "
                              f"valid options: {sorted(fields)}")
         self.config = EngineConfig(**config)
+        from toolkit.log_setup import configure_logging
+
+        configure_logging()               # start-up lines visible in a plain script (vLLM's habit)
         self.engine = build_engine(model, tokenizer=tokenizer, allocator=allocator,
                                    scheduler=scheduler, sampler=sampler, attention=attention,
                                    proposer=proposer, draft_model=draft_model, config=self.config,

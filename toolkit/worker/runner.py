@@ -419,8 +419,17 @@ class Runner:
             if tokens is not None:
                 return SamplerOutput(tokens)
             x = self.model.compute_logits(x[batch.logits_indices])
-        # the step's own logits: a sampler that declares it may process them in place
-        return self.sampler(x, meta, **self._consume)
+        try:
+            # the step's own logits: a sampler that declares it may process them in place
+            return self.sampler(x, meta, **self._consume)
+        except Exception as e:
+            from toolkit.worker.sample_fault import attribute_fault
+
+            # a row's fault (a user's stage raising for one request) ends only its request
+            fault = attribute_fault(self.sampler, x, meta, [r.request_id for r in batch.sampling], e)
+            if fault is e:
+                raise
+            raise fault from e
 
     def _verify(self, batch: Batch, logits: torch.Tensor, meta, ids: list[str]) -> StepResult:
         """Rows with drafts: the rejection sampler; logprobs of every emitted token of the

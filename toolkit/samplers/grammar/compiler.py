@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from toolkit.samplers.grammar.compiled import CompiledGrammar
+from toolkit.samplers.grammar.limits import GrammarLimits
 from toolkit.samplers.grammar.outlines_backend import OutlinesGrammar
 from toolkit.samplers.grammar.spec import Structured
 from toolkit.samplers.grammar.vocabulary import TokenizerVocabulary, VocabularyCache
@@ -63,16 +64,18 @@ class GrammarCompiler:
                  vocab_size: int | None = None, eos_token_ids: Sequence[int] | None = None,
                  max_workers: int = 2, cache: GrammarCache | None = None,
                  vocabulary_cache: VocabularyCache | None = None,
-                 max_mask_cache_bytes: int = 32 << 20) -> None:
+                 max_mask_cache_bytes: int = 32 << 20, limits: GrammarLimits | None = None) -> None:
         """tokenizer: a transformers tokenizer (or pass a prebuilt `vocabulary`);
         vocab_size: the model's logits width V (default len(tokenizer));
-        eos_token_ids: the ids that end a sequence (default [tokenizer.eos_token_id])."""
+        eos_token_ids: the ids that end a sequence (default [tokenizer.eos_token_id]);
+        limits: what a spec may ask to compile (GrammarLimits(); refused in validate)."""
         if vocabulary is None:
             if tokenizer is None:
                 raise ValueError("GrammarCompiler needs a tokenizer or a prebuilt vocabulary")
             vcache = vocabulary_cache if vocabulary_cache is not None else VocabularyCache()
             vocabulary = vcache.get(tokenizer, vocab_size, eos_token_ids)
         self.vocab = vocabulary
+        self.limits = limits if limits is not None else GrammarLimits()
         self.cache = cache if cache is not None else GrammarCache()
         self.max_mask_cache_bytes = max_mask_cache_bytes
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
@@ -85,7 +88,7 @@ class GrammarCompiler:
         s = Structured.coerce(spec)
         if s is None:
             raise ValueError("no grammar spec given (structured=None)")
-        s.validate()
+        s.validate(self.limits)
         return s
 
     def compile_async(self, spec: Any) -> Future[CompiledGrammar]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolkit.samplers.grammar.limits import GrammarLimits
 from toolkit.samplers.grammar.schema import load_schema, schema_to_regex
 
 KINDS = ("regex", "json", "choice", "json_object")
@@ -70,9 +71,8 @@ def _unsupported_regex_features(pattern: str) -> list[str]:
     return sorted(found)
 
 
-# bounds on what a request may ask to compile (past them a ValueError at add_request: a 400):
-# the DFA build's time grows with the regex (a 3000-property schema became a 316M-character
-# regex and took minutes of CPU); 30 optional properties are ~20k characters, 0.6 s here
+# the default bounds on what a request may ask to compile (GrammarLimits says why; past them
+# a ValueError at add_request: a 400)
 MAX_SPEC_CHARS = 64 << 10            # the schema's JSON text, the regex, the choices' JSON list
 MAX_GRAMMAR_CHARS = 100_000          # the regex outlines-core compiles
 
@@ -156,21 +156,25 @@ class Structured:
         return schema_to_regex(json.loads(self.value), whitespace_pattern=self.whitespace_pattern,
                                strict=self.strict and self.kind == "json")
 
-    def validate(self) -> None:
+    def validate(self, limits: GrammarLimits | None = None) -> None:
         """Cheap checks (no DFA is built): raises ValueError saying what is wrong.
 
         The definitive check is the compile (`GrammarCompiler.compile_async`), whose future
         raises ValueError for what only the DFA build finds (a regex outside Rust's syntax,
         a vocabulary that cannot spell the pattern).
         """
-        if len(self.value) > MAX_SPEC_CHARS:
+        limits = limits if limits is not None else GrammarLimits()
+        if len(self.value) > limits.max_spec_chars:
             raise ValueError(f"{self.describe()}: the spec has {len(self.value)} characters; at most "
-                             f"{MAX_SPEC_CHARS} are compiled (simplify the schema, regex or choices)")
+                             f"{limits.max_spec_chars} are compiled (simplify the schema, regex or choices)")
+        if self.kind == "json":
+            limits.check_schema(json.loads(self.value), self.describe())
         regex = self.to_regex()
-        if len(regex) > MAX_GRAMMAR_CHARS:
+        if len(regex) > limits.max_grammar_chars:
             raise ValueError(f"{self.describe()}: as a regex this grammar has {len(regex)} characters; "
-                             f"at most {MAX_GRAMMAR_CHARS} compile in bounded time (optional properties "
+                             f"at most {limits.max_grammar_chars} compile in bounded time (optional properties "
                              "grow it fastest: mark properties required, or use fewer)")
+        limits.check_regex(regex, self.describe(), ambiguity=self.kind == "regex")
         if not regex:
             raise ValueError(f"{self.describe()}: the pattern is empty after removing ^ and $ anchors")
         if self.kind == "regex" and not re.search(r"\\[pP]", regex):
