@@ -128,6 +128,10 @@ class EngineConfig:
     kv_cache_dir: str | None = None
     # size bound of the disk tier (and of a "pd" handoff directory), in GiB; LRU beyond it
     kv_cache_dir_gb: float = 4.0
+    # a "pd" consumer waits this long (s) for a handoff that has not landed yet, its request
+    # parked meanwhile, then recomputes it; `python -m toolkit.serve --kv-role consumer` sets
+    # 10 (its proxy asks as soon as the prefill answered). 0: a missing handoff is recomputed
+    kv_handoff_wait_s: float = 0.0
     # quantized weights: None = the checkpoint's own quantization_config when it has one (else
     # dense); "fp8" = quantize a bf16/fp32 checkpoint at load time (per-channel fp8 weights,
     # dynamic per-token fp8 activations); "compressed-tensors" / "gptq" / "awq" / "fp8" name the
@@ -275,6 +279,9 @@ class EngineConfig:
         if self.kv_cache_dir is not None and not isinstance(self.kv_cache_dir, str):
             raise TypeError(f"EngineConfig.kv_cache_dir must be a string or None, got "
                             f"{type(self.kv_cache_dir).__name__} {self.kv_cache_dir!r}")
+        w = self.kv_handoff_wait_s
+        _check(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0, "kv_handoff_wait_s",
+               "a number of seconds >= 0", w)
         g = self.kv_cache_dir_gb
         _check(isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0, "kv_cache_dir_gb",
                "a number of GiB > 0", g)

@@ -134,6 +134,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
     if getattr(args, "kv_role", None):             # [kv_transfer] toolkit/kv_transfer/pd.py
         opts.update(kv_connector="pd", kv_role="kv_" + args.kv_role)
+        if args.kv_role == "consumer":             # the proxy asks before the producer's write may land
+            opts.setdefault("kv_handoff_wait_s", 10.0)
     if getattr(args, "kv_cache_dir", None):
         opts["kv_cache_dir"] = args.kv_cache_dir
     for item in args.engine_arg:

@@ -6,19 +6,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory) -> str:
-    """A tiny random Llama saved as a Hugging Face folder (odd sizes on purpose)."""
-    cfg = LlamaConfig(hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=6,
-                      num_key_value_heads=2, vocab_size=517, max_position_embeddings=512,
-                      eos_token_id=2, bos_token_id=1, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    path = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
 def hf_greedy():
     """HF transformers' greedy generate, the peer every engine output is compared with."""
     return _hf_greedy

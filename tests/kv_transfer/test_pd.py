@@ -108,3 +108,35 @@ def test_consumer_given_the_prompt_alone_recomputes_its_last_token(tiny_llama_di
         assert store.num_blocks == 0
         _no_leaks(cons)
     assert [got[f"q{i}"] for i in range(len(_prompts()))] == colocated
+
+
+@pytest.mark.parametrize("written", [True, False], ids=["lands-late", "never"])
+def test_a_consumer_asked_before_the_handoff_lands_waits_for_it(tiny_llama_dir, colocated, written):
+    """The HTTP proxy asks the consumer as soon as the prefill answered, which can be before
+    the producer's write lands: with handoff_wait_s the request is parked and its load waits
+    for the keys (loaded, nothing recomputed); a handoff that never comes fails the load after
+    the wait and the request is recomputed. Either way the greedy tokens are the co-located ones."""
+    store = MemoryKVStore(BLOCK_SHAPE, torch.float32, 256)
+    kw = dict(dtype="float32", device="cpu", block_size=BS, num_blocks=64)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = _prompts()[2:4]
+    with LLM(tiny_llama_dir, kv_connector=PDConnector(store, BS, "kv_producer"), **kw) as prod, \
+            LLM(tiny_llama_dir, kv_connector=PDConnector(store, BS, "kv_consumer",
+                                                         handoff_wait_s=10.0 if written else 0.3), **kw) as cons:
+        for i, p in enumerate(prompts):                 # asked first: nothing in the store yet
+            cons.engine.add_request(p, params, request_id=f"w{i}", output_kind="final")
+        cons.engine.step()
+        assert cons.engine.scheduler.remote                # parked, waiting for remote KV
+        if written:
+            for i, p in enumerate(prompts):
+                prod.engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=1), request_id=f"w{i}")
+            while prod.engine.has_unfinished():
+                prod.engine.step()
+        got = {}
+        while cons.engine.has_unfinished():
+            got.update({o.request_id: o.outputs[0].token_ids for o in cons.engine.step() if o.finished})
+        cc = cons.engine.scheduler.connector
+        assert (cc.num_loaded_blocks > 0 and cc.num_failed_blocks == 0 and store.num_blocks == 0) if written \
+            else (cc.num_loaded_blocks == 0 and cc.num_failed_blocks > 0)
+        _no_leaks(cons)
+    assert [got[f"w{i}"] for i in range(len(prompts))] == colocated[2:4]

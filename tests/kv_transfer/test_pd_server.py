@@ -53,7 +53,9 @@ def test_proxy_over_two_servers_equals_colocated(tiny_llama_dir, tmp_path):
     with LLM(tiny_llama_dir, **kw) as llm:
         want = [o.outputs[0].token_ids for o in llm.generate(
             PROMPTS, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), use_tqdm=False)]
-    engines = [AsyncEngine(LLM(tiny_llama_dir, kv_connector="pd", kv_role=role, kv_cache_dir=str(tmp_path), **kw))
+    # the consumer as `serve --kv-role consumer` builds it: it waits for a handoff still being written
+    engines = [AsyncEngine(LLM(tiny_llama_dir, kv_connector="pd", kv_role=role, kv_cache_dir=str(tmp_path),
+                               kv_handoff_wait_s=10.0 if role == "kv_consumer" else 0.0, **kw))
                for role in ("kv_producer", "kv_consumer")]
     servers = [_Server(build_app(e, model_name="tiny")) for e in engines]
     proxy = _Server(build_proxy_app(servers[0].url, servers[1].url))
@@ -78,5 +80,7 @@ def test_serve_flags_reach_the_engine_options():
 
     opts = engine_options(parse_args(["m", "--kv-role", "consumer", "--kv-cache-dir", "/dev/shm/pd"]))
     assert opts["kv_connector"] == "pd" and opts["kv_role"] == "kv_consumer" and opts["kv_cache_dir"] == "/dev/shm/pd"
+    assert opts["kv_handoff_wait_s"] == 10.0
+    assert "kv_handoff_wait_s" not in engine_options(parse_args(["m", "--kv-role", "producer"]))
     opts = engine_options(parse_args(["m", "--kv-cache-dir", "/data/kv"]))
     assert "kv_connector" not in opts and opts["kv_cache_dir"] == "/data/kv"

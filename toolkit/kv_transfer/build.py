@@ -45,7 +45,7 @@ def build_connector(cfg: Any, kv_cache: Any, folder: Any, executor: Any) -> Any:
         raise ValueError("kv_connector='pd' needs kv_cache_dir= (a directory both engines see, e.g. under "
                          "/dev/shm), or pass a PDConnector instance whose store both engines share")
     store = DiskKVStore(Path(cfg.kv_cache_dir) / ("pd-" + ns), shape, layer.dtype, capacity)
-    return PDConnector(store, kv_cache.block_size, cfg.kv_role)
+    return PDConnector(store, kv_cache.block_size, cfg.kv_role, handoff_wait_s=cfg.kv_handoff_wait_s)
 
 
 def connector_scheduler(scheduler: Any) -> Any:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,12 +55,25 @@ def handoff_request(prompt_token_ids: Sequence[int], params: Any, first_token: i
 
 
 class PDConnector(StoreConnector):
-    def __init__(self, store: Any, block_size: int, role: str, *, load_async: bool = True) -> None:
+    """`handoff_wait_s` (a consumer, async loads): a request whose handoff is not in the store
+    yet is parked (WAITING_FOR_REMOTE_KVS) and its load waits up to that long for the
+    producer's write to land, then reads it; past that it fails and the request is
+    recomputed. The HTTP proxy sends the decode as soon as the prefill answered, which can
+    be before the producer's I/O thread wrote the blocks; 0 (in-process handoffs, written
+    before the consumer is asked): a missing handoff is recomputed at once."""
+
+    def __init__(self, store: Any, block_size: int, role: str, *, load_async: bool = True,
+                 handoff_wait_s: float = 0.0) -> None:
         if role not in KV_ROLES[:2]:
             raise ValueError(f"PDConnector role must be one of {KV_ROLES[:2]}, got {role!r}")
+        if not (isinstance(handoff_wait_s, (int, float)) and handoff_wait_s >= 0):
+            raise ValueError(f"handoff_wait_s must be a number of seconds >= 0, got {handoff_wait_s!r}")
         super().__init__(store, block_size, load_async=load_async)
         self.role = role
+        self.handoff_wait_s = float(handoff_wait_s)
         self._covered: dict[str, list[str]] = {}    # handoff blocks a local prefix hit made unneeded
+        self._awaited: set[str] = set()             # requests whose handoff had not landed yet
+        self._drop_after: dict[str, list[str]] = {}  # their unneeded keys, removed after the load
         self.num_handoffs = 0
 
     # -- scheduler side --
@@ -76,24 +90,42 @@ class PDConnector(StoreConnector):
                 self._matched[request.request_id] = (first, keys[first:])
                 self._covered[request.request_id] = keys[:first]
                 return min(n, request.num_tokens - 1) - num_computed_tokens, self.load_async
+        if self.handoff_wait_s > 0 and self.load_async:
+            # not landed yet: expect the prompt-alone form (the HTTP proxy's) and wait for it
+            n = request.num_tokens
+            keys = handoff_keys(request.request_id, request.all_token_ids[:n], self.block_size)
+            if n - 1 > num_computed_tokens and len(keys) > first:
+                self._matched[request.request_id] = (first, keys[first:])
+                self._covered[request.request_id] = keys[:first]
+                self._awaited.add(request.request_id)
+                return n - 1 - num_computed_tokens, True
         return 0, False
 
     def update_state_after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
-        first, keys = self._matched.pop(request.request_id)
-        for k in self._covered.pop(request.request_id, ()):    # the local prefix hit covers them
-            self.store.remove(k)
+        rid = request.request_id
+        first, keys = self._matched.pop(rid)
         need = -(-(first * self.block_size + num_external_tokens) // self.block_size) - first
-        for k in keys[need:]:                  # a last prompt token it computes again: not loaded
-            self.store.remove(k)
+        # handoff blocks it will not load: a local prefix hit covers them, or its last prompt
+        # token is computed again; dropped now, or once an awaited handoff has landed
+        unneeded = self._covered.pop(rid, []) + keys[need:]
         keys = keys[:need]
         blocks = list(block_ids[first:first + need])
         assert len(blocks) == need, "the consumer's blocks do not cover the handoff"
-        self._loads.append(Transfer(request.request_id, list(zip(keys, blocks)), self.load_async))
+        wait = self.handoff_wait_s if rid in self._awaited else 0.0
+        self._awaited.discard(rid)
+        if wait:
+            self._drop_after[rid] = unneeded
+        else:
+            for k in unneeded:
+                self.store.remove(k)
+        self._loads.append(Transfer(rid, list(zip(keys, blocks)), self.load_async, wait))
         self.num_hit_blocks += len(keys)
 
     def request_finished(self, request: Any, block_ids: Sequence[int]) -> tuple[bool, dict | None]:
         self._matched.pop(request.request_id, None)
         self._covered.pop(request.request_id, None)
+        self._awaited.discard(request.request_id)
+        self._drop_after.pop(request.request_id, None)     # a load that failed: nothing to drop after
         if self.role != "kv_producer" or request.status.name in ("FINISHED_ABORTED", "FINISHED_IGNORED"):
             return False, None
         n = request.num_computed_tokens
@@ -105,10 +137,19 @@ class PDConnector(StoreConnector):
         return True, {"transfer_id": request.request_id, "num_tokens": n}
 
     # -- worker side --
+    def _read(self, t: Transfer) -> Any:
+        """On the I/O thread: an awaited handoff's keys polled until they all landed (or
+        t.wait_s passed: the read below then fails and the request is recomputed)."""
+        if t.wait_s > 0:
+            keys, deadline = [k for k, _ in t.pairs], time.monotonic() + t.wait_s
+            while self.store.lookup(keys) < len(keys) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return super()._read(t)
+
     def _copy_in(self, t: Transfer, blocks: Any) -> None:
         super()._copy_in(t, blocks)
-        for k, _ in t.pairs:                        # consumed: the handoff is not kept
-            self.store.remove(k)
+        for k in [k for k, _ in t.pairs] + self._drop_after.pop(t.request_id, []):
+            self.store.remove(k)                    # consumed: the handoff is not kept
 
     def __repr__(self) -> str:
         return (f"PDConnector({self.role}, {self.store!r}, handoffs={self.num_handoffs}, "

@@ -42,6 +42,7 @@ class Transfer:
     request_id: str
     pairs: list[tuple[str, int]]        # (store key, device block)
     is_async: bool = True
+    wait_s: float = 0.0                 # a load may wait this long for keys not written yet (pd.py)
 
 
 @dataclass
