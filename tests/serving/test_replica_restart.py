@@ -145,3 +145,15 @@ def test_bad_restart_settings_are_refused():
         make(max_restarts=-1)
     with pytest.raises(ValueError, match="restart_backoff"):
         make(restart_backoff=-0.5)
+
+
+def test_serve_flag_and_engine_defaults():
+    import inspect
+
+    from toolkit.entrypoints.data_parallel import DPAsyncEngine
+    from toolkit.serve import parse_args
+
+    assert parse_args([]).data_parallel_max_restarts == 3
+    assert parse_args(["-dp", "2", "--data-parallel-max-restarts", "0"]).data_parallel_max_restarts == 0
+    sig = inspect.signature(DPAsyncEngine)
+    assert sig.parameters["max_restarts"].default == 3 and sig.parameters["restart_backoff"].default == 1.0
