@@ -24,6 +24,7 @@ class Factory:
     def __init__(self, fail: int = 0, gate: threading.Event | None = None) -> None:
         self.built: list[FakeCore] = []
         self.fail, self.gate = fail, gate
+        self.die_at_start = 0            # the next starts give a core that dies at once
 
     def __call__(self, on_o, on_e):
         if self.gate is not None:
@@ -32,6 +33,9 @@ class Factory:
             self.fail -= 1
             raise RuntimeError("no memory")
         self.built.append(FakeCore(on_o, on_e))
+        if len(self.built) > 1 and self.die_at_start:
+            self.die_at_start -= 1
+            self.built[-1].die()         # its death reaches the set before it is put in place
         return self.built[-1]
 
 
@@ -92,6 +96,16 @@ def test_restarts_are_bounded_and_failed_starts_count():
     settle(rs)
     assert not rs.alive and front.errors[-1][1] is None
     assert len(f0.built) == 2 and len(f1.built) == 1
+    rs.close()
+
+
+def test_a_core_that_dies_before_it_is_in_place_is_another_attempt():
+    rs, (_, f1), front = make(max_restarts=3, restart_backoff=0)
+    f1.die_at_start = 1
+    f1.built[0].die()
+    settle(rs)
+    assert len(f1.built) == 3 and rs.cores[1] is f1.built[2] and rs.all_alive
+    assert rs.stats["restarts"] == [0, 1] and rs._attempts == [0, 2] and rs.stats["deaths"] == [0, 2]
     rs.close()
 
 

@@ -371,7 +371,6 @@ class ReplicaSetCore:
             old.close()                          # its process reaped, its pipe and reader gone
         except Exception:
             log.exception("closing dead replica %d failed", i)
-        core = None
         while not self._closing and self._attempts[i] < self.max_restarts:
             delay = min(self.restart_backoff * 2 ** self._attempts[i], 30.0)
             self._attempts[i] += 1
@@ -380,33 +379,33 @@ class ReplicaSetCore:
             with self._lock:
                 self._gen[i] += 1                # a failed attempt's callbacks are stale too
                 callbacks = self._callbacks(i)
+            started, core = time.monotonic(), None
             try:
-                started = time.monotonic()
                 core = self.factories[i](*callbacks)
                 core.observe(True)
             except Exception as e:
                 log.error("restarting replica %d failed (attempt %d of %d): %r",
                           i, self._attempts[i], self.max_restarts, e)
-                if core is not None:
-                    core.close()
-                core = None
+                _close_quietly(core)
                 continue
-            break
-        end_set = False
-        with self._lock:
-            if core is not None and not self._closing:
-                self.cores[i] = core
-                self._last[i] = None
-                if self._hashes is not None:
-                    self._hashes[i] = RecentHashes(self._hashes[i].capacity)   # its prefix cache is empty
-                self.stats["restarts"][i] += 1
+            with self._lock:
+                # a core that died before it was put in place had its death seen as the
+                # old core's (no restart scheduled: this one runs): another attempt
+                installed = not self._closing and core.alive
+                if installed:
+                    self.cores[i] = core
+                    self._last[i] = None
+                    if self._hashes is not None:
+                        self._hashes[i] = RecentHashes(self._hashes[i].capacity)   # a cold prefix cache
+                    self.stats["restarts"][i] += 1
+            if installed:
                 log.warning("replica %d is back (restart %d of %d, %.1f s to start)",
                             i, self._attempts[i], self.max_restarts, time.monotonic() - started)
-                core = None
+                break
+            _close_quietly(core)                 # the set is closing, or the new core died already
+        with self._lock:
             self._restarting.pop(i, None)
             end_set = not self._closing and not self.alive
-        if core is not None:                     # started while the set was closing
-            core.close()
         if end_set:
             self.error = EngineDeadError(f"every replica has stopped (replica {i} could not be restarted)")
             self._on_error(self.error, None)
@@ -430,6 +429,15 @@ class ReplicaSetCore:
             kv_blocks_used=sum(x.kv_blocks_used for x in last),
             kv_blocks_cached=sum(x.kv_blocks_cached for x in last),
             kv_blocks_total=sum(x.kv_blocks_total for x in last))
+
+
+def _close_quietly(core: Any) -> None:
+    if core is None:
+        return
+    try:
+        core.close()
+    except Exception:
+        log.exception("closing a replica's core failed")
 
 
 def _settle(fut: concurrent.futures.Future, *, result: Any = None, error: BaseException | None = None) -> None:
