@@ -171,3 +171,22 @@ def test_serve_flag_and_engine_defaults():
     assert parse_args(["-dp", "2", "--data-parallel-max-restarts", "0"]).data_parallel_max_restarts == 0
     sig = inspect.signature(DPAsyncEngine)
     assert sig.parameters["max_restarts"].default == 3 and sig.parameters["restart_backoff"].default == 1.0
+
+
+def test_ray_replicas_restart_through_ray_not_the_set(monkeypatch):
+    import toolkit.entrypoints.core_ray as core_ray
+    from toolkit.entrypoints.data_parallel import DPAsyncEngine
+
+    seen = []
+
+    def fake_ray_factories(model, options, n, **kw):
+        seen.append(kw)
+        return [FakeCore] * n
+
+    monkeypatch.setattr(core_ray, "ray_factories", fake_ray_factories)
+    for ray_options, want in ((None, 2), ({"max_restarts": 5}, 5)):
+        engine = DPAsyncEngine(None, backend="ray", max_restarts=2, ray_options=ray_options)
+        assert seen[-1]["max_restarts"] == want and engine.core.max_restarts == 0
+        engine.core.cores[0].restarts = 4                       # what RayCore counts
+        assert [s["restarts"] for s in engine.replica_stats()] == [4, 0]
+        engine.close()
