@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-
 from test_replica_set import FakeCore, Front
 
 from toolkit.entrypoints.core_thread import EngineDeadError
@@ -106,6 +105,7 @@ def test_a_core_that_dies_before_it_is_in_place_is_another_attempt():
     settle(rs)
     assert len(f1.built) == 3 and rs.cores[1] is f1.built[2] and rs.all_alive
     assert rs.stats["restarts"] == [0, 1] and rs._attempts == [0, 2] and rs.stats["deaths"] == [0, 2]
+    assert all(rids is not None for _, rids in front.errors)       # the set was never declared dead
     rs.close()
 
 
@@ -174,7 +174,7 @@ def test_serve_flag_and_engine_defaults():
 
 
 def test_ray_replicas_restart_through_ray_not_the_set(monkeypatch):
-    import toolkit.entrypoints.core_ray as core_ray
+    from toolkit.entrypoints import core_ray
     from toolkit.entrypoints.data_parallel import DPAsyncEngine
 
     seen = []
