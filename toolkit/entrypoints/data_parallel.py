@@ -11,6 +11,8 @@ replica r sees GPUs r*tp .. r*tp+tp-1 through CUDA_VISIBLE_DEVICES, wrapping rou
 there are fewer, so several replicas can share one GPU), "ray" (each replica a Ray actor
 on whatever node the cluster places it, restarted when lost; `pip install toolkit[ray]`),
 "thread" (each replica a thread of this process: notebooks and tests, no isolation).
+A dead mp or thread replica is started again by the replica set (`max_restarts`, with a
+back-off); a Ray one by Ray.
 The server's front (`build_app`) takes it like any AsyncEngine; see replica_set.py for the
 routing and fault handling and docs/guides/replicas.md.
 """
