@@ -94,6 +94,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--router", default="least_loaded",
                    choices=["round_robin", "least_loaded", "power_of_two", "prefix_affinity", "cache_aware"],
                    help="which replica serves a request (with --data-parallel-size > 1)")
+    p.add_argument("--data-parallel-max-restarts", type=int, default=3,
+                   help="times each replica is started again after it dies (0: never; a back-off "
+                        "of 1 s doubling per attempt)")
     p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (vLLM's flag)")
     p.add_argument("--max-loras", type=int, default=None, help="distinct adapters in one step")
     p.add_argument("--max-lora-rank", type=int, default=None)
@@ -210,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from toolkit.entrypoints.data_parallel import DPAsyncEngine
 
         engine = DPAsyncEngine(args.model, data_parallel_size=args.data_parallel_size,
-                               backend=args.data_parallel_backend, router=args.router, **engine_options(args))
+                               backend=args.data_parallel_backend, router=args.router,
+                               max_restarts=args.data_parallel_max_restarts, **engine_options(args))
     else:
         engine = AsyncEngine.build(args.model, process=args.engine == "process", **engine_options(args))
     defaults = sampling_defaults(args)

@@ -2,14 +2,16 @@
 the same greedy tokens as one engine, requests spread as the router says, prefix affinity
 keeps a system prompt's KV on one replica, /health and /metrics per replica, and a killed
 replica: its unstreamed requests finish elsewhere, its streaming ones end with a clear
-error, the front keeps serving, nothing hangs. One replica set for the module (process
-start-up is the cost); the kill runs last."""
+error, the front keeps serving, nothing hangs; then the replica is restarted (/health 503
+-> 200) and takes requests again. One replica set for the module (process start-up is the
+cost); the kill runs last."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -36,9 +38,12 @@ def kv_state(engine) -> tuple[bool, int, int]:      # module level: it must pick
 
 @pytest.fixture(scope="module")
 def dp():
-    engine = DPAsyncEngine(config(), data_parallel_size=2, backend="mp", router="round_robin", **OPTIONS)
+    engine = DPAsyncEngine(config(), data_parallel_size=2, backend="mp", router="round_robin",
+                           max_restarts=1, restart_backoff=0, **OPTIONS)
     yield engine
+    procs = [c.proc for c in engine.core.cores]
     engine.close()
+    assert not any(p.is_alive() for p in procs) and not engine.core.restarting
 
 
 async def _tokens(engine, prompt, params=GREEDY) -> list[int]:
@@ -144,6 +149,9 @@ def test_a_killed_replica_is_routed_around(dp):
     with LLM(config(), **OPTIONS) as llm:
         want = [o.outputs[0].token_ids for o in llm.generate(prompts, long, use_tqdm=False)]
     victim = dp.core.cores[1].proc
+    gate = threading.Event()                             # holds the restart until the checks below
+    start = dp.core.factories[1]
+    dp.core.factories[1] = lambda *callbacks: gate.wait(60) and start(*callbacks)
 
     async def run():
         streams = [await dp.add_async(p, long) for p in prompts]      # even -> replica 0, odd -> 1
@@ -188,3 +196,38 @@ def test_a_killed_replica_is_routed_around(dp):
         time.sleep(0.02)
         busy, free, total = dp.call(kv_state).result(timeout=20)[0]
     assert not busy and free == total
+    _restarted_replica_serves_again(dp, victim, gate)
+
+
+def _restarted_replica_serves_again(dp, victim, gate) -> None:
+    """The killed replica 1 restarts (held by `gate` until now): /health 503 -> 200, and
+    round robin sends it requests again, answered with one engine's greedy tokens."""
+    from fastapi.testclient import TestClient
+
+    from toolkit.serving.app import build_app
+
+    with TestClient(build_app(dp, model_name="tiny", close_engine=False)) as client:
+        assert dp.core.restarting == [1]
+        assert client.get("/health").status_code == 503
+        assert victim.exitcode is not None                          # the dead process was reaped
+        gate.set()
+        deadline = time.monotonic() + 60
+        while not dp.is_ready and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.get("/health").status_code == 200
+        assert dp.core.cores[1].proc.pid != victim.pid
+        prompts = [[5, 6, 7], [9, 1], [4] * 20, [3, 3, 3]]
+        with LLM(config(), **OPTIONS) as llm:
+            want = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+        before = [s["routed"] for s in dp.replica_stats()]
+
+        async def run():
+            return await asyncio.gather(*(_tokens(dp, p) for p in prompts))
+
+        assert asyncio.run(run()) == want
+        assert [s["routed"] - b for s, b in zip(dp.replica_stats(), before)] == [2, 2]
+        assert [s["restarts"] for s in dp.replica_stats()] == [0, 1]
+        text = client.get("/metrics").text
+    assert 'toolkit_replica_restarts_total{model_name="tiny",replica="1"} 1.0' in text
+    assert 'toolkit_replica_alive{model_name="tiny",replica="1"} 1.0' in text
+    _wait_idle(dp)

@@ -11,6 +11,8 @@ replica r sees GPUs r*tp .. r*tp+tp-1 through CUDA_VISIBLE_DEVICES, wrapping rou
 there are fewer, so several replicas can share one GPU), "ray" (each replica a Ray actor
 on whatever node the cluster places it, restarted when lost; `pip install toolkit[ray]`),
 "thread" (each replica a thread of this process: notebooks and tests, no isolation).
+A dead mp or thread replica is started again by the replica set (`max_restarts`, with a
+back-off); a Ray one by Ray.
 The server's front (`build_app`) takes it like any AsyncEngine; see replica_set.py for the
 routing and fault handling and docs/guides/replicas.md.
 """
@@ -32,12 +34,15 @@ class DPAsyncEngine(AsyncEngine):
     `router`: a registered name ("round_robin", "least_loaded", "power_of_two",
     "prefix_affinity", "cache_aware"), a class or an instance. `devices`: the GPU ids to
     deal out (default: CUDA_VISIBLE_DEVICES, else every GPU torch sees, else none: CPU).
-    `ray_options`: for backend="ray" (address, num_gpus per replica, max_restarts...)."""
+    `ray_options`: for backend="ray" (address, num_gpus per replica...). `max_restarts`:
+    how many times each replica is started again after it dies (0: never; with Ray, the
+    actor's max_restarts unless ray_options gives one), the mp and thread ones after
+    `restart_backoff` s, doubling per attempt (replica_set.py)."""
 
     def __init__(self, model: Any = None, *, data_parallel_size: int = 2, backend: str = "mp",
                  router: Any = "least_loaded", max_pending: int | None = None,
                  devices: Sequence[str] | None = None, ray_options: dict[str, Any] | None = None,
-                 **llm_options: Any) -> None:
+                 max_restarts: int = 3, restart_backoff: float = 1.0, **llm_options: Any) -> None:
         if not isinstance(data_parallel_size, int) or isinstance(data_parallel_size, bool) or data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be a positive integer, got {data_parallel_size!r}")
         if backend not in BACKENDS:
@@ -48,8 +53,13 @@ class DPAsyncEngine(AsyncEngine):
         router_obj = create_part("router", router, block_size=block_size)
         self._front(max_pending)
         self.backend, self.data_parallel_size = backend, data_parallel_size
-        factories = _factories(model, llm_options, data_parallel_size, backend, devices, ray_options or {})
-        self.core = ReplicaSetCore(factories, router_obj, self._on_outputs, self._on_error, block_size=block_size)
+        ray_options = dict(ray_options or {})
+        if backend == "ray":
+            ray_options.setdefault("max_restarts", max_restarts)   # Ray restarts its actors itself
+        factories = _factories(model, llm_options, data_parallel_size, backend, devices, ray_options)
+        self.core = ReplicaSetCore(factories, router_obj, self._on_outputs, self._on_error, block_size=block_size,
+                                   max_restarts=0 if backend == "ray" else max_restarts,
+                                   restart_backoff=restart_backoff)
         self.engine = None
 
     @property
@@ -70,11 +80,14 @@ class DPAsyncEngine(AsyncEngine):
 
     def replica_stats(self) -> list[dict[str, Any]]:
         """Per replica: alive, running, waiting, KV usage, requests routed and retried there,
-        requests failed by its death, deaths, steps (the /metrics per-replica families)."""
+        requests failed by its death, deaths, steps, restarts (the /metrics per-replica families)."""
         views = self.core.views()
         s = self.core.stats
-        return [dict(replica=v.index, alive=v.alive, running=v.num_running, waiting=v.num_waiting,
+        rows = [dict(replica=v.index, alive=v.alive, running=v.num_running, waiting=v.num_waiting,
                      kv_usage=v.kv_usage, **{k: s[k][v.index] for k in s}) for v in views]
+        for row, core in zip(rows, self.core.cores):
+            row["restarts"] += getattr(core, "restarts", 0)      # a Ray actor's own restarts
+        return rows
 
     def __repr__(self) -> str:
         alive = sum(v.alive for v in self.core.views())

@@ -15,7 +15,16 @@ Faults: a replica whose core stops (its process died, its actor was lost) is ski
 router while it is not alive. Its requests that had streamed nothing are routed again, to a
 replica they have not tried (the caller's stream never notices); the others end with
 `ReplicaDiedError`. A step fault inside a live replica ends only that replica's requests it
-names, as with one engine. The set is alive while one replica is.
+names, as with one engine. The set is alive while one replica is (or is being restarted).
+
+Restarts (`max_restarts` > 0; the mp and thread backends, Ray restarts its own actors): a
+replica found dead is started again by a supervisor thread, from the factory that built it,
+after a back-off (`restart_backoff` s, doubling with each attempt, at most 30 s); a start
+that fails is an attempt too. Once the new core answers (its engine built) it replaces the
+dead one, empty (no requests, no cached prefixes), and the router may choose it again; the
+requests the death failed or moved stay where they went. At most `max_restarts` attempts
+per replica over the set's life; then it stays dead. A dead core's late callbacks are
+ignored (each core's callbacks carry its generation).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 from toolkit.entrypoints.core_thread import EngineDeadError, OnError, OnOutputs
@@ -80,17 +90,28 @@ class _Routed:
 
 class ReplicaSetCore:
     def __init__(self, factories: Sequence[CoreFactory], router: Any, on_outputs: OnOutputs,
-                 on_error: OnError, *, block_size: int = 16, recent_hashes: int = 1 << 16) -> None:
+                 on_error: OnError, *, block_size: int = 16, recent_hashes: int = 1 << 16,
+                 max_restarts: int = 0, restart_backoff: float = 1.0) -> None:
         if not factories:
             raise ValueError("a replica set needs at least one replica")
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an integer >= 0 (0: never restart), got {max_restarts!r}")
+        if not isinstance(restart_backoff, (int, float)) or isinstance(restart_backoff, bool) or restart_backoff < 0:
+            raise ValueError(f"restart_backoff must be a number of seconds >= 0, got {restart_backoff!r}")
         n = len(factories)
+        self.factories = list(factories)       # what a restart calls again
+        self.max_restarts, self.restart_backoff = max_restarts, float(restart_backoff)
+        self._gen = [0] * n                     # each replica's core generation (bumped per restart)
+        self._attempts = [0] * n                # restart attempts made, per replica
+        self._restarting: dict[int, threading.Thread] = {}
+        self._stop = threading.Event()
         self.router = router
         self._on_outputs, self._on_error = on_outputs, on_error
         self._lock = threading.RLock()
         self._req: dict[str, _Routed] = {}
         self._count = {"waiting": [0] * n, "running": [0] * n}
         self._last = [None] * n                 # each replica's last StepRecord
-        self.stats = {k: [0] * n for k in ("routed", "retried", "failed", "deaths", "steps")}
+        self.stats = {k: [0] * n for k in ("routed", "retried", "failed", "deaths", "steps", "restarts")}
         self._observing = False
         self._closing = False
         self.block_size = block_size
@@ -99,8 +120,7 @@ class ReplicaSetCore:
         self.cores: list[Any] = []
         # every replica starts at once (each loads a model); any failure closes the others
         with concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="toolkit-replica-start") as pool:
-            futs = [pool.submit(make, functools.partial(self._outputs, i), functools.partial(self._error, i))
-                    for i, make in enumerate(factories)]
+            futs = [pool.submit(make, *self._callbacks(i)) for i, make in enumerate(factories)]
         started, errors = [], []
         for f in futs:
             try:
@@ -121,7 +141,13 @@ class ReplicaSetCore:
     # -- state --
     @property
     def alive(self) -> bool:
-        return not self._closing and any(c.alive for c in self.cores)
+        """A replica is alive, or one is being restarted (requests meanwhile: no live replica)."""
+        return not self._closing and (any(c.alive for c in self.cores) or bool(self._restarting))
+
+    @property
+    def restarting(self) -> list[int]:
+        """The replicas a supervisor is starting again now."""
+        return sorted(self._restarting)
 
     @property
     def all_alive(self) -> bool:
@@ -194,6 +220,9 @@ class ReplicaSetCore:
 
     def close(self) -> None:
         self._closing = True
+        self._stop.set()                        # back-offs end; a start under way is closed when done
+        for t in list(self._restarting.values()):
+            t.join()
         with concurrent.futures.ThreadPoolExecutor(max(len(self.cores), 1)) as pool:
             list(pool.map(lambda c: c.close(), self.cores))
 
@@ -254,9 +283,16 @@ class ReplicaSetCore:
             _settle(outer, error=error)
 
     # -- what the cores call (their threads) --
-    def _outputs(self, i: int, outputs: list[Any], records: list[Any]) -> None:
+    def _callbacks(self, i: int) -> tuple[OnOutputs, OnError]:
+        """Replica i's (on_outputs, on_error) for its next core: bound to that core's generation."""
+        return (functools.partial(self._outputs, i, gen=self._gen[i]),
+                functools.partial(self._error, i, gen=self._gen[i]))
+
+    def _outputs(self, i: int, outputs: list[Any], records: list[Any], *, gen: int = 0) -> None:
         forward = []
         with self._lock:
+            if gen != self._gen[i]:              # a replaced core's late output
+                return
             for out in outputs:
                 r = self._req.get(out.request_id)
                 if r is None or r.replica != i:  # aborted, or from a replica it has left
@@ -274,8 +310,9 @@ class ReplicaSetCore:
             totals = [self._total(rec) for rec in records] if self._observing else []
         self._on_outputs(forward, totals)
 
-    def _error(self, i: int, error: BaseException, request_ids: list[str] | None = None) -> None:
-        if not self.cores or self._closing:      # while starting, or our own shutdown
+    def _error(self, i: int, error: BaseException, request_ids: list[str] | None = None, *,
+               gen: int = 0) -> None:
+        if not self.cores or self._closing or gen != self._gen[i]:   # starting, shutdown, a replaced core
             return
         died = request_ids is None and not self.cores[i].alive
         retry: list[tuple[str, _Routed]] = []
@@ -284,6 +321,7 @@ class ReplicaSetCore:
             if died:
                 self.stats["deaths"][i] += 1
                 log.error("replica %d died (%r); routing around it", i, error)
+                self._schedule_restart(i)
             mine = [rid for rid, r in self._req.items() if r.replica == i]
             for rid in mine if request_ids is None else [x for x in request_ids if x in mine]:
                 r = self._req[rid]
@@ -313,6 +351,65 @@ class ReplicaSetCore:
         if f.exception() is not None:
             self._on_error(f.exception(), [rid])
 
+    # -- restarts (the supervisor) --
+    def _schedule_restart(self, i: int) -> None:
+        """Start a supervisor for dead replica i if it may be restarted (under the lock)."""
+        if self._closing or i in self._restarting or self._attempts[i] >= self.max_restarts:
+            if self._attempts[i] >= self.max_restarts and self.max_restarts:
+                log.error("replica %d has used its %d restarts; it stays dead", i, self.max_restarts)
+            return
+        t = threading.Thread(target=self._supervise, args=(i,), name=f"toolkit-replica-restart-{i}", daemon=True)
+        self._restarting[i] = t
+        t.start()
+
+    def _supervise(self, i: int) -> None:
+        """Close dead replica i's core, then start a fresh one (back-off between attempts)."""
+        with self._lock:
+            self._gen[i] += 1                    # the dead core's callbacks are stale from here
+            old = self.cores[i]
+        try:
+            old.close()                          # its process reaped, its pipe and reader gone
+        except Exception:
+            log.exception("closing dead replica %d failed", i)
+        while not self._closing and self._attempts[i] < self.max_restarts:
+            delay = min(self.restart_backoff * 2 ** self._attempts[i], 30.0)
+            self._attempts[i] += 1
+            if self._stop.wait(delay):
+                break
+            with self._lock:
+                self._gen[i] += 1                # a failed attempt's callbacks are stale too
+                callbacks = self._callbacks(i)
+            started, core = time.monotonic(), None
+            try:
+                core = self.factories[i](*callbacks)
+                core.observe(True)
+            except Exception as e:
+                log.error("restarting replica %d failed (attempt %d of %d): %r",
+                          i, self._attempts[i], self.max_restarts, e)
+                _close_quietly(core)
+                continue
+            with self._lock:
+                # a core that died before it was put in place had its death seen as the
+                # old core's (no restart scheduled: this one runs): another attempt
+                installed = not self._closing and core.alive
+                if installed:
+                    self.cores[i] = core
+                    self._last[i] = None
+                    if self._hashes is not None:
+                        self._hashes[i] = RecentHashes(self._hashes[i].capacity)   # a cold prefix cache
+                    self.stats["restarts"][i] += 1
+            if installed:
+                log.warning("replica %d is back (restart %d of %d, %.1f s to start)",
+                            i, self._attempts[i], self.max_restarts, time.monotonic() - started)
+                break
+            _close_quietly(core)                 # the set is closing, or the new core died already
+        with self._lock:
+            self._restarting.pop(i, None)
+            end_set = not self._closing and not self.alive
+        if end_set:
+            self.error = EngineDeadError(f"every replica has stopped (replica {i} could not be restarted)")
+            self._on_error(self.error, None)
+
     # -- bookkeeping (under the lock) --
     def _set_state(self, r: _Routed, state: str) -> None:
         self._uncount(r)
@@ -332,6 +429,15 @@ class ReplicaSetCore:
             kv_blocks_used=sum(x.kv_blocks_used for x in last),
             kv_blocks_cached=sum(x.kv_blocks_cached for x in last),
             kv_blocks_total=sum(x.kv_blocks_total for x in last))
+
+
+def _close_quietly(core: Any) -> None:
+    if core is None:
+        return
+    try:
+        core.close()
+    except Exception:
+        log.exception("closing a replica's core failed")
 
 
 def _settle(fut: concurrent.futures.Future, *, result: Any = None, error: BaseException | None = None) -> None:

@@ -5,7 +5,7 @@ fed with step records that carry the sums over replicas); these carry a `replica
     toolkit_replica_alive{model_name="m",replica="0"} 1.0
     toolkit_replica_num_requests_running / _waiting, toolkit_replica_kv_cache_usage_perc
     toolkit_replica_requests_routed_total, _retried_total, _failed_total, toolkit_replica_deaths_total,
-    toolkit_replica_engine_steps_total
+    toolkit_replica_restarts_total, toolkit_replica_engine_steps_total
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ _COUNTERS = {"routed": ("toolkit_replica_requests_routed", "Requests the router 
              "retried": ("toolkit_replica_requests_retried", "Requests sent to the replica after theirs died"),
              "failed": ("toolkit_replica_requests_failed", "Streaming requests ended by the replica's death"),
              "deaths": ("toolkit_replica_deaths", "Times the replica's engine was found dead"),
-             "steps": ("toolkit_replica_engine_steps", "Engine steps of the replica")}
+             "steps": ("toolkit_replica_engine_steps", "Engine steps of the replica"),
+             "restarts": ("toolkit_replica_restarts", "Times the replica's engine was started again after dying")}
 
 
 class _Collector:
