@@ -93,6 +93,7 @@ def ink_fraction(png: pathlib.Path) -> float:
 
 
 _LIVE = re.compile(r"LiveView\(|live\s*=\s*True")
+_SHOWS_WIDGET = re.compile(r"ipywidgets|interact\(|LiveView\(|live\s*=\s*True")     # by intent, not a progress bar
 _WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
@@ -104,7 +105,8 @@ def _is_static(data: dict[str, Any]) -> bool:
 
 def static_frame_problems(nb: Any) -> list[str]:
     """What a page without a kernel would miss: a live-view cell without its last frame (HTML)
-    and its plot (PNG), or a widget output with no static output after it."""
+    and its plot (PNG), or a cell that shows a widget (ipywidgets, interact, a live view) with
+    no static output after the widget."""
     problems = []
     for i, c in enumerate(nb.cells):
         if c.cell_type != "code":
@@ -116,6 +118,7 @@ def static_frame_problems(nb: Any) -> list[str]:
             if not any("image/png" in d for d in outs):
                 problems.append(f"cell {i}: a live view without its plot as an image")
         last_widget = max((j for j, d in enumerate(outs) if _WIDGET in d), default=None)
-        if last_widget is not None and not any(_is_static(d) for d in outs[last_widget + 1:]):
+        if (_SHOWS_WIDGET.search(c.source) and last_widget is not None
+                and not any(_is_static(d) for d in outs[last_widget + 1:])):
             problems.append(f"cell {i}: a widget with no static output after it")
     return problems

@@ -61,6 +61,7 @@ def test_a_live_view_or_widget_without_a_static_end_state_is_named():
         _cell("interact(f, load=FloatSlider())", [widget, printed]),                # text after it
         _cell("interact(f, load=FloatSlider())", [printed, widget]),                # nothing after
         _cell("with LiveView(llm):\n    llm.generate(p)", [frame]),                 # no plot
+        _cell("llm.generate(p)", [widget]),                   # a progress bar: not a view by intent
     ])
     assert static_frame_problems(nb) == [
         "cell 0: a live view without its last frame as HTML",
