@@ -164,8 +164,8 @@ def _sleep_mode(raw: dict) -> list[dict]:
                           peer="a new LLM", peer_value=round(raw["build_s"], 3), config={**config, "level": int(level)}))
     u = raw["update"]
     for src in ("host", "device"):
-        out.append(figure(f"update_weights from {src}, {raw['shape']} ({u['gib']:.1f} GiB)",
-                          round(u[f"from_{src}_gb_s"], 2), "GB/s", config={**config, "source": src}))
+        out.append(figure(f"update_weights from {src}, {raw['shape']}", round(u[f"from_{src}_gb_s"], 2), "GB/s",
+                          config={**config, "source": src, "gib": round(u["gib"], 2)}))
     return out
 
 
