@@ -100,9 +100,125 @@ def _embed(raw: dict) -> list[dict]:
                    config={"model": raw["model"], "texts": raw["texts"], "st_batch_size": raw["st_batch_size"]})]
 
 
+def _lora(raw: dict) -> list[dict]:
+    """Per adapter count: output tok/s and the steady decode step, each against the base model
+    built without LoRA (the first row, adapters None)."""
+    rows = raw["rows"]
+    base = next(r for r in rows if r["adapters"] is None)
+    config = {"shape": raw["shape"], "rank": raw["rank"], "workload": raw.get("workload")}
+    out = []
+    for r in rows:
+        if r["adapters"] is None:
+            continue
+        n = r["adapters"]
+        label = f"{n} adapters" if n else "LoRA on, no adapter"
+        out.append(figure(f"multi-LoRA output throughput, {label}", round(r["output_tok_per_s"], 1), "tok/s",
+                          peer="base model without LoRA", peer_value=round(base["output_tok_per_s"], 1),
+                          config={**config, "adapters": n}))
+        if r["steady_decode_step_ms"] and base["steady_decode_step_ms"]:
+            out.append(figure(f"multi-LoRA steady decode step, {label}", round(r["steady_decode_step_ms"], 3), "ms",
+                              peer="base model without LoRA", peer_value=round(base["steady_decode_step_ms"], 3),
+                              config={**config, "adapters": n}))
+    return out
+
+
+def _quant_gemm(raw: dict) -> list[dict]:
+    """Per batch and scheme: a decoder layer's GEMMs (its projections summed) in us, against
+    bf16 F.linear of the same shapes."""
+    by_batch: dict[int, list[dict]] = {}
+    for r in raw["rows"]:
+        by_batch.setdefault(r["batch"], []).append(r)
+    out = []
+    for m, rows in sorted(by_batch.items()):
+        schemes = [k for k in rows[0] if k not in ("batch", "proj", "n_in", "n_out", "bf16")
+                   and not k.endswith(" floor")]
+        if "bf16" not in rows[0]:
+            continue
+        bf16 = sum(r["bf16"] for r in rows)
+        for s in schemes:
+            out.append(figure(f"{s} GEMMs of a layer, {raw['shape']}, {m} tokens", round(sum(r[s] for r in rows), 2),
+                              "us", peer="bf16 F.linear", peer_value=round(bf16, 2),
+                              config={"shape": raw["shape"], "scheme": s, "batch": m,
+                                      "projections": [r["proj"] for r in rows]}))
+    return out
+
+
+def _quant_fusion(raw: dict) -> list[dict]:
+    """Per code dtype, batch and op: the fused norm / SiLU-and-mul + quantization in us against
+    the unfused pair."""
+    names = {"norm": "RMSNorm", "silu": "SiLU-and-mul"}
+    return [figure(f"{names[op]} + {r['codes']} quant fused, {raw['shape']}, {r['batch']} tokens",
+                   round(r[f"{op} fused"], 2), "us", peer="unfused pair", peer_value=round(r[f"{op} unfused"], 2),
+                   config={"shape": raw["shape"], "codes": r["codes"], "batch": r["batch"], "op": op})
+            for r in raw["rows"] for op in names if f"{op} fused" in r and f"{op} unfused" in r]
+
+
+def _sleep_mode(raw: dict) -> list[dict]:
+    """Per level: sleep then wake (weights and KV cache) in s against building a new LLM; then
+    update_weights' GB/s from host and from device tensors."""
+    config = {"shape": raw["shape"]}
+    out = []
+    for level, r in sorted(raw["levels"].items()):
+        total = r["sleep_s"] + r["wake_weights_s"] + r["wake_kv_s"]
+        out.append(figure(f"sleep + wake, level {level}, {raw['shape']}", round(total, 3), "s",
+                          peer="a new LLM", peer_value=round(raw["build_s"], 3), config={**config, "level": int(level)}))
+    u = raw["update"]
+    for src in ("host", "device"):
+        out.append(figure(f"update_weights from {src}, {raw['shape']}", round(u[f"from_{src}_gb_s"], 2), "GB/s",
+                          config={**config, "source": src, "gib": round(u["gib"], 2)}))
+    return out
+
+
+def _replicas(raw: dict) -> list[dict]:
+    """Output tok/s of 2 replicas against 1; on the shared-prefix trace, each prefix-aware
+    router's hit rate and mean TTFT against round robin; each router's cost per request."""
+    out = []
+    tput = raw.get("throughput", {})
+    one = next((r for k, r in tput.items() if k.startswith("1 x")), None)
+    for k, r in tput.items():
+        if one is not None and not k.startswith("1 x"):
+            out.append(figure(f"output throughput, {k} replicas", round(r["output_tok_s"], 1), "tok/s",
+                              peer="1 replica", peer_value=round(one["output_tok_s"], 1), config={"run": k}))
+    shared = raw.get("shared_prefix", {})
+    rr = shared.get("round_robin")
+    for router, r in shared.items():
+        if rr is None or router == "round_robin":
+            continue
+        out.append(figure(f"prefix-cache hit rate, 2 replicas, {router}", round(100 * r["hit_rate"], 1), "%",
+                          peer="round robin", peer_value=round(100 * rr["hit_rate"], 1), config={"router": router}))
+        out.append(figure(f"mean TTFT on a shared-prefix trace, 2 replicas, {router}", round(r["ttft_mean_ms"], 1),
+                          "ms", peer="round robin", peer_value=round(rr["ttft_mean_ms"], 1), config={"router": router}))
+    for n, costs in raw.get("router_cost_us", {}).items():
+        for router, us in costs.items():
+            out.append(figure(f"router cost per request, {router}, {n} replicas", round(us, 2), "us",
+                              config={"router": router, "replicas": int(n)}))
+    return out
+
+
+def _kv_transfer(raw: dict) -> list[dict]:
+    """Per document length: TTFT of the first ask after a restart with the disk tier against
+    recomputing the document; the connector's copies in GB/s against a plain pinned copy."""
+    out = []
+    for doc, modes in raw.get("ttft", {}).items():
+        if "disk" in modes and "recompute" in modes:
+            out.append(figure(f"TTFT of the first ask after a restart, {doc}-token document, disk tier",
+                              round(modes["disk"]["first_after_restart_mean_ms"], 1), "ms", peer="recompute",
+                              peer_value=round(modes["recompute"]["first_after_restart_mean_ms"], 1),
+                              config={"doc_tokens": int(doc)}))
+    bw = raw.get("bandwidth")
+    if bw:
+        for part in ("device_to_host", "host_to_file", "file_to_host", "host_to_device"):
+            out.append(figure(f"KV transfer {part.replace('_', ' ')}, {bw['blocks']} blocks",
+                              round(bw[f"{part}_gbps"], 3), "GB/s", peer="pinned device -> host copy",
+                              peer_value=round(bw["pinned_copy_ceiling_gbps"], 3),
+                              config={"blocks": bw["blocks"], "block_bytes": bw["block_bytes"]}))
+    return out
+
+
 EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
     "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention, "moe": _moe,
-    "embed": _embed}
+    "embed": _embed, "lora": _lora, "quant_gemm": _quant_gemm, "quant_fusion": _quant_fusion,
+    "sleep_mode": _sleep_mode, "replicas": _replicas, "kv_transfer": _kv_transfer}
 
 
 def extract(name: str, raw: Any) -> list[dict]:

@@ -4,13 +4,15 @@ The page holds what a reader sees without a kernel: markdown as text, each code 
 HTML outputs (the components' `_repr_html_`, block maps), its PNG plots and its text. A
 small inline script (no fetch: nothing can be downloaded here) counts on load what
 rendered: images decoded (naturalWidth > 0) and tables laid out with a height, and writes
-the counts into the DOM, which `--dump-dom` returns.
+the counts into the DOM, which `--dump-dom` returns. `static_frame_problems` says where a
+page without a kernel would show nothing at the end of a live view.
 """
 
 from __future__ import annotations
 
 import html
 import pathlib
+import re
 import shutil
 import subprocess
 from typing import Any
@@ -88,3 +90,35 @@ def ink_fraction(png: pathlib.Path) -> float:
 
     img = mpimg.imread(str(png))[..., :3]            # float [H, W, 3] in 0..1
     return float((img.min(axis=-1) < 0.9).mean())
+
+
+_LIVE = re.compile(r"LiveView\(|live\s*=\s*True")
+_SHOWS_WIDGET = re.compile(r"ipywidgets|interact\(|LiveView\(|live\s*=\s*True")     # by intent, not a progress bar
+_WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+def _is_static(data: dict[str, Any]) -> bool:
+    """An output a page without a kernel shows: printed text, HTML or an image (not a widget's
+    text/plain placeholder)."""
+    return bool(data.get("stream")) or bool(data.keys() - {_WIDGET, "text/plain", "stream"})
+
+
+def static_frame_problems(nb: Any) -> list[str]:
+    """What a page without a kernel would miss: a live-view cell without its last frame (HTML)
+    and its plot (PNG), or a cell that shows a widget (ipywidgets, interact, a live view) with
+    no static output after the widget."""
+    problems = []
+    for i, c in enumerate(nb.cells):
+        if c.cell_type != "code":
+            continue
+        outs = [o.get("data", {}) if "data" in o else {"stream": o.get("text", "")} for o in c.get("outputs", [])]
+        if _LIVE.search(c.source):
+            if not any('data-live="view"' in d.get("text/html", "") for d in outs):
+                problems.append(f"cell {i}: a live view without its last frame as HTML")
+            if not any("image/png" in d for d in outs):
+                problems.append(f"cell {i}: a live view without its plot as an image")
+        last_widget = max((j for j, d in enumerate(outs) if _WIDGET in d), default=None)
+        if (_SHOWS_WIDGET.search(c.source) and last_widget is not None
+                and not any(_is_static(d) for d in outs[last_widget + 1:])):
+            problems.append(f"cell {i}: a widget with no static output after it")
+    return problems

@@ -1,5 +1,5 @@
-"""The notebook render check can fail: a broken image is counted as not rendered, and a
-blank screenshot has no ink."""
+"""The notebook render check can fail: a broken image is counted as not rendered, a blank
+screenshot has no ink, and a live view or widget without a static end state is named."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import types
 
 import pytest
-from notebook_page import chromium, ink_fraction, notebook_html, render
+from notebook_page import chromium, ink_fraction, notebook_html, render, static_frame_problems
 
 
 def _png(color: str) -> str:
@@ -43,3 +43,30 @@ def test_a_broken_image_and_a_blank_page_are_caught(tmp_path):
     blank = tmp_path / "blank.png"
     blank.write_bytes(base64.b64decode(_png("white")))
     assert ink_fraction(blank) < 0.001
+
+
+def _cell(source: str, outputs: list[dict]) -> types.SimpleNamespace:
+    return types.SimpleNamespace(cell_type="code", source=source, get=lambda k, d=None: outputs)
+
+
+def test_a_live_view_or_widget_without_a_static_end_state_is_named():
+    widget = {"output_type": "display_data", "data": {
+        "application/vnd.jupyter.widget-view+json": {"model_id": "x"}, "text/plain": "VBox(...)"}}
+    frame = {"output_type": "display_data", "data": {"text/html": '<div data-live="view">..</div>'}}
+    plot = {"output_type": "display_data", "data": {"image/png": "iVBOR", "text/plain": "<Figure>"}}
+    printed = {"output_type": "stream", "name": "stdout", "text": "load 0.50 ...\n"}
+    nb = types.SimpleNamespace(cells=[
+        _cell("with LiveView(llm):\n    llm.generate(p)", [widget]),                # the widget only
+        _cell("llm.generate(p, live=True)", [frame, plot]),                         # frame + plot
+        _cell("interact(f, load=FloatSlider())", [widget, printed]),                # text after it
+        _cell("interact(f, load=FloatSlider())", [printed, widget]),                # nothing after
+        _cell("with LiveView(llm):\n    llm.generate(p)", [frame]),                 # no plot
+        _cell("llm.generate(p)", [widget]),                   # a progress bar: not a view by intent
+    ])
+    assert static_frame_problems(nb) == [
+        "cell 0: a live view without its last frame as HTML",
+        "cell 0: a live view without its plot as an image",
+        "cell 0: a widget with no static output after it",
+        "cell 3: a widget with no static output after it",
+        "cell 4: a live view without its plot as an image",
+    ]

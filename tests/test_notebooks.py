@@ -3,6 +3,9 @@
 Its outputs are clean (no traceback, no warning on stderr, no chat-template token such as
 <|im_end|> in printed text), and its static HTML (reprs, block maps, plots) renders in
 headless Chromium: every image decodes, every table lays out, the screenshot is not blank.
+Every live view leaves a static end state: a LiveView cell (or `live=True`) holds its last
+frame as HTML and the recording as an image, and any widget still in an output is followed
+by a static output (a widget shows nothing without a kernel).
 The render check is skipped where Chromium is not installed (.ci/run installs Debian's).
 """
 
@@ -16,7 +19,7 @@ import re
 
 import pytest
 
-from notebook_page import chromium, ink_fraction, notebook_html, render
+from notebook_page import chromium, ink_fraction, notebook_html, render, static_frame_problems
 
 NOTEBOOKS = sorted(pathlib.Path(__file__).resolve().parents[1].joinpath("notebooks").glob("*.ipynb"))
 
@@ -27,8 +30,6 @@ EXPECTED_HTML = {
     "05_sampling": ['data-toolkit="sampler"'],
 }
 _SPECIAL = re.compile(r"<\|[a-z_]+\|>")          # <|im_end|>, <|endoftext|>, ...
-
-
 def _execute(path: pathlib.Path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -71,6 +72,8 @@ def test_notebook_runs(path: pathlib.Path, tmp_path: pathlib.Path) -> None:
     assert not warned, f"{path.name} prints warnings: {warned[0][:500]}"
     special = [m for _, t in texts for m in _SPECIAL.findall(t)]
     assert not special, f"{path.name} prints chat-template tokens {special[:3]}"
+    missing = static_frame_problems(nb)
+    assert not missing, f"{path.name}: {missing}"
     page = notebook_html(nb, path.stem)
     for needle in EXPECTED_HTML.get(path.stem, []):
         assert needle in page, f"{path.name}'s page lacks {needle!r}"

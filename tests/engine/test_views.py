@@ -254,3 +254,45 @@ def test_the_kv_panel_keeps_a_readable_scale(total):
         assert lines and kv.get_ylim()[1] >= 40 and kv.get_title() == "KV cache"
     else:
         assert not lines and kv.get_ylim()[1] < 30 and "65,536" in kv.get_title()
+
+
+def test_live_view_leaves_its_last_frame_and_plot_as_static_outputs(llm, monkeypatch):
+    """In a kernel the widget is shown with a display id; when the run ends that output is
+    replaced by the last frame as HTML, and the plot follows as an output of its own, so a
+    page without a kernel (nbconvert, GitHub) shows the end state instead of nothing."""
+    import IPython.display
+    import matplotlib
+
+    matplotlib.use("Agg")
+    shown, updates = [], []
+
+    class Handle:
+        def update(self, obj):
+            updates.append(obj)
+
+    def display(obj, display_id=None):
+        shown.append(obj)
+        return Handle() if display_id else None
+
+    monkeypatch.setattr(IPython.display, "display", display)
+    with LiveView(llm, interval=10.0, display=True, plot=True) as view:
+        llm.generate([[30, 31], [32, 33, 34]], PARAMS, use_tqdm=False)
+    assert shown[0] is view.widget and len(updates) == 1
+    frame = updates[0]
+    page = frame._repr_html_()
+    for part in ('data-live="status"', 'data-live="timeline"', 'data-live="blocks"'):
+        assert part in page
+    assert "not looked at yet" not in page                       # the block map of the end
+    assert frame.state.num_finished == 2 and f"step {frame.state.step + 1}:" in repr(frame)
+    assert type(shown[-1]).__name__ == "Figure"                  # the recording, as an image
+
+
+def test_live_view_shows_no_frame_for_a_run_without_steps(llm, monkeypatch):
+    import IPython.display
+
+    updates = []
+    handle = type("Handle", (), {"update": lambda self, obj: updates.append(obj)})()
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=None: handle)
+    with LiveView(llm, interval=0, display=True, plot=True):
+        pass
+    assert updates == []

@@ -4,8 +4,9 @@
         llm.generate(prompts, params)
 
 While the engine steps, the view shows the step count, tokens/s, queue depths, KV usage,
-a tokens-per-step timeline and the KV block map; when the block ends it plots the whole
-recording (StepRecorder.plot). It is a step observer: nothing runs when none is attached.
+a tokens-per-step timeline and the KV block map; when the block ends the widget is replaced
+by its last frame as plain HTML (a page without a kernel, such as nbconvert's HTML or GitHub,
+shows no widget, but shows that) and the whole recording is plotted (StepRecorder.plot). It is a step observer: nothing runs when none is attached.
 Without ipywidgets the panes are replaced by a message saying how to get them, and the
 plot is still drawn at the end; outside a Jupyter kernel nothing is shown, the run is only
 recorded (`view.recorder`, `view.states`).
@@ -56,6 +57,7 @@ class LiveView:
         self.widget = None
         self._last_draw = float("-inf")
         self._panes: dict[str, Any] = {}
+        self._handle: Any = None               # the shown widget's DisplayHandle (None: not in a kernel)
 
     # -- the observer --
     def __call__(self, rec) -> None:
@@ -89,7 +91,8 @@ class LiveView:
         if self.display:
             from IPython.display import display
 
-            display(self.widget if self.widget is not None else _Text(self.message))
+            self._handle = display(self.widget if self.widget is not None else _Text(self.message),
+                                   display_id=True)
         self.engine.add_observer(self)
         return self
 
@@ -97,6 +100,9 @@ class LiveView:
         self.engine.remove_observer(self)
         if self.model.state.step >= 0 and (not self.states or self.states[-1] is not self.model.state):
             self._draw(self.model.update_blocks())        # the last state, block map included
+        if self._handle is not None and self.model.state.step >= 0:
+            # the widget's output becomes the last frame as HTML: it stays in the saved notebook
+            self._handle.update(LastFrame(self.model.state))
         if self.plot and self.display and len(self.recorder):
             self._show_plot()
 
@@ -112,6 +118,22 @@ class LiveView:
 
     def _repr_html_(self) -> str:
         return render_all(self.model.state)
+
+
+class LastFrame:
+    """A LiveState frozen for display: the widget's panes as static HTML, a status line as text."""
+
+    def __init__(self, state: LiveState) -> None:
+        self.state = state
+
+    def _repr_html_(self) -> str:
+        return render_all(self.state)
+
+    def __repr__(self) -> str:
+        s = self.state
+        return (f"LastFrame(step {s.step + 1}: {s.num_tokens} tokens, {s.tokens_per_s:.1f} tokens/s, "
+                f"{s.num_finished} finished, {s.num_waiting} waiting, "
+                f"KV {s.kv_blocks_used}/{s.kv_blocks_total} blocks)")
 
 
 class _Text:
