@@ -20,17 +20,17 @@ import shutil
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from toolkit.kv_transfer.kv_store import block_nbytes, check_block
+from toolkit.kv_transfer.kv_store import LRUKeys, block_nbytes, check_block
 
 SUFFIX = ".kv"
 
 
-class DiskKVStore:
+class DiskKVStore(LRUKeys):
     def __init__(self, root: str | os.PathLike, block_shape: Sequence[int], dtype: torch.dtype,
                  capacity_bytes: int, *, persistent: bool = True) -> None:
         if not isinstance(capacity_bytes, int) or isinstance(capacity_bytes, bool) or capacity_bytes < 1:
@@ -44,7 +44,7 @@ class DiskKVStore:
                              f"{self.block_bytes} bytes; give at least {self.block_bytes}")
         self.persistent = bool(persistent)
         self._lock = threading.Lock()
-        self._index: OrderedDict[str, None] = OrderedDict()   # keys, least recently used first
+        self._lru: OrderedDict[str, None] = OrderedDict()   # keys, least recently used first
         self.num_puts = self.num_gets = self.num_evicted = 0
         self._scan()
 
@@ -60,8 +60,8 @@ class DiskKVStore:
                 else:
                     p.unlink(missing_ok=True)    # another layout's or a truncated block
         for _, key in sorted(found):
-            self._index[key] = None
-        while len(self._index) > self.capacity_blocks:    # a smaller bound than last time
+            self._lru[key] = None
+        while len(self._lru) > self.capacity_blocks:    # a smaller bound than last time
             self._evict_one()
 
     def _path(self, key: str) -> Path:
@@ -70,15 +70,11 @@ class DiskKVStore:
         return self.root / (key + SUFFIX)
 
     @property
-    def num_blocks(self) -> int:
-        return len(self._index)
-
-    @property
     def nbytes(self) -> int:
-        return len(self._index) * self.block_bytes
+        return len(self._lru) * self.block_bytes
 
     def __contains__(self, key: str) -> bool:
-        return key in self._index or self._adopt(key)
+        return key in self._lru or self._adopt(key)
 
     def _adopt(self, key: str) -> bool:
         """A file another process wrote (a shared directory: prefill/decode across processes)."""
@@ -88,35 +84,17 @@ class DiskKVStore:
             return False
         if ok:
             with self._lock:
-                self._index.setdefault(key, None)
+                self._lru.setdefault(key, None)
         return ok
-
-    def keys(self) -> list[str]:
-        with self._lock:
-            return list(self._index)
-
-    def lookup(self, keys: Iterable[str]) -> int:
-        n = 0
-        for k in keys:
-            if k not in self:
-                break
-            n += 1
-        return n
-
-    def touch(self, keys: Iterable[str]) -> None:
-        with self._lock:
-            for k in keys:
-                if k in self._index:
-                    self._index.move_to_end(k)
 
     def put(self, key: str, block: torch.Tensor) -> bool:
         check_block(block, self.block_shape, self.dtype)
         path = self._path(key)
         with self._lock:
-            if key in self._index:
-                self._index.move_to_end(key)
+            if key in self._lru:
+                self._lru.move_to_end(key)
                 return True
-            while len(self._index) >= self.capacity_blocks:
+            while len(self._lru) >= self.capacity_blocks:
                 self._evict_one()
         raw = block.detach().to("cpu").contiguous().view(torch.uint8).numpy()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -124,7 +102,7 @@ class DiskKVStore:
         raw.tofile(tmp)
         os.replace(tmp, path)
         with self._lock:
-            self._index[key] = None
+            self._lru[key] = None
             self.num_puts += 1
         return True
 
@@ -150,11 +128,11 @@ class DiskKVStore:
 
     def remove(self, key: str) -> None:
         with self._lock:
-            self._index.pop(key, None)
+            self._lru.pop(key, None)
             self._path(key).unlink(missing_ok=True)
 
     def _evict_one(self) -> None:
-        key, _ = self._index.popitem(last=False)
+        key, _ = self._lru.popitem(last=False)
         self._path(key).unlink(missing_ok=True)
         self.num_evicted += 1
 
@@ -165,7 +143,7 @@ class DiskKVStore:
         """Keep the files (persistent) or delete the directory."""
         if not self.persistent:
             with self._lock:
-                self._index.clear()
+                self._lru.clear()
             shutil.rmtree(self.root, ignore_errors=True)
 
     def __repr__(self) -> str:

@@ -36,35 +36,26 @@ def check_block(block: torch.Tensor, shape: Sequence[int], dtype: torch.dtype) -
                          f"got {list(block.shape)} {block.dtype}")
 
 
-class MemoryKVStore:
-    def __init__(self, block_shape: Sequence[int], dtype: torch.dtype, capacity_blocks: int) -> None:
-        if not isinstance(capacity_blocks, int) or isinstance(capacity_blocks, bool) or capacity_blocks < 1:
-            raise ValueError(f"capacity_blocks must be a positive integer, got {capacity_blocks!r}")
-        self.block_shape, self.dtype = tuple(int(s) for s in block_shape), dtype
-        self.capacity_blocks = capacity_blocks
-        self._data: OrderedDict[str, torch.Tensor] = OrderedDict()
-        self._lock = threading.Lock()
-        self.num_puts = self.num_gets = self.num_evicted = 0
+class LRUKeys:
+    """What both stores share: `_lru`, an OrderedDict keyed by store key, least recently
+    used first, guarded by `_lock`. `key in store` may look further than `_lru` (a
+    DiskKVStore adopts a file another process wrote), so lookup asks it."""
+
+    _lru: OrderedDict
+    _lock: threading.Lock
 
     @property
     def num_blocks(self) -> int:
-        return len(self._data)
-
-    @property
-    def nbytes(self) -> int:
-        return len(self._data) * block_nbytes(self.block_shape, self.dtype)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._data
+        return len(self._lru)
 
     def keys(self) -> list[str]:
         with self._lock:
-            return list(self._data)
+            return list(self._lru)
 
     def lookup(self, keys: Iterable[str]) -> int:
         n = 0
         for k in keys:
-            if k not in self._data:
+            if k not in self:
                 break
             n += 1
         return n
@@ -72,36 +63,54 @@ class MemoryKVStore:
     def touch(self, keys: Iterable[str]) -> None:
         with self._lock:
             for k in keys:
-                if k in self._data:
-                    self._data.move_to_end(k)
+                if k in self._lru:
+                    self._lru.move_to_end(k)
+
+
+class MemoryKVStore(LRUKeys):
+    def __init__(self, block_shape: Sequence[int], dtype: torch.dtype, capacity_blocks: int) -> None:
+        if not isinstance(capacity_blocks, int) or isinstance(capacity_blocks, bool) or capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be a positive integer, got {capacity_blocks!r}")
+        self.block_shape, self.dtype = tuple(int(s) for s in block_shape), dtype
+        self.capacity_blocks = capacity_blocks
+        self._lru: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+        self.num_puts = self.num_gets = self.num_evicted = 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._lru) * block_nbytes(self.block_shape, self.dtype)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._lru
 
     def put(self, key: str, block: torch.Tensor) -> bool:
         check_block(block, self.block_shape, self.dtype)
         with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
+            if key in self._lru:
+                self._lru.move_to_end(key)
                 return True
-            while len(self._data) >= self.capacity_blocks:
-                self._data.popitem(last=False)
+            while len(self._lru) >= self.capacity_blocks:
+                self._lru.popitem(last=False)
                 self.num_evicted += 1
-            self._data[key] = block.detach().to("cpu", copy=True)
+            self._lru[key] = block.detach().to("cpu", copy=True)
             self.num_puts += 1
             return True
 
     def get(self, key: str) -> torch.Tensor:
         with self._lock:
-            block = self._data[key]          # KeyError: evicted or never stored
-            self._data.move_to_end(key)
+            block = self._lru[key]          # KeyError: evicted or never stored
+            self._lru.move_to_end(key)
             self.num_gets += 1
             return block
 
     def remove(self, key: str) -> None:
         with self._lock:
-            self._data.pop(key, None)
+            self._lru.pop(key, None)
 
     def close(self) -> None:
         with self._lock:
-            self._data.clear()
+            self._lru.clear()
 
     def __repr__(self) -> str:
         return (f"MemoryKVStore(blocks={self.num_blocks}/{self.capacity_blocks}, "
