@@ -44,10 +44,14 @@ def time_layers(m: int, n_in: int, n_out: int, layers: int, reps: int = 20, op=F
     def run() -> None:                 # F.linear, as the model's Linear calls it
         outs[:] = [op(x, w) for w in ws]
 
+    return graph_us(run, layers, reps)
+
+
+def graph_us(run, layers: int, reps: int) -> float:
+    """Median us per layer of `run` (which runs `layers` ops) replayed from one CUDA graph."""
     run()
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
+    g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         g.capture_begin()
@@ -64,7 +68,6 @@ def time_layers(m: int, n_in: int, n_out: int, layers: int, reps: int = 20, op=F
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3 / layers)
-    del ws, outs, g
     return statistics.median(times)
 
 

@@ -21,38 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gemm_blas import projections
+from benchmarks.gemm_blas import graph_us, projections
 
 SCHEMES = ("bf16", "fp8", "fp8 gemm", "int8", "w4a16", "fp8 block")
-
-
-def _graph_us(run: Callable[[], None], layers: int, reps: int) -> float:
-    run()
-    torch.cuda.synchronize()
-    g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        g.capture_begin()
-        run()
-        g.capture_end()
-    torch.cuda.current_stream().wait_stream(s)
-    for _ in range(3):
-        g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / layers)
-    return statistics.median(times)
 
 
 def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[], None]:
@@ -118,7 +94,7 @@ def main() -> None:
         for proj, (n_in, n_out) in projections("llama8b").items():
             row = dict(batch=m, proj=proj, n_in=n_in, n_out=n_out)
             for scheme in schemes:
-                row[scheme] = _graph_us(_ops(scheme, m, n_in, n_out, args.layers), args.layers, args.reps)
+                row[scheme] = graph_us(_ops(scheme, m, n_in, n_out, args.layers), args.layers, args.reps)
                 row[f"{scheme} floor"] = floor_us(scheme, m, n_in, n_out, args.copy_bw, args.matmul_flops)
                 torch.cuda.empty_cache()
             rows.append(row)
