@@ -53,6 +53,8 @@ CATALOG = {b.name: b for b in [
               "against building a new LLM"),
     Benchmark("quant_gemm", "quant_gemm", "FP8 / INT8 W8A8 and W4A16 GEMMs at the Llama-3.1-8B shapes "
               "against cuBLAS bf16 and their rooflines"),
+    Benchmark("quant_decode", "quant_decode", "the steady decode step at batch 1/16/64 with fp8 and "
+              "W4A16 weights against bf16, Llama-3.1-8B shape, one process"),
     Benchmark("quant_fusion", "quant_fusion", "RMSNorm / SiLU-and-mul fused with per-token fp8 / int8 "
               "activation quantization against the unfused pair, at the Llama-3.1-8B shapes"),
     Benchmark("quant_divergence", "quant_divergence", "quantized weights' KL and top-1 agreement against "

@@ -153,6 +153,15 @@ def _quant_fusion(raw: dict) -> list[dict]:
             for r in raw["rows"] for op in names if f"{op} fused" in r and f"{op} unfused" in r]
 
 
+def _quant_decode(raw: dict) -> list[dict]:
+    """Per scheme and batch: the steady decode step in ms against bf16's in the same process."""
+    base = {r["batch"]: r["step_ms"] for r in raw["rows"] if r["scheme"] == "bf16"}
+    return [figure(f"decode step, {r['scheme']} weights, {raw['shape']}, batch {r['batch']}", round(r["step_ms"], 3),
+                   "ms", peer="bf16 weights", peer_value=round(base[r["batch"]], 3),
+                   config={"shape": raw["shape"], "scheme": r["scheme"], "batch": r["batch"]})
+            for r in raw["rows"] if r["scheme"] != "bf16" and r["batch"] in base]
+
+
 def _sleep_mode(raw: dict) -> list[dict]:
     """Per level: sleep then wake (weights and KV cache) in s against building a new LLM; then
     update_weights' GB/s from host and from device tensors."""
@@ -218,7 +227,7 @@ def _kv_transfer(raw: dict) -> list[dict]:
 EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
     "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention, "moe": _moe,
     "embed": _embed, "lora": _lora, "quant_gemm": _quant_gemm, "quant_fusion": _quant_fusion,
-    "sleep_mode": _sleep_mode, "replicas": _replicas, "kv_transfer": _kv_transfer}
+    "quant_decode": _quant_decode, "sleep_mode": _sleep_mode, "replicas": _replicas, "kv_transfer": _kv_transfer}
 
 
 def extract(name: str, raw: Any) -> list[dict]:

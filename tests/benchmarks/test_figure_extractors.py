@@ -47,7 +47,7 @@ def _by_name(name: str, raw: dict) -> dict[str, dict]:
 
 
 def test_every_new_benchmark_has_an_extractor():
-    for name in ("lora", "quant_gemm", "quant_fusion", "sleep_mode", "replicas", "kv_transfer"):
+    for name in ("lora", "quant_gemm", "quant_fusion", "quant_decode", "sleep_mode", "replicas", "kv_transfer"):
         assert name in EXTRACTORS
 
 
@@ -82,3 +82,16 @@ def test_sleep_replicas_and_kv_transfer_figures():
     assert f["TTFT of the first ask after a restart, 8192-token document, disk tier"]["ratio"] == 0.25
     assert f["KV transfer host to device, 512 blocks"]["ratio"] == 0.625
     assert extract("replicas", {}) == [] and extract("kv_transfer", {"ttft": {}}) == []
+
+
+def test_quant_decode_figures_are_against_bf16_at_the_same_batch(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "qd.json"            # the script's own CPU run writes the shape extracted
+    subprocess.run([sys.executable, "-m", "benchmarks.quant_decode", "--tiny", "--schemes", "bf16,ct_fp8_dynamic",
+                    "--batches", "1,4", "--steps", "2", "--out", str(out)], check=True, capture_output=True)
+    f = _by_name("quant_decode", json.loads(out.read_text()))
+    assert set(f) == {f"decode step, ct_fp8_dynamic weights, tiny, batch {b}" for b in (1, 4)}
+    assert all(x["peer"] == "bf16 weights" and x["value"] > 0 for x in f.values())
