@@ -231,6 +231,8 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
 
 def _grammar_limits(value: Any) -> Any:
     """EngineConfig.grammar_limits as a GrammarLimits (None: the compiler's defaults)."""
+    if value is None:              # the grammar package (outlines-core) loads on first use only
+        return None
     from toolkit.samplers.grammar.limits import GrammarLimits
 
     gl = GrammarLimits(**value) if isinstance(value, dict) else value
