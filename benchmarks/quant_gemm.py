@@ -10,6 +10,7 @@ graph, per GEMM, median of the replays:
     int8        the same quantization + torch._int_mm and the fp32 scale epilogue
     w4a16       the Triton W4A16 kernel (group 128, zero points), dequantizing in its inner loop
     fp8 block   the Triton grouped-W8 kernel (128 x 128 block scales, activations unquantized)
+    fp8 w8a16   the same kernel on per-channel fp8 weights (one group of K), bf16 activations
 
 Floor of each: max(bytes it must move / copy bandwidth, FLOPs / peak), with the weight bytes of
 its format (2, 1, 1, 0.5 + scales) and the fp8 / int8 peak twice the bf16 one.
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 
 from benchmarks.gemm_blas import graph_us, projections
 
-SCHEMES = ("bf16", "fp8", "fp8 gemm", "int8", "w4a16", "fp8 block")
+SCHEMES = ("bf16", "fp8", "fp8 gemm", "int8", "w4a16", "fp8 block", "fp8 w8a16")
 
 
 def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[], None]:
@@ -64,13 +65,16 @@ def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[]
                torch.rand(n_out, groups, device="cuda") * 1e-3,
                torch.randint(0, 16, (n_out, groups), device="cuda", dtype=torch.uint8)) for _ in range(layers)]
         return lambda: outs.__setitem__(slice(None), [w4a16_gemm(x, q, s, z, 128) for q, s, z in ws])
+    if scheme == "fp8 w8a16":          # per-channel fp8 weights, bf16 activations: one group of n_in
+        ws = [per_token_quant(dense(), ref.FP8) for _ in range(layers)]
+        return lambda: outs.__setitem__(slice(None), [grouped_w8a16_gemm(x, w, s, n_in) for w, s in ws])
     ws = [(dense().to(ref.FP8), torch.rand(n_out, groups, device="cuda") * 1e-3) for _ in range(layers)]
     return lambda: outs.__setitem__(slice(None), [grouped_w8a16_gemm(x, w, s, 128) for w, s in ws])
 
 
 def floor_us(scheme: str, m: int, n_in: int, n_out: int, copy_bw: float, bf16_flops: float) -> float:
     w_bytes = {"bf16": 2.0, "w4a16": 0.5 + 4 * 2 / 128}.get(scheme, 1.0 + (4 / 128**2 if scheme == "fp8 block" else 0))
-    a_bytes = 2 if scheme in ("bf16", "w4a16", "fp8 block") else 3     # bf16 in (+ 1-byte codes), bf16 out
+    a_bytes = 2 if scheme in ("bf16", "w4a16", "fp8 block", "fp8 w8a16") else 3     # bf16 in (+ 1-byte codes), bf16 out
     bytes_ = n_in * n_out * w_bytes + m * (n_in * a_bytes + n_out * 2)
     peak = bf16_flops * (2 if scheme in ("fp8", "fp8 gemm", "int8") else 1)
     return max(bytes_ / copy_bw, 2 * m * n_in * n_out / peak) * 1e6

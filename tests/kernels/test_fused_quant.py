@@ -34,10 +34,10 @@ def _rows(t: int, k: int, seed: int, zero_row: bool, big: bool) -> torch.Tensor:
     return x
 
 
-def _codes_match(q: torch.Tensor, q_ref: torch.Tensor, dtype: torch.dtype) -> None:
+def _codes_match(q: torch.Tensor, q_ref: torch.Tensor, dtype: torch.dtype, int8_steps: int = 1) -> None:
     assert q.dtype == dtype and q.shape == q_ref.shape
     if dtype == torch.int8 or q.is_cuda:
-        step = 1 if dtype == torch.int8 else 32               # fp8: one e4m3 step at 448
+        step = int8_steps if dtype == torch.int8 else 32     # fp8: one e4m3 step at 448
         assert (q.float() - q_ref.float()).abs().max().item() <= step if q.numel() else True
 
 
@@ -123,4 +123,7 @@ def test_gpu_bf16_real_shapes(t, qdtype):
     q, s = silu_and_mul_per_token_quant(gu, qdtype)
     q_ref, s_ref = ref.silu_and_mul_per_token_quant(gu, qdtype)
     torch.testing.assert_close(s, s_ref, **SCALE_TOL[torch.bfloat16])
-    _codes_match(q, q_ref, qdtype)
+    # bf16: the twin rounds silu(gate) to bf16 before the product (two roundings), the kernel
+    # once, so a dense value may differ by a bf16 ulp (up to 2^-7 of it): one int8 step at
+    # 127, plus the code's own rounding (seen once at t=333 on the H200)
+    _codes_match(q, q_ref, qdtype, int8_steps=2)
