@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.quant_gemm import _graph_us
+from benchmarks.gemm_blas import graph_us
 
 HIDDEN, INTERMEDIATE = 4096, 14336
 
@@ -81,7 +81,7 @@ def main() -> None:
         for m in [int(b) for b in args.batches.split(",")]:
             row: dict = dict(codes=str(dtype).removeprefix("torch."), batch=m)
             for name, run in _variants(m, dtype, args.layers).items():
-                row[name] = _graph_us(run, args.layers, args.reps)
+                row[name] = graph_us(run, args.layers, args.reps)
                 row[f"{name} floor"] = floor_us(name, m, args.copy_bw)
             torch.cuda.empty_cache()
             rows.append(row)
