@@ -108,7 +108,7 @@ class BertModel(CausalLM):
         self.finish(num_heads=c.num_attention_heads, num_kv_heads=c.num_attention_heads, head_dim=d,
                     hidden=c.hidden_size, vocab_size=c.vocab_size,
                     layers=[LayerAttention(causal=False)] * c.num_hidden_layers,
-                    supports_tensor_parallel=False, supports_generation=False)
+                    supports_generation=False)
 
     def token_types(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """int64 [T]: 1 after the first [SEP] of each sequence (a text pair's second text), else 0.

@@ -64,7 +64,7 @@ import torch
 
 from toolkit.parallel.shard import StepMsg, kv_blocks_fit, make_kv_and_attention, run_rank
 from toolkit.parallel.worker import WorkerSpec, worker_main
-from toolkit.worker.executor import ForwardOutput
+from toolkit.worker.executor import ForwardOutput, no_rows
 from toolkit.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -183,25 +183,26 @@ class TPExecutor:
                  num_blocks)
 
     # -- the Executor contract (toolkit/worker/executor.py) --
-    supports_hidden = False            # the logits are gathered; hidden states stay on the ranks
+    supports_hidden = True             # rank 0's hidden states are whole (the pooler reads them)
+    local_lm_head = False              # the LM head's vocabulary parts are gathered in execute()
 
     @property
     def graphs(self) -> Any:
         return self.runner.graphs
 
-    def execute(self, batch: Any, hidden: bool = False) -> ForwardOutput:
-        """The logits [N, V] and the prompt-logprob rows' logits [P, V] of a prepared Batch."""
-        if hidden:
-            raise ValueError("a tensor-parallel step returns logits, not hidden states")
+    def execute(self, batch: Any, hidden: bool = False, logits: bool = True) -> ForwardOutput:
+        """The logits [N, V] (logits=False: None) and the prompt-logprob rows' logits [P, V] of a
+        prepared Batch; hidden=True: rank 0's hidden states [T, H] too (the Executor contract)."""
         self._check_alive()
         try:
-            msg = StepMsg.of(batch)
+            rows = batch.logits_indices if logits else no_rows(batch)
+            msg = StepMsg.of(batch, len(rows))
             for conn in self.conns:
                 conn.send(("step", msg))
-            rows = batch.prompt_rows or []
-            prompt_rows = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-            packed = torch.cat([batch.input_ids, batch.positions, batch.logits_indices, prompt_rows])
-            return ForwardOutput(*run_rank(self.runner, self.group, msg, batch.layout, packed))
+            prompt_rows = torch.tensor(batch.prompt_rows or [], dtype=torch.int64).to(self.device, non_blocking=True)
+            packed = torch.cat([batch.input_ids, batch.positions, rows, prompt_rows])
+            x, prompt, h = run_rank(self.runner, self.group, msg, batch.layout, packed)
+            return ForwardOutput(x if logits else None, prompt, h if hidden else None)
         except BaseException as e:
             self._fail(e)
             if isinstance(e, Exception):

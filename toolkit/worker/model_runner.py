@@ -65,6 +65,15 @@ class ModelRunner:
         return hidden
 
     @torch.inference_mode()
+    def step(self, inputs: ForwardInputs, rows: torch.Tensor, prompt_rows: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """One step on this rank: forward, then logits(). (logits [N, V], prompt logits [P, V]
+        or None, hidden [T, hidden]); the hidden states are whole on every rank (the residual
+        stream is all-reduced, the final norm replicated), so rank 0's feed the pooler."""
+        hidden = self.forward(inputs)
+        return (*self.logits(hidden, rows, prompt_rows), hidden)
+
+    @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, rows: torch.Tensor, prompt_rows: torch.Tensor | None = None
                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(logits [N, V] of hidden's rows `rows`, logits [P, V] of `prompt_rows` or None): float32
