@@ -161,3 +161,37 @@ def test_tp2_cross_encoder_text_pairs_equal_tp1(cross_encoder):
 def _sep_token_id(runner) -> int | None:
     """On each rank (executor.call): the separator its model's token types use."""
     return runner.model.sep_token_id
+
+
+@pytest.mark.gpu
+def test_tp2_nccl_pooling_beside_generation_equals_tp1(checkpoint):
+    """On 2 GPUs: NCCL, piecewise CUDA graphs and async scheduling on each rank, the Triton
+    backends (causal and bidirectional); fp32 embeddings, scores and greedy tokens = TP=1's."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    _, folder = checkpoint("qwen3")
+    opts = dict(DECODER, device="cuda", dtype="float32", num_blocks=256)
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    runs = []
+    for tp in (1, 2):
+        with LLM(str(folder), tensor_parallel_size=tp, **opts) as llm:
+            e = llm.engine
+            for i, p in enumerate(PROMPTS):
+                e.add_request(p, greedy, request_id=f"g{i}")
+                e.add_request(p, PoolingParams(task="embed"), request_id=f"e{i}")
+                e.add_request(p, PoolingParams(task="score"), request_id=f"s{i}")
+            done = {}
+            while e.has_unfinished():
+                done.update({o.request_id: o for o in e.step() if o.finished})
+            _drained(llm)
+            runs.append(done)
+    a, b = runs
+    for i in range(len(PROMPTS)):
+        assert b[f"g{i}"].outputs[0].token_ids == a[f"g{i}"].outputs[0].token_ids
+        for k in "es":
+            _close(b[f"{k}{i}"].outputs.data.tolist(), a[f"{k}{i}"].outputs.data.tolist())
+    _, bert = checkpoint("bert")
+    enc = dict(ENCODER, device="cuda", dtype="float32", pooler_config={"pooling_type": "MEAN"})
+    with LLM(str(bert), **enc) as tp1, LLM(str(bert), tensor_parallel_size=2, **enc) as tp2:
+        for x, y in zip(tp1.embed(TEXTS), tp2.embed(TEXTS)):
+            _close(y.outputs.embedding, x.outputs.embedding)

@@ -7,7 +7,9 @@ executor): the sampler, the grammars, the proposer and async scheduling's on-dev
 feedback all stay in the process that holds them, unchanged — a user's sampler instance or
 pipeline stage need not be picklable, and logits [N, V] never cross a process boundary (the
 LM head's vocabulary parts are gathered by the collective straight into rank 0's device
-memory, where the sampler runs as at TP=1). The scheduler, allocator and samplers see a
+memory, where the sampler runs as at TP=1). Pooling likewise: rank 0's hidden states are
+whole (all-reduced, then the replicated final norm), so `execute(hidden=True)` hands them to
+the Runner's Pooler in this process. The scheduler, allocator and samplers see a
 Runner whose `forward(batch)` returns logits as before. The price: the engine's process
 takes part in the collectives, so a dead worker must never leave it blocked in one — gloo
 fails the collective as soon as a peer's socket closes; for NCCL a monitor thread aborts the
