@@ -7,7 +7,6 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import torch
-
 from server_util import Server, free_port
 
 OPTS = dict(num_blocks=128, block_size=8, max_num_seqs=8)
