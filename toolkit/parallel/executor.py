@@ -66,7 +66,7 @@ import torch
 
 from toolkit.parallel.shard import StepMsg, kv_blocks_fit, make_kv_and_attention, run_rank
 from toolkit.parallel.worker import WorkerSpec, worker_main
-from toolkit.worker.executor import ForwardOutput, no_rows
+from toolkit.worker.executor import ForwardOutput
 from toolkit.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class TPExecutor:
         prepared Batch; hidden=True: rank 0's hidden states [T, H] too (the Executor contract)."""
         self._check_alive()
         try:
-            rows = batch.logits_indices if logits else no_rows(batch)
+            rows = batch.logits_indices if logits else batch.logits_indices[:0]   # N = 0: no gather
             msg = StepMsg.of(batch, len(rows))
             for conn in self.conns:
                 conn.send(("step", msg))

@@ -36,11 +36,6 @@ class ForwardOutput:
     hidden: torch.Tensor | None = None          # [T, hidden] (execute(hidden=True))
 
 
-def no_rows(batch: Any) -> torch.Tensor:
-    """int64 [0]: the sampling rows of execute(logits=False)."""
-    return batch.logits_indices[:0]
-
-
 def forward_inputs(batch: Any) -> ForwardInputs:
     return ForwardInputs(batch.layout, batch.input_ids, batch.positions, batch.graph_batch,
                          batch.blocks_to_copy)
@@ -64,9 +59,9 @@ class LocalExecutor:
 
     def execute(self, batch: Any, hidden: bool = False, logits: bool = True) -> ForwardOutput:
         prompt_rows = (torch.tensor(batch.prompt_rows, device=self.device) if batch.prompt_rows else None)
-        rows = batch.logits_indices if logits else no_rows(batch)
-        x, prompt, h = self.runner.step(forward_inputs(batch), rows, prompt_rows)
-        return ForwardOutput(x if logits else None, prompt, h if hidden else None)
+        x, prompt, h = self.runner.step(forward_inputs(batch), batch.logits_indices if logits else None,
+                                        prompt_rows)
+        return ForwardOutput(x, prompt, h if hidden else None)
 
     def call(self, fn: Any, *args: Any) -> list[Any]:
         """fn(ModelRunner, *args) on the one rank: [its result] (TPExecutor.call's form)."""
