@@ -224,7 +224,7 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     engine.startup = startup
     engine.structured.limits = grammar_limits   # before any compile: the compiler is built lazily
     engine.sleep_mode.enabled = cfg.enable_sleep_mode
-    if executor.supports_hidden:          # pooling reads the hidden states (not tensor parallel yet)
+    if executor.supports_hidden:          # pooling reads the hidden states (rank 0's under TP)
         _attach_pooling(engine, runner, model, tokenizer, folder, cfg)
     return engine
 
@@ -270,10 +270,13 @@ def _attach_pooling(engine: Engine, runner: Runner, model: Any, tokenizer: Any, 
     from toolkit.engine.pooling import EnginePooling
     from toolkit.pooling.accumulate import PoolingState
     from toolkit.pooling.build import build_pooler
+    from toolkit.pooling.ranks import executor_logits, set_sep_token_id
 
     if getattr(model, "sep_token_id", 0) is None and tokenizer is not None:
-        model.sep_token_id = tokenizer.sep_token_id     # an encoder's text-pair token types
-    pooler = build_pooler(model, tokenizer, folder, cfg.pooler_config)
+        # an encoder's text-pair token types, on every tensor-parallel rank (each embeds them)
+        runner.executor.call(set_sep_token_id, tokenizer.sep_token_id)
+    pooler = build_pooler(model, tokenizer, folder, cfg.pooler_config,
+                          compute_logits=partial(executor_logits, runner.executor))
     runner.pooling = PoolingState(pooler)
     engine.pooling = EnginePooling(pooler, causal=all(x.causal for x in model.spec.layers))
 

@@ -231,7 +231,7 @@ class LLM:
     def _pooling_engine(self):
         engine = self._engine()
         if engine.pooling is None:
-            raise ValueError("this engine cannot pool (tensor parallel engines serve generation only)")
+            raise ValueError("this engine cannot pool: its executor does not return hidden states")
         return engine
 
     def _engine(self):

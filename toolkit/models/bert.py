@@ -31,6 +31,7 @@ from toolkit.models.layers import (
     qkv,
     replicated,
 )
+from toolkit.models.layers.parallel import head_slice
 from toolkit.pooling.config import PoolerConfig
 
 SKIPPED = ("embeddings.position_ids", "cls.")
@@ -50,14 +51,16 @@ class BertLayer(nn.Module):
         super().__init__()
         c, name = m.config, f"encoder.layer.{i}"
         h, d = c.num_attention_heads, c.hidden_size // c.num_attention_heads
-        norm = dict(dtype=m.dtype, device=m.device)
-        self.index, self.num_heads, self.head_dim = i, h, d
+        norm, g = dict(dtype=m.dtype, device=m.device), m.group
         self.attention = nn.Module()
         self.attention.self = nn.Module()
         self.attention.self.qkv = qkv(c.hidden_size, d, h, h, True, **m.linear(f"{name}.attention.self.qkv"))
+        # this rank's heads (all of them at TP=1)
+        self.index, self.num_heads, self.head_dim = i, self.attention.self.qkv.parts["q"][1].size // d, d
         self.attention.output = nn.Module()
         self.attention.output.dense = RowParallelLinear(h * d, c.hidden_size, True,
-                                                        **m.linear(f"{name}.attention.output.dense"))
+                                                        **m.linear(f"{name}.attention.output.dense"),
+                                                        cols=head_slice(h, d, g.rank, g.size))
         self.attention.output.LayerNorm = LayerNorm(c.hidden_size, c.layer_norm_eps, **norm)
         self.intermediate = nn.Module()
         self.intermediate.dense = column(c.hidden_size, c.intermediate_size, True,
@@ -104,11 +107,11 @@ class BertModel(CausalLM):
         self.lm_head = None
         # the pair separator of token types; build_engine sets it from the tokenizer when the config lacks it
         self.sep_token_id = getattr(c, "sep_token_id", None)
-        d = c.hidden_size // c.num_attention_heads
-        self.finish(num_heads=c.num_attention_heads, num_kv_heads=c.num_attention_heads, head_dim=d,
+        d, h = c.hidden_size // c.num_attention_heads, self.encoder.layer[0].num_heads   # this rank's heads
+        self.finish(num_heads=h, num_kv_heads=h, head_dim=d,
                     hidden=c.hidden_size, vocab_size=c.vocab_size,
                     layers=[LayerAttention(causal=False)] * c.num_hidden_layers,
-                    supports_tensor_parallel=False, supports_generation=False)
+                    supports_generation=False)
 
     def token_types(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """int64 [T]: 1 after the first [SEP] of each sequence (a text pair's second text), else 0.

@@ -7,7 +7,9 @@ executor): the sampler, the grammars, the proposer and async scheduling's on-dev
 feedback all stay in the process that holds them, unchanged — a user's sampler instance or
 pipeline stage need not be picklable, and logits [N, V] never cross a process boundary (the
 LM head's vocabulary parts are gathered by the collective straight into rank 0's device
-memory, where the sampler runs as at TP=1). The scheduler, allocator and samplers see a
+memory, where the sampler runs as at TP=1). Pooling likewise: rank 0's hidden states are
+whole (all-reduced, then the replicated final norm), so `execute(hidden=True)` hands them to
+the Runner's Pooler in this process. The scheduler, allocator and samplers see a
 Runner whose `forward(batch)` returns logits as before. The price: the engine's process
 takes part in the collectives, so a dead worker must never leave it blocked in one — gloo
 fails the collective as soon as a peer's socket closes; for NCCL a monitor thread aborts the
@@ -183,25 +185,26 @@ class TPExecutor:
                  num_blocks)
 
     # -- the Executor contract (toolkit/worker/executor.py) --
-    supports_hidden = False            # the logits are gathered; hidden states stay on the ranks
+    supports_hidden = True             # rank 0's hidden states are whole (the pooler reads them)
+    local_lm_head = False              # the LM head's vocabulary parts are gathered in execute()
 
     @property
     def graphs(self) -> Any:
         return self.runner.graphs
 
-    def execute(self, batch: Any, hidden: bool = False) -> ForwardOutput:
-        """The logits [N, V] and the prompt-logprob rows' logits [P, V] of a prepared Batch."""
-        if hidden:
-            raise ValueError("a tensor-parallel step returns logits, not hidden states")
+    def execute(self, batch: Any, hidden: bool = False, logits: bool = True) -> ForwardOutput:
+        """The logits [N, V] (logits=False: None) and the prompt-logprob rows' logits [P, V] of a
+        prepared Batch; hidden=True: rank 0's hidden states [T, H] too (the Executor contract)."""
         self._check_alive()
         try:
-            msg = StepMsg.of(batch)
+            rows = batch.logits_indices if logits else batch.logits_indices[:0]   # N = 0: no gather
+            msg = StepMsg.of(batch, len(rows))
             for conn in self.conns:
                 conn.send(("step", msg))
-            rows = batch.prompt_rows or []
-            prompt_rows = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
-            packed = torch.cat([batch.input_ids, batch.positions, batch.logits_indices, prompt_rows])
-            return ForwardOutput(*run_rank(self.runner, self.group, msg, batch.layout, packed))
+            prompt_rows = torch.tensor(batch.prompt_rows or [], dtype=torch.int64).to(self.device, non_blocking=True)
+            packed = torch.cat([batch.input_ids, batch.positions, rows, prompt_rows])
+            x, prompt, h = run_rank(self.runner, self.group, msg, batch.layout, packed)
+            return ForwardOutput(x if logits else None, prompt, h if hidden else None)
         except BaseException as e:
             self._fail(e)
             if isinstance(e, Exception):

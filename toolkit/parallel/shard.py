@@ -7,7 +7,9 @@ broadcast from rank 0's device instead, because with async scheduling some input
 only there (gathered on the device from the last step's tokens). Then every rank runs the
 ModelRunner TP=1 runs (toolkit/worker/model_runner.py: block copies, attention planned over its
 KV heads, its shard of the forward, eager or from CUDA graphs that hold the NCCL all-reduces)
-and joins the gather of the logits rows; rank 0 gets the logits [N, V].
+and joins the gather of the logits rows; rank 0 gets the logits [N, V], and its hidden
+states [T, H] are whole (all-reduced, then the replicated final norm): a pooling step's
+Pooler reads them in rank 0's process, as at TP=1.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ class StepMsg:
     lora: Any = None                       # LoRAStep: the step's slot loads and per-token slots
 
     @classmethod
-    def of(cls, batch: Any) -> "StepMsg":
+    def of(cls, batch: Any, num_rows: int | None = None) -> "StepMsg":
+        """num_rows: the sampling rows whose logits are gathered (None: all of batch.logits_indices)."""
         host = batch.layout.host
         fields = {f.name: getattr(host, f.name) for f in dataclasses.fields(host) if f.name != "host_copy"}
+        n = int(batch.logits_indices.shape[0]) if num_rows is None else num_rows
         return cls({k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in fields.items()},
-                   int(batch.logits_indices.shape[0]), len(batch.prompt_rows or ()), batch.graph_batch,
+                   n, len(batch.prompt_rows or ()), batch.graph_batch,
                    batch.blocks_to_copy, getattr(batch, "lora", None))
 
     def layout_on(self, device: torch.device) -> PagedKVLayout:
@@ -52,17 +56,19 @@ class StepMsg:
 
 
 def run_rank(runner: ModelRunner, group: Group, msg: StepMsg, layout: PagedKVLayout,
-             packed: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """One rank's part of a step: the broadcast of the step's ids, then the ModelRunner every
-    rank (and TP=1) runs. (logits [N, V], prompt logits [P, V] or None) on rank 0; (None, None)
-    elsewhere. packed: rank 0's int64 [2T + N + P] = input ids, positions, logits rows, prompt rows."""
+             packed: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """One rank's part of a step: the broadcast of the step's ids, then the ModelRunner step
+    every rank (and TP=1) runs. (logits [N, V], prompt logits [P, V] or None, hidden [T, H]) on
+    rank 0; (None, None, hidden) elsewhere. packed: rank 0's int64 [2T + N + P] = input ids,
+    positions, logits rows, prompt rows."""
     t, n, p = layout.num_tokens, msg.num_rows, msg.num_prompt_rows
     if packed is None:
         packed = torch.empty(2 * t + n + p, dtype=torch.int64, device=runner.device)
     group.broadcast(packed, 0)
     ids, positions, rows, prompt_rows = packed.split([t, t, n, p])
-    hidden = runner.forward(ForwardInputs(layout, ids, positions, msg.graph_batch, msg.blocks_to_copy))
-    return runner.logits(hidden, rows, prompt_rows if p else None)
+    return runner.step(ForwardInputs(layout, ids, positions, msg.graph_batch, msg.blocks_to_copy),
+                       rows, prompt_rows if p else None)
 
 
 def kv_blocks_fit(model: Any, block_size: int, dtype: torch.dtype, device: torch.device, *,

@@ -43,11 +43,14 @@ def token_ids_of(tokens: list[str | int], tokenizer: Any, vocab_size: int) -> li
     return ids
 
 
-def build_pooler(model: Any, tokenizer: Any, folder: str | Path | None,
-                 given: PoolerConfig | None) -> Pooler:
+def build_pooler(model: Any, tokenizer: Any, folder: str | Path | None, given: PoolerConfig | None,
+                 compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Pooler:
     """The Pooler; its classifier is the classifier_from_token recipe (the LM head's rows of
-    those tokens), else the model's own `classify(hidden [N, H]) -> logits [N, C]`, else none."""
+    those tokens), else the model's own `classify(hidden [N, H]) -> logits [N, C]`, else none.
+    compute_logits: hidden [N, H] -> float32 [N, V] (default model.compute_logits; a
+    tensor-parallel engine's runs every rank's part of the LM head: pooling/ranks.py)."""
     cfg = pooler_config_of(model, folder, given)
+    logits_of = compute_logits if compute_logits is not None else model.compute_logits
     head: Callable[[torch.Tensor], torch.Tensor] | None = None
     if cfg.classifier_from_token is not None:
         if not getattr(model.spec, "supports_generation", True):
@@ -55,7 +58,7 @@ def build_pooler(model: Any, tokenizer: Any, folder: str | Path | None,
         ids = torch.tensor(token_ids_of(cfg.classifier_from_token, tokenizer, model.spec.vocab_size))
 
         def head(x: torch.Tensor) -> torch.Tensor:
-            return model.compute_logits(x)[:, ids.to(x.device)]       # [N, len(tokens)]
+            return logits_of(x)[:, ids.to(x.device)]                   # [N, len(tokens)]
     elif callable(getattr(model, "classify", None)):
         head = model.classify
     return Pooler(cfg, head, dtype=model.spec.dtype)

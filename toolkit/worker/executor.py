@@ -1,13 +1,18 @@
 """Executor: runs a prepared step's forward wherever the model lives.
 
-    execute(batch, hidden=False) -> ForwardOutput   logits [N, V] of the sampling rows and
-                                                   prompt-logprob rows' logits; with hidden=True
-                                                   the hidden states instead (a sampler graph
-                                                   with the LM head inside takes those)
+    execute(batch, hidden=False, logits=True) -> ForwardOutput
+                                                   logits [N, V] of the sampling rows (logits=False:
+                                                   None, no LM head run: a sampler graph with the
+                                                   LM head inside) and prompt-logprob rows' logits;
+                                                   hidden=True: the hidden states [T, H] too (rank
+                                                   0's, whole on every rank: the pooler's input)
     enable_cuda_graphs(max_tokens, full_tokens) -> StepGraphs | None
     call(fn, *args) -> [fn(ModelRunner, *args) of each rank]   (sleep mode, weight updates)
     model, kv_cache, attention                      rank 0's
     supports_hidden                                 declared: execute(hidden=True) works
+    local_lm_head                                   declared: model.compute_logits runs in this
+                                                   process alone (False: the LM head is split over
+                                                   ranks, a collective only execute() runs)
     close()
 
 LocalExecutor runs one ModelRunner in this process; toolkit.parallel.executor.TPExecutor runs
@@ -38,6 +43,7 @@ def forward_inputs(batch: Any) -> ForwardInputs:
 
 class LocalExecutor:
     supports_hidden = True
+    local_lm_head = True
 
     def __init__(self, model: Any, attention: Any, kv_cache: Any, device: torch.device,
                  copy_backend: str = "auto") -> None:
@@ -51,14 +57,11 @@ class LocalExecutor:
     def enable_cuda_graphs(self, max_tokens: int, full_tokens: int | None = None) -> Any:
         return self.runner.graphs if self.runner.enable_cuda_graphs(max_tokens, full_tokens) else None
 
-    def execute(self, batch: Any, hidden: bool = False) -> ForwardOutput:
-        h = self.runner.forward(forward_inputs(batch))
-        prompt_rows = (torch.tensor(batch.prompt_rows, device=h.device) if batch.prompt_rows else None)
-        if hidden:
-            prompt = self.model.compute_logits(h[prompt_rows]) if prompt_rows is not None else None
-            return ForwardOutput(prompt_logits=prompt, hidden=h)
-        logits, prompt = self.runner.logits(h, batch.logits_indices, prompt_rows)
-        return ForwardOutput(logits, prompt)
+    def execute(self, batch: Any, hidden: bool = False, logits: bool = True) -> ForwardOutput:
+        prompt_rows = (torch.tensor(batch.prompt_rows, device=self.device) if batch.prompt_rows else None)
+        x, prompt, h = self.runner.step(forward_inputs(batch), batch.logits_indices if logits else None,
+                                        prompt_rows)
+        return ForwardOutput(x, prompt, h if hidden else None)
 
     def call(self, fn: Any, *args: Any) -> list[Any]:
         """fn(ModelRunner, *args) on the one rank: [its result] (TPExecutor.call's form)."""

@@ -65,11 +65,24 @@ class ModelRunner:
         return hidden
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor, rows: torch.Tensor, prompt_rows: torch.Tensor | None = None
+    def step(self, inputs: ForwardInputs, rows: torch.Tensor | None, prompt_rows: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """One step on this rank: forward, then logits(). (logits [N, V] (rows None: None, no
+        LM head), prompt logits [P, V] or None, hidden [T, hidden]); the hidden states are whole
+        on every rank (the residual stream is all-reduced, the final norm replicated), so rank
+        0's feed the pooler."""
+        hidden = self.forward(inputs)
+        return (*self.logits(hidden, rows, prompt_rows), hidden)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor, rows: torch.Tensor | None, prompt_rows: torch.Tensor | None = None
                ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(logits [N, V] of hidden's rows `rows`, logits [P, V] of `prompt_rows` or None): float32
-        on rank 0, None on the other ranks of a tensor-parallel group. N = 0 runs no collective."""
+        on rank 0, None on the other ranks of a tensor-parallel group. N = 0 runs no collective;
+        rows None (this process's LM head not wanted: a sampler graph runs it) gives None."""
         prompt = self.model.compute_logits(hidden[prompt_rows]) if prompt_rows is not None and len(prompt_rows) else None
+        if rows is None:
+            return None, prompt
         if len(rows):
             return self.model.compute_logits(hidden[rows]), prompt
         group = getattr(self.model, "group", None)

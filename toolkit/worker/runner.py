@@ -118,7 +118,7 @@ class Runner:
         self.graphs = self.executor.enable_cuda_graphs(max_tokens, full_tokens)   # every rank's
         if self.graphs is None:
             return False
-        if not self.executor.supports_hidden:       # tensor parallel: the logits come gathered
+        if not getattr(self.executor, "local_lm_head", False):   # tensor parallel: the logits come gathered
             return True
         # a sampler that declares graph_tail (samplers/base.py) gets its plain steps captured
         if callable(getattr(self.sampler, "graph_tail", None)):
@@ -161,16 +161,18 @@ class Runner:
         return Forwarded(batch, x, graphed, gpu_start, kv_connector_output=kvo)
 
     def _forward_pooling(self, batch: "Batch", graphed: bool, gpu_start: object) -> Forwarded:
-        """A step with pooling requests: hidden states -> their kept rows and finished results;
-        the logits of the sampling rows from the same hidden states."""
+        """A step with pooling requests: hidden states (rank 0's under tensor parallelism:
+        whole on every rank) -> their kept rows and finished results; the logits of the
+        sampling rows from the same forward (gathered over the ranks in the executor), or
+        the hidden states themselves for a sampler graph."""
         if self.pooling is None or not self.executor.supports_hidden:
             raise ValueError("this engine cannot pool: it has no pooler, or its executor does not "
-                             "return hidden states (tensor parallel)")
-        h = self.hidden(batch)                                           # [T, hidden]
-        pooled = self.pooling.take(h, batch.pooling)
-        if not graphed and batch.sampling:
-            h = self.model.compute_logits(h[batch.logits_indices])       # [N, V]
-        return Forwarded(batch, h, graphed, gpu_start, pooled=pooled)
+                             "return hidden states")
+        out = self.executor.execute(batch, hidden=True, logits=not graphed and bool(batch.sampling))
+        if batch.prompt_rows:
+            batch.prompt_logprobs = self._prompt_logprobs(batch, out.prompt_logits)
+        pooled = self.pooling.take(out.hidden, batch.pooling)           # hidden [T, H]
+        return Forwarded(batch, out.hidden if graphed else out.logits, graphed, gpu_start, pooled=pooled)
 
     @torch.inference_mode()
     def sample_tokens(self, f: Forwarded, grammars: Mapping[str, object] | None = None,
@@ -346,7 +348,7 @@ class Runner:
     def hidden(self, batch: Batch) -> torch.Tensor:
         """The hidden states [T, hidden] of the step's tokens (an executor that declares
         supports_hidden), for a sampler graph that runs the LM head itself."""
-        out = self.executor.execute(batch, hidden=True)
+        out = self.executor.execute(batch, hidden=True, logits=False)
         if batch.prompt_rows:
             batch.prompt_logprobs = self._prompt_logprobs(batch, out.prompt_logits)
         return out.hidden
