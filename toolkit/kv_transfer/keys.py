@@ -66,26 +66,26 @@ def kv_format(kv_cache: Any, tp_rank: int = 0, tp_size: int = 1) -> str:
 
 
 def namespace(identity: str, *, num_layers: int, block_size: int, num_kv_heads: int,
-              head_dim: int, dtype: Any, scales: str | None = None, tp: tuple[int, int] | None = None) -> str:
+              head_dim: int, dtype: Any, scales: str | None = None, tp_size: int = 1) -> str:
     """A directory name for blocks of this model and layout (32 hex digits); scales: an fp8
-    cache's scales_digest; tp: (rank, size) under tensor parallelism (size > 1)."""
+    cache's scales_digest; tp_size: the tensor-parallel size (num_kv_heads: one rank's)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(identity.encode())
     h.update(f"|L{num_layers}|bs{block_size}|H{num_kv_heads}|D{head_dim}|{dtype}".encode())
     if scales is not None:
         h.update(f"|scales:{scales}".encode())
-    if tp is not None and tp[1] > 1:
-        h.update(f"|tp{tp[1]}|rank{tp[0]}".encode())
+    if tp_size > 1:
+        h.update(f"|tp{tp_size}".encode())
     return h.hexdigest()
 
 
 def cache_namespace(identity: str, kv_cache: Any, tp_rank: int = 0, tp_size: int = 1) -> str:
-    """`namespace` of a KVCache (its scales set), with a readable suffix under TP:
-    <digest>-tp<size>-rank<rank> (each rank's directory holds its slice of the KV heads)."""
+    """`namespace` of a KVCache (its scales set); under TP one directory per rank,
+    <digest>-tp<size>-rank<rank>, each holding that rank's slice of the KV heads."""
     ns = namespace(identity, num_layers=kv_cache.num_layers, block_size=kv_cache.block_size,
                    num_kv_heads=kv_cache.num_kv_heads, head_dim=kv_cache.head_dim, dtype=kv_cache.dtype,
                    scales=scales_digest(kv_cache.k_scales, kv_cache.v_scales) if kv_cache.is_fp8 else None,
-                   tp=(tp_rank, tp_size))
+                   tp_size=tp_size)
     return ns if tp_size == 1 else f"{ns}-tp{tp_size}-rank{tp_rank}"
 
 

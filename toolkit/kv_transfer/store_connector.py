@@ -140,6 +140,10 @@ class StoreConnector(KVConnectorBase):
         self._saves.append(Transfer(rid, pairs))
         return True, None
 
+    def forget_saving(self, keys: Any) -> None:
+        """These keys' save is over (their blocks are in the store, or the save failed)."""
+        self._saving.difference_update(keys)
+
     # -- worker side --
     def _pool(self) -> ThreadPoolExecutor:
         if self._io is None:
@@ -220,7 +224,7 @@ class StoreConnector(KVConnectorBase):
                 continue
             del self._writing[rid]
             sending.add(rid)
-            self._saving.difference_update(k for k, _ in t.pairs)
+            self.forget_saving(k for k, _ in t.pairs)
             if fut.exception() is not None:
                 log.warning("KV save for request %s failed: %s", rid, fut.exception())
             else:
