@@ -1,0 +1,102 @@
+"""The disk tier under tensor parallelism (2 gloo processes on the CPU, the tiny model): each
+rank saves and loads its slice of the KV heads in its own directory; a restart gives TP=1's
+greedy tokens with the blocks loaded on every rank; the scheduler decides once how many
+blocks are loadable (a block one rank lost cuts every rank's run there); nothing is left
+on the device, the host or the disk, and a temporary tier deletes every rank's directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolkit import LLM, EngineConfig, SamplingParams
+from toolkit.blocks.hashing import hash_blocks
+from toolkit.kv_transfer.keys import block_key
+from toolkit.kv_transfer.kv_store import MemoryKVStore
+from toolkit.kv_transfer.store_connector import StoreConnector
+from toolkit.kv_transfer.tp import TPConnector, store_state
+
+BS = 4
+DOC = [(11 * j) % 480 + 20 for j in range(36)]          # a shared document of 9 blocks
+PROMPTS = [DOC + [5 + k, 6 + 2 * k, 7 + k] for k in range(3)] + [[(3 * j) % 200 + 90 for j in range(13)]]
+KW = dict(dtype="float32", device="cpu", block_size=BS, num_blocks=64)
+
+
+def _params() -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def _generate(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, _params(), use_tqdm=False)]
+
+
+def _no_leaks(llm: LLM) -> list[dict]:
+    s = llm.engine.scheduler
+    assert s.allocator.num_free_blocks() == s.allocator.num_blocks
+    assert not s.remote and s.num_held_blocks() == 0 and not s.requests
+    c = s.connector
+    assert isinstance(c, TPConnector)
+    assert c.num_in_flight() == 0 and not c.inner._saving and not c.inner._chains
+    states = llm.engine.runner.executor.call(store_state)
+    for st in states:
+        assert st["files"] == st["stored"] <= st["capacity"] and st["partial"] == 0
+        assert st["in_flight"] == 0 and st["saving"] == 0
+    return states
+
+
+@pytest.fixture(scope="module")
+def tp1(tiny_llama_dir):
+    with LLM(tiny_llama_dir, **KW) as llm:
+        return _generate(llm)
+
+
+def test_tp2_disk_tier_restart_equals_tp1(tiny_llama_dir, tmp_path, tp1):
+    with LLM(tiny_llama_dir, tensor_parallel_size=2, kv_cache_dir=str(tmp_path), **KW) as llm:
+        assert _generate(llm) == tp1
+        c = llm.engine.scheduler.connector
+        assert c.num_loaded_blocks == 0 and c.num_saved_blocks >= len(DOC) // BS
+        states = _no_leaks(llm)
+    roots = [Path(st["root"]) for st in states]
+    assert [r.name.split("-", 1)[1] for r in roots] == ["tp2-rank0", "tp2-rank1"]
+    assert all(r.parent == tmp_path and r.is_dir() for r in roots)
+    assert all(len(list(r.glob("*.kv"))) == states[0]["stored"] for r in roots)   # kept for the restart
+    # rank 1 loses the document's 6th block: no rank may load past the 5th
+    cut = 5
+    lost = roots[1] / (block_key(hash_blocks(DOC, BS, 0)[cut]) + ".kv")
+    lost.unlink()
+    with LLM(tiny_llama_dir, tensor_parallel_size=2, kv_cache_dir=str(tmp_path), **KW) as llm:
+        assert _generate(llm) == tp1
+        c = llm.engine.scheduler.connector
+        loaded = [rc["loaded"] for rc in c.rank_counters]
+        assert loaded[0] == loaded[1] == c.num_hit_blocks > 0, (loaded, c.num_hit_blocks)
+        # the document's prompts load at most `cut` blocks each (9 had rank 1 not lost one), the
+        # 4th prompt its 3 full blocks
+        assert c.num_hit_blocks <= cut * 3 + 3 and c.num_failed_blocks == 0
+        assert c.num_saved_blocks == 1                   # the lost block, saved again on both ranks
+        _no_leaks(llm)
+    assert lost.exists()                                 # computed again and saved by both ranks
+
+
+def test_tp2_temporary_tier_loads_and_deletes_every_rank_dir(tiny_llama_dir, tp1):
+    """A 16-block device cache cannot keep the document between requests: it comes from disk."""
+    opts = dict(KW, num_blocks=16, max_num_seqs=1)
+    with LLM(tiny_llama_dir, tensor_parallel_size=2, kv_connector="disk", **opts) as llm:
+        got = []
+        for k, p in enumerate(PROMPTS[:3]):
+            got.append(llm.generate([p], _params(), use_tqdm=False)[0].outputs[0].token_ids)
+            filler = [(13 * j + k) % 400 + 60 for j in range(44)]      # evicts the document
+            llm.generate([filler], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        c = llm.engine.scheduler.connector
+        assert c.num_loaded_blocks > 0
+        roots = [Path(st["root"]) for st in _no_leaks(llm)]
+        assert all(r.exists() for r in roots)
+    assert got == tp1[:3]
+    assert not any(r.exists() for r in roots)
+
+
+def test_a_connector_instance_is_refused_with_tp():
+    with pytest.raises(ValueError, match="instance cannot serve tensor_parallel_size"):
+        EngineConfig(tensor_parallel_size=2,
+                     kv_connector=StoreConnector(MemoryKVStore((2, 2, BS, 1, 16), torch.float32, 4), BS))
