@@ -15,6 +15,7 @@ from toolkit import LLM, EngineConfig, SamplingParams
 from toolkit.blocks.hashing import hash_blocks
 from toolkit.kv_transfer.keys import block_key
 from toolkit.kv_transfer.kv_store import MemoryKVStore
+from toolkit.kv_transfer.proxy import disaggregated_generate
 from toolkit.kv_transfer.store_connector import StoreConnector
 from toolkit.kv_transfer.tp import TPConnector, store_state
 
@@ -32,7 +33,8 @@ def _generate(llm: LLM) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, _params(), use_tqdm=False)]
 
 
-def _no_leaks(llm: LLM) -> list[dict]:
+def _no_leaks(llm: LLM, *, shared: bool = False) -> list[dict]:
+    """shared: a handoff directory another engine removes files from (its index is stale)."""
     s = llm.engine.scheduler
     assert s.allocator.num_free_blocks() == s.allocator.num_blocks
     assert not s.remote and s.num_held_blocks() == 0 and not s.requests
@@ -41,7 +43,7 @@ def _no_leaks(llm: LLM) -> list[dict]:
     assert c.num_in_flight() == 0 and not c.inner._saving and not c.inner._chains
     states = llm.engine.runner.executor.call(store_state)
     for st in states:
-        assert st["files"] == st["stored"] <= st["capacity"] and st["partial"] == 0
+        assert st["partial"] == 0 and (shared or st["files"] == st["stored"] <= st["capacity"])
         assert st["in_flight"] == 0 and st["saving"] == 0
     return states
 
@@ -94,6 +96,21 @@ def test_tp2_temporary_tier_loads_and_deletes_every_rank_dir(tiny_llama_dir, tp1
         assert all(r.exists() for r in roots)
     assert got == tp1[:3]
     assert not any(r.exists() for r in roots)
+
+
+def test_tp2_pd_handoff_equals_tp1(tiny_llama_dir, tmp_path, tp1):
+    """A TP=2 producer hands every rank's slice to the same rank of a TP=2 consumer through
+    one handoff directory (kv_connector='pd', the servers' form)."""
+    conn = [dict(kv_connector="pd", kv_role=r, kv_cache_dir=str(tmp_path)) for r in ("kv_producer", "kv_consumer")]
+    with LLM(tiny_llama_dir, tensor_parallel_size=2, **conn[0], **KW) as prod, \
+            LLM(tiny_llama_dir, tensor_parallel_size=2, **conn[1], **KW) as cons:
+        got = disaggregated_generate(prod.engine, cons.engine, PROMPTS, _params())
+        pc, cc = prod.engine.scheduler.connector, cons.engine.scheduler.connector
+        assert pc.inner.num_handoffs == len(PROMPTS) and pc.num_saved_blocks > 0
+        assert cc.num_loaded_blocks > 0 and cc.num_failed_blocks == 0
+        _no_leaks(prod, shared=True)
+        assert all(st["files"] == 0 for st in _no_leaks(cons, shared=True))     # every handoff consumed
+    assert got == tp1
 
 
 def test_a_connector_instance_is_refused_with_tp():

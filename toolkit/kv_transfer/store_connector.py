@@ -140,6 +140,10 @@ class StoreConnector(KVConnectorBase):
         self._saves.append(Transfer(rid, pairs))
         return True, None
 
+    def load_finished(self, request_id: str) -> None:
+        """Scheduler side, when the worker side runs elsewhere (kv_transfer/tp.py): the request's
+        load is over on every rank. Nothing to do here (PDConnector drops consumed handoffs)."""
+
     def forget_saving(self, keys: Any) -> None:
         """These keys' save is over (their blocks are in the store, or the save failed)."""
         self._saving.difference_update(keys)

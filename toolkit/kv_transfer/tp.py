@@ -227,6 +227,7 @@ class TPConnector(KVConnectorBase):
         for rid in recving:
             self._owner = {b: r for b, r in self._owner.items() if r != rid}
             self._errors |= self._bad.pop(rid, set())
+            self.inner.load_finished(rid)
         for rid in sending:
             self.inner.forget_saving(self._save_keys.pop(rid, ()))
         return sending, recving
