@@ -94,3 +94,20 @@ def test_pd_handoff_with_fp8(tiny_llama_dir, tmp_path, colocated, where):
         _no_leaks(prod)
         _no_leaks(cons)
     assert got == colocated
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_conformance_with_fp8_blocks(tmp_path, kind):
+    """The public check over float8 KV caches: a load returns the saved bytes bit for bit."""
+    from toolkit.kv_transfer.disk_store import DiskKVStore
+    from toolkit.kv_transfer.store_connector import StoreConnector
+    from toolkit.testing import check_kv_connector
+
+    block = (2, 2, 4, 2, 8)
+    store = (MemoryKVStore(block, FP8, 64) if kind == "memory"
+             else DiskKVStore(tmp_path / "ns", block, FP8, 64 * 2 * 2 * 4 * 2 * 8))
+    c = StoreConnector(store, 4)
+    try:
+        check_kv_connector(c, num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype=FP8)
+    finally:
+        c.close()
