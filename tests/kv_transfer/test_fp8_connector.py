@@ -111,3 +111,17 @@ def test_conformance_with_fp8_blocks(tmp_path, kind):
         check_kv_connector(c, num_layers=2, block_size=4, num_kv_heads=2, head_dim=8, dtype=FP8)
     finally:
         c.close()
+
+
+@pytest.mark.gpu
+def test_disk_tier_restart_with_fp8_on_cuda(tiny_llama_dir, tmp_path):
+    """fp8 blocks through pinned memory (uint8 views) on the GPU; a restart gives the same tokens."""
+    kw = dict(KW, device="cuda", block_size=16, num_blocks=128)
+    prompts = [DOC * 4 + [5 + k, 6 + k] for k in range(3)]
+    with LLM(tiny_llama_dir, **kw) as llm:
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, _params(), use_tqdm=False)]
+    for run in range(2):
+        with LLM(tiny_llama_dir, kv_cache_dir=str(tmp_path), **kw) as llm:
+            assert [o.outputs[0].token_ids for o in llm.generate(prompts, _params(), use_tqdm=False)] == want
+            assert (llm.engine.scheduler.connector.num_loaded_blocks > 0) == (run == 1)
+            _no_leaks(llm)

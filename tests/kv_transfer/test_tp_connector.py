@@ -117,3 +117,21 @@ def test_a_connector_instance_is_refused_with_tp():
     with pytest.raises(ValueError, match="instance cannot serve tensor_parallel_size"):
         EngineConfig(tensor_parallel_size=2,
                      kv_connector=StoreConnector(MemoryKVStore((2, 2, BS, 1, 16), torch.float32, 4), BS))
+
+
+@pytest.mark.gpu
+def test_tp2_nccl_disk_tier_restart_equals_tp1(tiny_llama_dir, tmp_path):
+    """On 2 GPUs: each rank gathers its slice through pinned memory and an event, loads
+    through pinned staging; a restart gives TP=1's greedy tokens (CUDA graphs on)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    opts = dict(dtype="float32", block_size=16, num_blocks=256)
+    prompts = [DOC * 4 + [5 + k, 6 + k] for k in range(3)]
+    with LLM(tiny_llama_dir, **opts) as llm:
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, _params(), use_tqdm=False)]
+    for run in range(2):
+        with LLM(tiny_llama_dir, tensor_parallel_size=2, kv_cache_dir=str(tmp_path), **opts) as llm:
+            assert [o.outputs[0].token_ids for o in llm.generate(prompts, _params(), use_tqdm=False)] == want
+            c = llm.engine.scheduler.connector
+            assert (c.num_loaded_blocks > 0) == (run == 1)
+            _no_leaks(llm)
