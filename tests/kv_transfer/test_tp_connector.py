@@ -17,7 +17,11 @@ from toolkit.kv_transfer.keys import block_key
 from toolkit.kv_transfer.kv_store import MemoryKVStore
 from toolkit.kv_transfer.proxy import disaggregated_generate
 from toolkit.kv_transfer.store_connector import StoreConnector
-from toolkit.kv_transfer.tp import TPConnector, store_state
+from toolkit.kv_transfer.build import StoreSpec
+from toolkit.kv_transfer.store_connector import StoreConnectorMetadata, Transfer
+from toolkit.kv_transfer.tp import TPConnector, TPMetadata, open_rank, store_state
+from toolkit.kv_transfer.worker import connector_step
+from toolkit.types import SchedulerOutput
 
 BS = 4
 DOC = [(11 * j) % 480 + 20 for j in range(36)]          # a shared document of 9 blocks
@@ -90,8 +94,13 @@ def test_tp2_temporary_tier_loads_and_deletes_every_rank_dir(tiny_llama_dir, tp1
             got.append(llm.generate([p], _params(), use_tqdm=False)[0].outputs[0].token_ids)
             filler = [(13 * j + k) % 400 + 60 for j in range(44)]      # evicts the document
             llm.generate([filler], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
-        c = llm.engine.scheduler.connector
+        c, e = llm.engine.scheduler.connector, llm.engine
         assert c.num_loaded_blocks > 0
+        e.add_request(PROMPTS[0], _params(), request_id="gone", output_kind="final")   # loads from disk
+        e.step()
+        e.abort("gone")                                 # while loading: its blocks wait for every rank
+        while e.has_unfinished():
+            e.step()
         roots = [Path(st["root"]) for st in _no_leaks(llm)]
         assert all(r.exists() for r in roots)
     assert got == tp1[:3]
@@ -111,6 +120,50 @@ def test_tp2_pd_handoff_equals_tp1(tiny_llama_dir, tmp_path, tp1):
         _no_leaks(prod, shared=True)
         assert all(st["files"] == 0 for st in _no_leaks(cons, shared=True))     # every handoff consumed
     assert got == tp1
+
+
+class _ScriptedRanks:
+    """An executor whose ranks answer each step with scripted replies (no processes)."""
+    size = 2
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.replies, self.calls = root, [], 0
+
+    def call(self, fn, *args):
+        if fn is open_rank:
+            return [(str(self.root / f"r{r}"), 64) for r in range(self.size)]
+        self.calls += 1
+        return self.replies.pop(0)
+
+
+def _step(c: TPConnector, meta=None) -> tuple[set, set, set]:
+    out = SchedulerOutput(kv_connector_metadata=meta)
+    kvo = connector_step(c, out, 2)
+    return kvo.finished_sending, kvo.finished_recving, kvo.invalid_block_ids
+
+
+def test_a_transfer_is_finished_when_every_rank_finished_it(tmp_path):
+    """Rank 0 reports load "a" a step before rank 1, which failed one of its blocks: "a" is
+    reported once, with that block; a save ends (its keys forgotten) when both ranks wrote it;
+    with nothing planned or pending no round trip is made."""
+    ex = _ScriptedRanks(tmp_path)
+    c = TPConnector(StoreSpec("disk", str(tmp_path), "m", 2**20, BS), ex)
+    c.open(None)
+    c.inner._saving.add("k9")
+    loads = [Transfer("a", [("k1", 3), ("k2", 4)]), Transfer("b", [("k3", 7)])]
+    meta = TPMetadata(StoreConnectorMetadata(loads, [Transfer("c", [("k9", 1)])]), ["k0"], [])
+    n = dict(loaded=0, saved=0, failed=0, in_flight=1)
+    ex.replies = [[(set(), {"a"}, set(), n), (set(), set(), {4}, dict(n, failed=1))]]
+    assert _step(c, meta) == (set(), set(), set())
+    assert c.num_in_flight() > 0
+    done = dict(n, in_flight=0)
+    ex.replies = [[({"c"}, {"b"}, set(), done), ({"c"}, {"a", "b"}, set(), dict(done, failed=1))]]
+    assert _step(c) == ({"c"}, {"a", "b"}, {4})
+    assert not c.inner._saving and c.num_in_flight() == 0 and c.num_failed_blocks == 1
+    assert _step(c) == (set(), set(), set()) and ex.calls == 2
+    c.inner.store.touch(["k5"])                          # a touch alone goes to the ranks
+    ex.replies = [[(set(), set(), set(), done)] * 2]
+    assert _step(c, c.build_connector_meta(None)) == (set(), set(), set()) and ex.calls == 3
 
 
 def test_a_connector_instance_is_refused_with_tp():
