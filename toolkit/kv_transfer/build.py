@@ -100,6 +100,12 @@ def bind_connector(cfg: Any, connector: Any, kv_cache: Any, folder: Any, executo
 
     if cfg.kv_connector is not None and not isinstance(cfg.kv_connector, str):
         store = getattr(connector, "store", None)
+        want = (kv_cache.num_layers, 2, kv_cache.block_size, kv_cache.num_kv_heads, kv_cache.head_dim)
+        got = (tuple(getattr(store, "block_shape", want)), getattr(store, "dtype", kv_cache.dtype))
+        if got != (want, kv_cache.dtype):
+            raise ValueError(f"the KV connector's store holds blocks of {list(got[0])} {got[1]}; this engine's "
+                             f"are {list(want)} {kv_cache.dtype} ([layers, 2, block_size, kv heads, head_dim], "
+                             "the KV cache dtype: float8_e4m3fn with kv_cache_dtype='fp8')")
         if callable(getattr(store, "claim_format", None)):
             store.claim_format(kv_format(kv_cache))
         connector.register_kv_caches(kv_cache.layers)
