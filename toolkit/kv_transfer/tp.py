@@ -132,8 +132,8 @@ def store_state(shard: Any) -> dict:
 
 def close_rank(shard: Any) -> dict:
     """Finish this rank's saves, stop its I/O thread, close its store; its last counters."""
-    c = shard.kv_connector
-    if c is None:
+    c = getattr(shard, "kv_connector", None)
+    if c is None:                      # never opened here (a build that failed before)
         return {}
     c.close()
     counters = dict(loaded=c.num_loaded_blocks, saved=c.num_saved_blocks, failed=c.num_failed_blocks)
