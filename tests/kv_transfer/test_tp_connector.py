@@ -13,12 +13,11 @@ import torch
 
 from toolkit import LLM, EngineConfig, SamplingParams
 from toolkit.blocks.hashing import hash_blocks
+from toolkit.kv_transfer.build import StoreSpec
 from toolkit.kv_transfer.keys import block_key
 from toolkit.kv_transfer.kv_store import MemoryKVStore
 from toolkit.kv_transfer.proxy import disaggregated_generate
-from toolkit.kv_transfer.store_connector import StoreConnector
-from toolkit.kv_transfer.build import StoreSpec
-from toolkit.kv_transfer.store_connector import StoreConnectorMetadata, Transfer
+from toolkit.kv_transfer.store_connector import StoreConnector, StoreConnectorMetadata, Transfer
 from toolkit.kv_transfer.tp import TPConnector, TPMetadata, open_rank, store_state
 from toolkit.kv_transfer.worker import connector_step
 from toolkit.types import SchedulerOutput
