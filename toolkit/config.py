@@ -271,6 +271,10 @@ class EngineConfig:
         elif c is not None and not callable(getattr(c, "get_num_new_matched_tokens", None)):
             raise TypeError(f"EngineConfig.kv_connector must be None, 'disk', 'pd' or a KVConnectorBase "
                             f"instance, got {type(c).__name__} {c!r}")
+        if c is not None and not isinstance(c, str) and self.tensor_parallel_size > 1:
+            raise ValueError("EngineConfig.kv_connector: an instance cannot serve tensor_parallel_size > 1 "
+                             "(every rank opens its own store over its slice of the KV heads); use "
+                             "kv_connector='disk' or 'pd' with kv_cache_dir=")
         _check(self.kv_role in (None, "kv_producer", "kv_consumer"), "kv_role",
                "None, 'kv_producer' or 'kv_consumer'", self.kv_role)
         if (c == "pd") != (self.kv_role is not None) and (c is None or isinstance(c, str)):

@@ -185,7 +185,9 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
             connector.close()
             raise ValueError(f"scheduler {type(scheduler).__name__} did not take the KV connector; give "
                              "kv_connector to a scheduler that declares supports_kv_connector")
-        connector.register_kv_caches(kv_cache.layers)
+        from toolkit.kv_transfer.build import bind_connector
+
+        bind_connector(cfg, connector, kv_cache, folder, executor)   # after the fp8 scales: they name its store
         runner.kv_connector = connector
     if cfg.cuda_graphs and runner.enable_cuda_graphs(cfg.graph_tokens, cfg.max_num_seqs,
                                                      full_tokens=cfg.full_graph_tokens):

@@ -1,6 +1,9 @@
 """DiskKVStore: KV blocks in memory-mapped files, one file per block, under a size bound.
 
     <root>/<key>.kv     the block's bytes, [num_layers, 2, block_size, num_kv_heads, head_dim]
+                        (an fp8 cache's raw e4m3 bytes: their scales are the format's)
+    <root>/FORMAT       the KV format claimed for the directory (claim_format), written with
+                        the first block: a later store over it with another format is refused
 
 `root` should name the model and the KV layout (kv_transfer/keys.py's `namespace`), so a
 directory shared by several models or layouts never hands one the other's blocks. A write
@@ -28,6 +31,7 @@ import torch
 from toolkit.kv_transfer.kv_store import LRUKeys, block_nbytes, check_block
 
 SUFFIX = ".kv"
+FORMAT_FILE = "FORMAT"
 
 
 class DiskKVStore(LRUKeys):
@@ -46,6 +50,7 @@ class DiskKVStore(LRUKeys):
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, None] = OrderedDict()   # keys, least recently used first
         self.num_puts = self.num_gets = self.num_evicted = 0
+        self._format_written = False
         self._scan()
 
     def _scan(self) -> None:
@@ -63,6 +68,12 @@ class DiskKVStore(LRUKeys):
             self._lru[key] = None
         while len(self._lru) > self.capacity_blocks:    # a smaller bound than last time
             self._evict_one()
+
+    def claim_format(self, fmt: str) -> None:
+        path = self.root / FORMAT_FILE
+        if self.kv_format is None and path.is_file():
+            self.kv_format = path.read_text().strip() or None
+        super().claim_format(fmt)
 
     def _path(self, key: str) -> Path:
         if not key or "/" in key or key.startswith("."):
@@ -98,6 +109,9 @@ class DiskKVStore(LRUKeys):
                 self._evict_one()
         raw = block.detach().to("cpu").contiguous().view(torch.uint8).numpy()
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.kv_format is not None and not self._format_written:
+            (self.root / FORMAT_FILE).write_text(self.kv_format + "\n")
+            self._format_written = True
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
         raw.tofile(tmp)
         os.replace(tmp, path)

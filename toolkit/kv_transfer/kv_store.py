@@ -9,6 +9,10 @@ the scheduler looks keys up):
     get(key) -> Tensor             KeyError when absent (evicted meanwhile), ValueError when corrupt
     lookup(keys) -> int            how many leading keys are held (no change)
     touch(keys), remove(key), keys(), num_blocks, nbytes, close()
+    claim_format(fmt)              the KV format (keys.kv_format: layout, dtype, fp8 scales, TP
+                                   rank) of every engine that uses the store; ValueError when
+                                   it already holds another's (an engine never loads a block
+                                   whose bytes mean something else to it)
 
 `MemoryKVStore` is the reference twin (a dict of tensors); `DiskKVStore`
 (kv_transfer/disk_store.py) keeps one memory-mapped file per block.
@@ -43,6 +47,14 @@ class LRUKeys:
 
     _lru: OrderedDict
     _lock: threading.Lock
+    kv_format: str | None = None
+
+    def claim_format(self, fmt: str) -> None:
+        if self.kv_format is not None and self.kv_format != fmt:
+            raise ValueError(f"this KV store holds blocks of KV format {self.kv_format!r}; this engine's is "
+                             f"{fmt!r} (another layout, dtype, fp8 scales or tensor-parallel rank): give it "
+                             "its own store")
+        self.kv_format = fmt
 
     @property
     def num_blocks(self) -> int:

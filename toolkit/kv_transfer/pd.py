@@ -151,6 +151,12 @@ class PDConnector(StoreConnector):
         for k in [k for k, _ in t.pairs] + self._drop_after.pop(t.request_id, []):
             self.store.remove(k)                    # consumed: the handoff is not kept
 
+    def load_finished(self, request_id: str) -> None:
+        """Under TP the ranks drop their loaded keys; the handoff blocks a local hit made
+        unneeded for an awaited handoff are dropped from every rank here (after it landed)."""
+        for k in self._drop_after.pop(request_id, []):
+            self.store.remove(k)
+
     def __repr__(self) -> str:
         return (f"PDConnector({self.role}, {self.store!r}, handoffs={self.num_handoffs}, "
                 f"loaded={self.num_loaded_blocks}, failed={self.num_failed_blocks})")

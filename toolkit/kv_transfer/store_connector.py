@@ -17,6 +17,9 @@ bound, finished reads are copied into their blocks in the next get_finished. A r
 fails (evicted meanwhile, a corrupt file, an injected fault) reports its blocks in
 get_block_ids_with_load_errors: the scheduler recomputes the request. With
 `load_async=False` (the reference twin over a MemoryKVStore) loads run in start_load_kv.
+Blocks move as their raw bytes (an fp8 cache's e4m3 bytes, copied through uint8 views:
+never converted), so what they mean is the store's KV format (keys.kv_format: dtype, fp8
+scales, TP rank), which the engine claims for the store when it binds the connector.
 """
 
 from __future__ import annotations
@@ -35,6 +38,14 @@ from toolkit.kv_transfer.keys import block_key
 from toolkit.transfer import to_device
 
 log = logging.getLogger(__name__)
+
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """A float8 tensor's bytes as uint8 (the same storage; index_copy_ has no float8 kernel on
+    the CPU); other dtypes as they are."""
+    return t.view(torch.uint8) if t.dtype in _FP8 else t
 
 
 @dataclass
@@ -129,6 +140,14 @@ class StoreConnector(KVConnectorBase):
         self._saves.append(Transfer(rid, pairs))
         return True, None
 
+    def load_finished(self, request_id: str) -> None:
+        """Scheduler side, when the worker side runs elsewhere (kv_transfer/tp.py): the request's
+        load is over on every rank. Nothing to do here (PDConnector drops consumed handoffs)."""
+
+    def forget_saving(self, keys: Any) -> None:
+        """These keys' save is over (their blocks are in the store, or the save failed)."""
+        self._saving.difference_update(keys)
+
     # -- worker side --
     def _pool(self) -> ThreadPoolExecutor:
         if self._io is None:
@@ -160,22 +179,23 @@ class StoreConnector(KVConnectorBase):
         CUDA a non-blocking copy into pinned memory and the event the writer waits for."""
         dev = self.kv_layers[0].device
         idx = torch.tensor([b for _, b in t.pairs], dtype=torch.int64, device=dev)
-        per_layer = [layer.index_select(1, idx).transpose(0, 1) for layer in self.kv_layers]   # [n, 2, bs, H, D]
+        dtype = self.kv_layers[0].dtype
+        per_layer = [raw(layer).index_select(1, idx).transpose(0, 1) for layer in self.kv_layers]   # [n, 2, bs, H, D]
         staged = torch.stack(per_layer, dim=1)
         if dev.type != "cuda":
-            return staged, None
+            return staged.view(dtype), None
         host = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
         host.copy_(staged, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return host, done
+        return host.view(dtype), done
 
     def _copy_in(self, t: Transfer, blocks: torch.Tensor) -> None:
         dev = self.kv_layers[0].device
         idx = torch.tensor([b for _, b in t.pairs], dtype=torch.int64, device=dev)
         blocks = to_device(blocks, dev)         # pinned staging: no host stall on CUDA
         for i, layer in enumerate(self.kv_layers):
-            layer.index_copy_(1, idx, blocks[:, i].transpose(0, 1).to(layer.dtype))
+            raw(layer).index_copy_(1, idx, raw(blocks[:, i].transpose(0, 1).to(layer.dtype)))
         self.num_loaded_blocks += len(t.pairs)
 
     def wait_for_save(self) -> None:
@@ -208,7 +228,7 @@ class StoreConnector(KVConnectorBase):
                 continue
             del self._writing[rid]
             sending.add(rid)
-            self._saving.difference_update(k for k, _ in t.pairs)
+            self.forget_saving(k for k, _ in t.pairs)
             if fut.exception() is not None:
                 log.warning("KV save for request %s failed: %s", rid, fut.exception())
             else:
@@ -232,7 +252,8 @@ class StoreConnector(KVConnectorBase):
         if self._io is not None:
             self._io.shutdown(wait=True)
             self._io = None
-        self.store.close()
+        if self.store is not None:            # None: built, never bound (kv_transfer/build.py)
+            self.store.close()
 
     def __repr__(self) -> str:
         return (f"StoreConnector({self.store!r}, hits={self.num_hit_blocks}, loaded={self.num_loaded_blocks}, "
