@@ -130,6 +130,22 @@ def test_twin_scaled_mm_is_the_dequantized_product():
     torch.testing.assert_close(got, a @ w.t(), rtol=0.05, atol=0.1)   # and close to the float product
 
 
+@given(m=st.integers(1, 20), n=st.integers(1, 70), k=st.integers(1, 300), bias=st.booleans(),
+       dtype=st.sampled_from([torch.int8, ref.FP8]), seed=st.integers(0, 2**16))
+def test_skinny_scaled_mm_matches_twin(m, n, k, bias, dtype, seed):
+    from toolkit.kernels.quant_w8a8_skinny import scaled_mm_skinny
+
+    g = gen(seed)
+    qa, sa = ref.per_token_quant(torch.randn(m, k, generator=g), dtype)
+    qw, sw = ref.per_token_quant(torch.randn(n, k, generator=g), dtype)
+    b = torch.randn(n, generator=g).to(DEVICE) if bias else None
+    qa, sa, qw, sw = qa.to(DEVICE), sa.to(DEVICE), qw.to(DEVICE), sw.reshape(-1).to(DEVICE)
+    got = scaled_mm_skinny(qa, sa, qw, sw, b, torch.float32)
+    want = ref.scaled_mm(qa, sa, qw, sw, b, torch.float32)
+    assert got.shape == (m, n) and not got.isnan().any()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
 # ---------------------------------------------------------------- GPU: bf16, fp8, real shapes
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 16, 17, 128, 1000])
@@ -148,6 +164,20 @@ def test_gpu_scaled_mm_matches_twin(m, dtype):
     bias = torch.randn(1024, generator=g).cuda().bfloat16()
     got = scaled_mm(qa, sa, qw, sw.reshape(-1), bias, torch.bfloat16)
     want = ref.scaled_mm(qa, sa, qw, sw.reshape(-1), bias, torch.bfloat16)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.float().abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [ref.FP8, torch.int8])
+def test_gpu_skinny_scaled_mm_matches_twin(m, dtype):
+    from toolkit.kernels.quant_w8a8_skinny import scaled_mm_skinny
+
+    g = gen(m + 7)
+    qa, sa = ref.per_token_quant(torch.randn(m, 4096, generator=g).cuda().bfloat16(), dtype)
+    qw, sw = ref.per_token_quant(torch.randn(6144, 4096, generator=g).cuda().bfloat16(), dtype)
+    got = scaled_mm_skinny(qa, sa, qw, sw.reshape(-1), None, torch.bfloat16)
+    want = ref.scaled_mm(qa, sa, qw, sw.reshape(-1), None, torch.bfloat16)
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.float().abs().max().item())
 
 

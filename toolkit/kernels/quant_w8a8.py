@@ -1,5 +1,7 @@
 """W8A8 GEMMs on CUDA: (a_q x a_scale) @ (w_q x w_scale)^T with per-token and per-channel scales.
 
+    M <= SKINNY_MAX_M (decode)  quant_w8a8_skinny's Triton kernel (split-K, weight-bound)
+
     fp8   torch._scaled_mm (cuBLASLt, row-wise scales: a [M, 1], w [1, N], bf16 output); it
           needs K and N multiples of 16 and a bf16 output, else the twin runs
     int8  torch._int_mm (int32 accumulation; it needs M > 16, so a decode step's rows are
@@ -13,6 +15,10 @@ import torch
 
 from toolkit.kernels import reference_quant as ref
 
+# rows up to which the split-K Triton kernel runs instead of cuBLASLt / _int_mm (their tiles
+# are for prefill: at a decode step's few rows they read the weight far below the copy bandwidth)
+SKINNY_MAX_M = 64
+
 
 def scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
               bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
@@ -24,6 +30,10 @@ def scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     n = w_q.shape[0]
     if not a_q.is_cuda:
         return ref.scaled_mm(a_q, a_scale, w_q, w_scale, bias, out_dtype)
+    if m <= SKINNY_MAX_M:
+        from toolkit.kernels.quant_w8a8_skinny import scaled_mm_skinny
+
+        return scaled_mm_skinny(a_q, a_scale, w_q, w_scale, bias, out_dtype)
     if a_q.dtype == ref.FP8:
         if k % 16 or n % 16 or out_dtype != torch.bfloat16:
             return ref.scaled_mm(a_q, a_scale, w_q, w_scale, bias, out_dtype)
