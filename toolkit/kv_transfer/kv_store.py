@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -38,6 +39,16 @@ def check_block(block: torch.Tensor, shape: Sequence[int], dtype: torch.dtype) -
     if tuple(block.shape) != tuple(shape) or block.dtype != dtype:
         raise ValueError(f"a KV block of this store must be {list(shape)} {dtype}, "
                          f"got {list(block.shape)} {block.dtype}")
+
+
+def leading_hits(keys: Iterable[str], store: Any) -> int:
+    """How many of `keys`, from the first, are `in store` (a prefix's blocks load in order)."""
+    n = 0
+    for k in keys:
+        if k not in store:
+            break
+        n += 1
+    return n
 
 
 class LRUKeys:
@@ -65,12 +76,7 @@ class LRUKeys:
             return list(self._lru)
 
     def lookup(self, keys: Iterable[str]) -> int:
-        n = 0
-        for k in keys:
-            if k not in self:
-                break
-            n += 1
-        return n
+        return leading_hits(keys, self)
 
     def touch(self, keys: Iterable[str]) -> None:
         with self._lock:

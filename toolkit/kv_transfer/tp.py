@@ -32,6 +32,7 @@ from typing import Any
 
 from toolkit.kv_transfer.base import KVConnectorBase, KVConnectorMetadata
 from toolkit.kv_transfer.disk_store import SUFFIX
+from toolkit.kv_transfer.kv_store import leading_hits
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,7 @@ class RanksView:
         return True
 
     def lookup(self, keys: Iterable[str]) -> int:
-        n = 0
-        for k in keys:
-            if k not in self:
-                break
-            n += 1
-        return n
+        return leading_hits(keys, self)
 
     def touch(self, keys: Iterable[str]) -> None:
         self.touches.extend(keys)
