@@ -204,6 +204,26 @@ def _replicas(raw: dict) -> list[dict]:
     return out
 
 
+def _replicas_sim(raw: dict) -> list[dict]:
+    """Simulated: per trace with shared prefixes and replica count, each router's prefix-cache
+    hit rate and mean TTFT against round robin's."""
+    out = []
+    rows = raw.get("rows", [])
+    rr = {(r["trace"], r["replicas"]): r for r in rows if r["router"] == "round_robin"}
+    for r in rows:
+        base = rr.get((r["trace"], r["replicas"]))
+        if base is None or r is base or r["trace"] == "sharegpt":     # no shared prefix: no hits
+            continue
+        config = {"trace": r["trace"], "replicas": r["replicas"], "router": r["router"],
+                  "cost_model": raw.get("cost"), "num_blocks": raw.get("num_blocks")}
+        where = f"{r['trace']} trace, {r['replicas']} simulated replicas, {r['router']}"
+        out.append(figure(f"prefix-cache hit rate, {where}", round(100 * r["prefix_hit_rate"], 1), "%",
+                          peer="round robin", peer_value=round(100 * base["prefix_hit_rate"], 1), config=config))
+        out.append(figure(f"mean TTFT, {where}", round(1000 * r["ttft"]["mean"], 1), "ms (simulated)",
+                          peer="round robin", peer_value=round(1000 * base["ttft"]["mean"], 1), config=config))
+    return out
+
+
 def _kv_transfer(raw: dict) -> list[dict]:
     """Per document length: TTFT of the first ask after a restart with the disk tier against
     recomputing the document; the connector's copies in GB/s against a plain pinned copy."""
@@ -227,7 +247,8 @@ def _kv_transfer(raw: dict) -> list[dict]:
 EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
     "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention, "moe": _moe,
     "embed": _embed, "lora": _lora, "quant_gemm": _quant_gemm, "quant_fusion": _quant_fusion,
-    "quant_decode": _quant_decode, "sleep_mode": _sleep_mode, "replicas": _replicas, "kv_transfer": _kv_transfer}
+    "quant_decode": _quant_decode, "sleep_mode": _sleep_mode, "replicas": _replicas, "replicas_sim": _replicas_sim,
+    "kv_transfer": _kv_transfer}
 
 
 def extract(name: str, raw: Any) -> list[dict]:

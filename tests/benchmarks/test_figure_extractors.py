@@ -47,7 +47,8 @@ def _by_name(name: str, raw: dict) -> dict[str, dict]:
 
 
 def test_every_new_benchmark_has_an_extractor():
-    for name in ("lora", "quant_gemm", "quant_fusion", "quant_decode", "sleep_mode", "replicas", "kv_transfer"):
+    for name in ("lora", "quant_gemm", "quant_fusion", "quant_decode", "sleep_mode", "replicas", "replicas_sim",
+                 "kv_transfer"):
         assert name in EXTRACTORS
 
 
@@ -95,3 +96,17 @@ def test_quant_decode_figures_are_against_bf16_at_the_same_batch(tmp_path):
     f = _by_name("quant_decode", json.loads(out.read_text()))
     assert set(f) == {f"decode step, ct_fp8_dynamic weights, tiny, batch {b}" for b in (1, 4)}
     assert all(x["peer"] == "bf16 weights" and x["value"] > 0 for x in f.values())
+
+
+def test_replicas_sim_figures_are_against_round_robin_on_shared_prefix_traces():
+    def row(trace, n, router, hit, ttft):
+        return {"trace": trace, "replicas": n, "router": router, "prefix_hit_rate": hit, "ttft": {"mean": ttft}}
+    raw = {"cost": "nvidia-h200/qwen3-0.6b", "num_blocks": 1024, "rows": [
+        row("sharegpt", 2, "round_robin", 0.0, 0.01), row("sharegpt", 2, "cache_aware", 0.0, 0.012),
+        row("shared-prefix", 2, "round_robin", 0.25, 0.4), row("shared-prefix", 2, "cache_aware", 0.75, 0.02),
+        row("shared-prefix", 4, "cache_aware", 0.7, 0.03)]}           # no round robin at 4: no peer
+    f = _by_name("replicas_sim", raw)
+    assert set(f) == {"prefix-cache hit rate, shared-prefix trace, 2 simulated replicas, cache_aware",
+                      "mean TTFT, shared-prefix trace, 2 simulated replicas, cache_aware"}
+    assert f["prefix-cache hit rate, shared-prefix trace, 2 simulated replicas, cache_aware"]["ratio"] == 3.0
+    assert f["mean TTFT, shared-prefix trace, 2 simulated replicas, cache_aware"]["ratio"] == 0.05
