@@ -204,6 +204,22 @@ def _replicas(raw: dict) -> list[dict]:
     return out
 
 
+def _quant_divergence(raw: dict) -> list[dict]:
+    """Per scheme, against the float32 model over its greedy continuations (teacher-forced):
+    mean next-token KL, top-1 agreement and the greedy share before the first difference."""
+    out = []
+    config = {"model": raw.get("model"), "prompts": raw.get("prompts"), "gen_tokens": raw.get("gen_tokens")}
+    for label, r in raw.get("schemes", {}).items():
+        c = r["continuation"]
+        out.append(figure(f"next-token KL against float32, {label}", float(f"{c['kl_mean']:.3g}"), "nats",
+                          config={**config, "kl_p99": round(c["kl_p99"], 3), "tv_mean": round(c["tv_mean"], 4)}))
+        out.append(figure(f"top-1 agreement with float32, {label}", round(100 * c["top1_agreement"], 1), "%",
+                          config=config))
+        out.append(figure(f"greedy tokens before the first difference from float32, {label}",
+                          round(100 * r["greedy_prefix_agreement"], 1), "%", config=config))
+    return out
+
+
 def _replicas_sim(raw: dict) -> list[dict]:
     """Simulated: per trace with shared prefixes and replica count, each router's prefix-cache
     hit rate and mean TTFT against round robin's."""
@@ -247,7 +263,7 @@ def _kv_transfer(raw: dict) -> list[dict]:
 EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
     "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention, "moe": _moe,
     "embed": _embed, "lora": _lora, "quant_gemm": _quant_gemm, "quant_fusion": _quant_fusion,
-    "quant_decode": _quant_decode, "sleep_mode": _sleep_mode, "replicas": _replicas, "replicas_sim": _replicas_sim,
+    "quant_decode": _quant_decode, "sleep_mode": _sleep_mode, "replicas": _replicas, "replicas_sim": _replicas_sim, "quant_divergence": _quant_divergence,
     "kv_transfer": _kv_transfer}
 
 

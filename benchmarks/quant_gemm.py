@@ -6,11 +6,11 @@ graph, per GEMM, median of the replays:
 
     bf16        F.linear (cuBLAS), the peer
     fp8         dynamic per-token activation quantization (Triton) + quant_w8a8.scaled_mm: the
-                split-K Triton kernel at M <= 64 (quant_w8a8_skinny), else torch._scaled_mm
-                (cuBLASLt, row-wise scales); "fp8 gemm" is the GEMM alone, "fp8 lt" cuBLASLt's
-                alone at every M
-    int8        the same quantization + the same Triton kernel at M <= 64, else torch._int_mm and
-                the fp32 scale epilogue
+                split-K Triton kernel at M <= SKINNY_MAX_M (quant_w8a8_skinny), else
+                torch._scaled_mm (cuBLASLt, row-wise scales); "fp8 gemm" is that GEMM alone,
+                "fp8 lt" cuBLASLt's alone and "fp8 skinny" the split-K kernel's alone, at every M
+    int8        the same quantization + the same Triton kernel at M <= SKINNY_MAX_M, else
+                torch._int_mm and the fp32 scale epilogue; "int8 skinny": the split-K kernel alone
     w4a16       the Triton W4A16 kernel (group 128, zero points), dequantizing in its inner loop
     fp8 block   the Triton grouped-W8 kernel (128 x 128 block scales, activations unquantized)
     fp8 w8a16   the same kernel on per-channel fp8 weights (one group of K), bf16 activations
@@ -32,7 +32,8 @@ import torch.nn.functional as F
 
 from benchmarks.gemm_blas import graph_us, projections
 
-SCHEMES = ("bf16", "fp8", "fp8 gemm", "fp8 lt", "int8", "w4a16", "fp8 block", "fp8 w8a16")
+SCHEMES = ("bf16", "fp8", "fp8 gemm", "fp8 lt", "fp8 skinny", "int8", "int8 skinny", "w4a16", "fp8 block",
+           "fp8 w8a16")
 
 
 def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[], None]:
@@ -41,6 +42,7 @@ def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[]
     from toolkit.kernels.quant_act import per_token_quant
     from toolkit.kernels.quant_w4a16 import grouped_w8a16_gemm, w4a16_gemm
     from toolkit.kernels.quant_w8a8 import scaled_mm
+    from toolkit.kernels.quant_w8a8_skinny import scaled_mm_skinny
 
     x = torch.randn(m, n_in, device="cuda", dtype=torch.bfloat16)
     dense = lambda: torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -48,11 +50,14 @@ def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[]
     if scheme == "bf16":
         ws = [dense() for _ in range(layers)]
         return lambda: outs.__setitem__(slice(None), [F.linear(x, w) for w in ws])
-    if scheme in ("fp8", "fp8 gemm", "fp8 lt", "int8"):
-        dtype = torch.int8 if scheme == "int8" else ref.FP8
+    if scheme in ("fp8", "fp8 gemm", "fp8 lt", "fp8 skinny", "int8", "int8 skinny"):
+        dtype = torch.int8 if scheme.startswith("int8") else ref.FP8
         ws = [per_token_quant(dense(), dtype) for _ in range(layers)]
         qx, sx = per_token_quant(x, dtype)
-        if scheme == "fp8 lt":           # cuBLASLt at every M (scaled_mm takes the Triton kernel at M <= 64)
+        if scheme.endswith("skinny"):    # the split-K kernel at every M, the GEMM alone
+            return lambda: outs.__setitem__(slice(None), [scaled_mm_skinny(
+                qx, sx, w, s.reshape(-1), None, torch.bfloat16) for w, s in ws])
+        if scheme == "fp8 lt":           # cuBLASLt at every M (scaled_mm may take the Triton kernel)
             return lambda: outs.__setitem__(slice(None), [torch._scaled_mm(
                 qx, w.t(), scale_a=sx, scale_b=s.reshape(1, -1), out_dtype=torch.bfloat16) for w, s in ws])
         if scheme == "fp8 gemm":
@@ -82,7 +87,7 @@ def floor_us(scheme: str, m: int, n_in: int, n_out: int, copy_bw: float, bf16_fl
     w_bytes = {"bf16": 2.0, "w4a16": 0.5 + 4 * 2 / 128}.get(scheme, 1.0 + (4 / 128**2 if scheme == "fp8 block" else 0))
     a_bytes = 2 if scheme in ("bf16", "w4a16", "fp8 block", "fp8 w8a16") else 3     # bf16 in (+ 1-byte codes), bf16 out
     bytes_ = n_in * n_out * w_bytes + m * (n_in * a_bytes + n_out * 2)
-    peak = bf16_flops * (2 if scheme in ("fp8", "fp8 gemm", "fp8 lt", "int8") else 1)
+    peak = bf16_flops * (2 if scheme in ("fp8", "fp8 gemm", "fp8 lt", "fp8 skinny", "int8", "int8 skinny") else 1)
     return max(bytes_ / copy_bw, 2 * m * n_in * n_out / peak) * 1e6
 
 

@@ -110,3 +110,13 @@ def test_replicas_sim_figures_are_against_round_robin_on_shared_prefix_traces():
                       "mean TTFT, shared-prefix trace, 2 simulated replicas, cache_aware"}
     assert f["prefix-cache hit rate, shared-prefix trace, 2 simulated replicas, cache_aware"]["ratio"] == 3.0
     assert f["mean TTFT, shared-prefix trace, 2 simulated replicas, cache_aware"]["ratio"] == 0.05
+
+
+def test_quant_divergence_figures_per_scheme():
+    cont = {"kl_mean": 0.0872, "kl_p99": 0.74, "tv_mean": 0.108, "top1_agreement": 0.852}
+    raw = {"model": "SmolLM2-135M-Instruct (embedded), float32", "prompts": 4, "gen_tokens": 32,
+           "schemes": {"fp8 W8A8": {"continuation": cont, "greedy_prefix_agreement": 0.32}}}
+    f = _by_name("quant_divergence", raw)
+    assert f["next-token KL against float32, fp8 W8A8"]["value"] == 0.0872
+    assert f["top-1 agreement with float32, fp8 W8A8"]["value"] == 85.2
+    assert f["greedy tokens before the first difference from float32, fp8 W8A8"]["value"] == 32.0
