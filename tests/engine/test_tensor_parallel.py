@@ -302,6 +302,27 @@ def _kv_heads(shard) -> int:
     return shard.kv_cache.num_kv_heads
 
 
+def _fails_on_rank0_before_a_collective(shard) -> None:
+    if shard.model.group.rank == 0:
+        raise MemoryError("rank 0 ran out before the all-reduce")
+    shard.model.group.all_reduce(torch.zeros(1))
+
+
+def test_call_failing_on_rank0_before_a_collective_stops_the_workers(tiny_llama_dir, monkeypatch) -> None:
+    """The workers wait in an all-reduce rank 0 never joins: call() does not wait its whole
+    timeout for their replies; the executor fails (the ranks are out of step) and says so."""
+    llm = LLM(tiny_llama_dir, tensor_parallel_size=2, **OPTS)
+    ex = llm.engine.runner.executor
+    monkeypatch.setattr(ex, "stray_reply_s", 2.0)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="out of step") as info:
+        ex.call(_fails_on_rank0_before_a_collective)
+    assert isinstance(info.value.__cause__, MemoryError) and time.monotonic() - t0 < 20
+    with pytest.raises(RuntimeError, match="out of step"):
+        ex.call(_kv_heads)
+    llm.close()
+
+
 def _generate_in_thread(llm, prompts, sp, timeout: float):
     """generate on a thread; (exception or None, seconds); fails instead of hanging."""
     box: dict = {}

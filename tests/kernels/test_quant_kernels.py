@@ -74,6 +74,25 @@ def test_w4a16_gemm_matches_twin(m, n, k, group, zeros, bias, scales, dtype, see
     close(got / scale, want / scale, dtype)
 
 
+@pytest.mark.parametrize("m", [1, 40])
+@pytest.mark.parametrize("zeros", [False, True])
+def test_w4a16_gemm_group_128_over_several_k_tiles(m, zeros):
+    """The checkpoints' layout (group 128: one scale per row a tile) over five K tiles, the
+    last partial, split across programs at M=1 and in 64-row tiles at M=40; K=0 is an
+    empty sum (the bias alone)."""
+    g = gen(m)
+    k, n, group = 520, 70, 128
+    x = torch.randn(m, k, generator=g).to(DEVICE)
+    qw = ref.pack_int4(torch.randint(0, 16, (n, k), generator=g)).to(DEVICE)
+    s = _scales(n, -(-k // group), "normal", g).to(DEVICE)
+    z = torch.randint(0, 16, (n, -(-k // group)), generator=g).to(torch.uint8).to(DEVICE) if zeros else None
+    got = w4a16_gemm(x, qw, s, z, group)
+    close(got, ref.w4a16_gemm(x, qw, s, z, group), torch.float32)
+    b = torch.randn(n, generator=g).to(DEVICE)
+    empty = w4a16_gemm(x[:, :0], qw[:, :0], s[:, :0], None if z is None else z[:, :0], group, b)
+    close(empty, b.expand(m, n), torch.float32)
+
+
 @given(m=st.integers(1, 20), n=st.integers(1, 50), k=st.integers(1, 70), group=st.sampled_from([16, 32, 7]),
        dtype=st.sampled_from([torch.float32, torch.float16]), seed=st.integers(0, 2**16))
 def test_grouped_w8a16_gemm_matches_twin(m, n, k, group, dtype, seed):
@@ -128,6 +147,15 @@ def test_twin_scaled_mm_is_the_dequantized_product():
     got = ref.scaled_mm(qa, sa, qw, sw.reshape(-1), None, torch.float32)
     torch.testing.assert_close(got, (qa.float() * sa) @ (qw.float() * sw).t(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, a @ w.t(), rtol=0.05, atol=0.1)   # and close to the float product
+
+
+def test_skinny_scaled_mm_of_no_columns_is_the_bias():
+    from toolkit.kernels.quant_w8a8_skinny import scaled_mm_skinny
+
+    a, w = torch.zeros(3, 0, dtype=torch.int8, device=DEVICE), torch.zeros(5, 0, dtype=torch.int8, device=DEVICE)
+    b = torch.arange(5.0, device=DEVICE)
+    got = scaled_mm_skinny(a, torch.ones(3, 1, device=DEVICE), w, torch.ones(5, device=DEVICE), b, torch.float32)
+    assert torch.equal(got, b.expand(3, 5))
 
 
 @given(m=st.integers(1, 20), n=st.integers(1, 70), k=st.integers(1, 300), bias=st.booleans(),

@@ -83,3 +83,27 @@ def test_a_store_refuses_a_second_format(tmp_path):
         again.claim_format("B")
     again.claim_format("A")
     assert again.num_blocks == 1
+
+
+def test_two_stores_opened_together_cannot_both_claim_a_directory(tmp_path):
+    """Both opened before either wrote (PD's two processes starting at once): the second
+    claim of another format is refused; a store of another block size over a claimed
+    directory deletes none of its blocks, even while refused, and its own claim does."""
+    import pytest
+
+    from toolkit.kv_transfer.disk_store import DiskKVStore
+
+    shape = (2, 2, 4, 2, 16)
+    a = DiskKVStore(tmp_path / "ns", shape, torch.float32, 2**20)
+    b = DiskKVStore(tmp_path / "ns", shape, torch.float32, 2**20)
+    a.claim_format("A")
+    with pytest.raises(ValueError, match="KV format 'A'"):
+        b.claim_format("B")
+    a.put("k", torch.ones(shape))
+    half = DiskKVStore(tmp_path / "ns", shape, torch.float16, 2**20)        # another block size
+    with pytest.raises(ValueError, match="KV format 'A'"):
+        half.claim_format("A-fp16")
+    assert a.get("k").eq(1).all()                      # still there
+    half.claim_format("A")                             # the same format (a test's shortcut): its claim
+    assert not (tmp_path / "ns" / "k.kv").exists()    # clears what it cannot read
+    assert not list((tmp_path / "ns").glob(".tmp-*"))

@@ -97,6 +97,7 @@ def test_tp2_temporary_tier_loads_and_deletes_every_rank_dir(tiny_llama_dir, tp1
         assert c.num_loaded_blocks > 0
         e.add_request(PROMPTS[0], _params(), request_id="gone", output_kind="final")   # loads from disk
         e.step()
+        assert "gone" in e.scheduler.remote             # still loading when it is aborted
         e.abort("gone")                                 # while loading: its blocks wait for every rank
         while e.has_unfinished():
             e.step()
@@ -163,6 +164,33 @@ def test_a_transfer_is_finished_when_every_rank_finished_it(tmp_path):
     c.inner.store.touch(["k5"])                          # a touch alone goes to the ranks
     ex.replies = [[(set(), set(), set(), done)] * 2]
     assert _step(c, c.build_connector_meta(None)) == (set(), set(), set()) and ex.calls == 3
+
+
+def test_a_dead_rank_at_close_still_leaves_no_temporary_directory(tmp_path):
+    """The last saves fail on a dead rank and so does the close: the temporary tier's
+    directories (every rank's) are deleted all the same, and close returns."""
+    class Dead(_ScriptedRanks):
+        def call(self, fn, *args):
+            if fn is open_rank:
+                return super().call(fn, *args)
+            raise RuntimeError("rank 1 is gone")
+
+    ex = Dead(tmp_path)
+    c = TPConnector(StoreSpec("disk", None, "m", 2**20, BS), ex)
+    c.open(None)
+    roots = c.inner.store.roots
+    for r in roots:
+        r.mkdir()
+        (r / "k1.kv").write_bytes(bytes(64))
+    c.inner.store.touch(["k1"])                          # work for a last step: it fails first
+    c.close()
+    assert not any(r.exists() for r in roots)
+
+
+def test_a_disk_tier_too_small_for_one_block_per_rank_is_refused_per_rank(tiny_llama_dir):
+    block = 2 * 2 * BS * 1 * 16 * 4                     # a rank's slice: 1 of 2 KV heads, fp32
+    with pytest.raises(ValueError, match="split over 2 tensor-parallel ranks .* give at least"):
+        LLM(tiny_llama_dir, tensor_parallel_size=2, kv_connector="disk", kv_cache_dir_gb=1.5 * block / 2**30, **KW)
 
 
 def test_a_connector_instance_is_refused_with_tp():

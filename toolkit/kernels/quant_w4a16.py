@@ -101,15 +101,17 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: torch
     x = x if x.stride(-1) == 1 else x.contiguous()
     w, scales = w.contiguous(), scales.contiguous()
     zeros = zeros.contiguous() if zeros is not None else None
-    if m == 0 or n == 0:
-        return torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0 or k == 0:              # an empty sum: the bias alone
+        y = torch.zeros(m, n, dtype=x.dtype, device=x.device)
+        return y + bias.to(x.dtype) if bias is not None else y
     bm, bn, bk, tile_scale = _tiles(m, group_size)
     grid_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     k_tiles = triton.cdiv(k, bk)
     splits = max(1, min(k_tiles, TARGET_PROGRAMS // grid_mn))
     k_split = triton.cdiv(k_tiles, splits) * bk                        # a multiple of BK
     splits = triton.cdiv(k, k_split)
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)   # [S, M, N] fp32 sums
+    # [S, M, N]: fp32 partial sums, added after; one split (prefill) stores x's dtype directly
+    part = torch.empty(splits, m, n, dtype=torch.float32 if splits > 1 else x.dtype, device=x.device)
     _wq_gemm_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
         x, w, scales, zeros if zeros is not None else scales, part, m, n, k, k_split,
         x.stride(0), w.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
@@ -117,7 +119,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, zeros: torch
         TILE_SCALE=tile_scale, IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk)
     y = part[0] if splits == 1 else part.sum(0)
     if bias is not None:
-        y = y + bias.float()
+        y = y.float() + bias.float()
     return y.to(x.dtype)
 
 

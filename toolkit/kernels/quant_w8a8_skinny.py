@@ -56,8 +56,9 @@ def scaled_mm_skinny(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor
     if w_q.shape[1] != k or a_scale.numel() != m or w_scale.numel() != n:
         raise ValueError(f"shapes do not agree: a_q {tuple(a_q.shape)}, a_scale {tuple(a_scale.shape)}, "
                          f"w_q {tuple(w_q.shape)}, w_scale {tuple(w_scale.shape)} (want [M, K], [M, 1], [N, K], [N])")
-    if m == 0 or n == 0:
-        return torch.zeros(m, n, dtype=out_dtype, device=a_q.device)
+    if m == 0 or n == 0 or k == 0:              # an empty sum: the bias alone
+        y = torch.zeros(m, n, dtype=out_dtype, device=a_q.device)
+        return y + bias.to(out_dtype) if bias is not None else y
     a_q = a_q if a_q.stride(-1) == 1 else a_q.contiguous()
     w_q = w_q.contiguous()
     sa = a_scale.float().reshape(m).contiguous()
@@ -67,11 +68,12 @@ def scaled_mm_skinny(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor
     k_tiles = triton.cdiv(k, bk)
     k_split = triton.cdiv(k_tiles, max(1, min(k_tiles, TARGET_PROGRAMS // grid_mn))) * bk
     splits = triton.cdiv(k, k_split)
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=a_q.device)   # [S, M, N]
+    # [S, M, N]: fp32 partial sums, added after; one split stores out_dtype directly
+    part = torch.empty(splits, m, n, dtype=torch.float32 if splits > 1 else out_dtype, device=a_q.device)
     _skinny_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), splits)](
         a_q, sa, w_q, sw, part, m, n, k, k_split, a_q.stride(0), w_q.stride(0), part.stride(0), part.stride(1),
         INT8=a_q.dtype == torch.int8, BM=bm, BN=bn, BK=bk)
     y = part[0] if splits == 1 else part.sum(0)
     if bias is not None:
-        y = y + bias.float()
+        y = y.float() + bias.float()
     return y.to(out_dtype)

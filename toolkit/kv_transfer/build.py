@@ -37,10 +37,17 @@ class StoreSpec:
         """This rank's connector over its own DiskKVStore, its format claimed (not registered)."""
         from toolkit.kv_transfer.disk_store import DiskKVStore
         from toolkit.kv_transfer.keys import cache_namespace, kv_format
+        from toolkit.kv_transfer.kv_store import block_nbytes
 
         layer = kv_cache.layers[0]
         shape = (kv_cache.num_layers, 2, kv_cache.block_size, kv_cache.num_kv_heads, kv_cache.head_dim)
         ns = cache_namespace(self.identity, kv_cache, tp_rank, tp_size)
+        block = block_nbytes(shape, layer.dtype)
+        if self.capacity_bytes < block:
+            per_rank = f" split over {tp_size} tensor-parallel ranks ({self.capacity_bytes} bytes each)" \
+                if tp_size > 1 else ""
+            raise ValueError(f"kv_cache_dir_gb{per_rank} holds no KV block of {block} bytes; give at least "
+                             f"{block * tp_size / 2**30:.3g} GiB")
         if self.root is None:            # private and temporary: deleted at close
             name = self.tmp_name if tp_size == 1 else f"{self.tmp_name}-tp{tp_size}-rank{tp_rank}"
             store = DiskKVStore(Path(tempfile.gettempdir()) / name, shape, layer.dtype,

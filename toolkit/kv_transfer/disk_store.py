@@ -2,8 +2,9 @@
 
     <root>/<key>.kv     the block's bytes, [num_layers, 2, block_size, num_kv_heads, head_dim]
                         (an fp8 cache's raw e4m3 bytes: their scales are the format's)
-    <root>/FORMAT       the KV format claimed for the directory (claim_format), written with
-                        the first block: a later store over it with another format is refused
+    <root>/FORMAT       the KV format claimed for the directory (claim_format), created once
+                        and atomically by the first claim: a store of another format over it
+                        is refused, even one claiming at the same moment in another process
 
 `root` should name the model and the KV layout (kv_transfer/keys.py's `namespace`), so a
 directory shared by several models or layouts never hands one the other's blocks. A write
@@ -39,7 +40,7 @@ class DiskKVStore(LRUKeys):
                  capacity_bytes: int, *, persistent: bool = True) -> None:
         if not isinstance(capacity_bytes, int) or isinstance(capacity_bytes, bool) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
-        self.root = Path(root)           # made by the first put (nothing is left behind before)
+        self.root = Path(root)           # made by the first claim_format or put
         self.block_shape, self.dtype = tuple(int(s) for s in block_shape), dtype
         self.block_bytes = block_nbytes(self.block_shape, dtype)
         self.capacity_blocks = capacity_bytes // self.block_bytes
@@ -50,7 +51,7 @@ class DiskKVStore(LRUKeys):
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, None] = OrderedDict()   # keys, least recently used first
         self.num_puts = self.num_gets = self.num_evicted = 0
-        self._format_written = False
+        self._odd: list[Path] = []       # files of another size: deleted once a claim succeeds
         self._scan()
 
     def _scan(self) -> None:
@@ -62,18 +63,32 @@ class DiskKVStore(LRUKeys):
                 st = p.stat()
                 if st.st_size == self.block_bytes:
                     found.append((st.st_mtime_ns, p.stem))
-                else:
-                    p.unlink(missing_ok=True)    # another layout's or a truncated block
+                else:                            # a truncated block, or another format's
+                    self._odd.append(p)          # (then the claim refuses: they stay)
         for _, key in sorted(found):
             self._lru[key] = None
         while len(self._lru) > self.capacity_blocks:    # a smaller bound than last time
             self._evict_one()
 
     def claim_format(self, fmt: str) -> None:
+        """Claim the directory for `fmt`: the first claim creates FORMAT (written aside, then
+        linked into place: exactly one of two racing claims creates it); a later one reads it
+        and is refused when it differs. Then the files of another size go."""
         path = self.root / FORMAT_FILE
-        if self.kv_format is None and path.is_file():
-            self.kv_format = path.read_text().strip() or None
+        if self.kv_format is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+            tmp.write_text(fmt + "\n")
+            try:
+                os.link(tmp, path)               # fails when FORMAT exists
+            except FileExistsError:
+                self.kv_format = path.read_text().strip() or None
+            finally:
+                tmp.unlink(missing_ok=True)
         super().claim_format(fmt)
+        for p in self._odd:
+            p.unlink(missing_ok=True)
+        self._odd = []
 
     def _path(self, key: str) -> Path:
         if not key or "/" in key or key.startswith("."):
@@ -109,9 +124,6 @@ class DiskKVStore(LRUKeys):
                 self._evict_one()
         raw = block.detach().to("cpu").contiguous().view(torch.uint8).numpy()
         self.root.mkdir(parents=True, exist_ok=True)
-        if self.kv_format is not None and not self._format_written:
-            (self.root / FORMAT_FILE).write_text(self.kv_format + "\n")
-            self._format_written = True
         tmp = self.root / f".tmp-{uuid.uuid4().hex}"
         raw.tofile(tmp)
         os.replace(tmp, path)

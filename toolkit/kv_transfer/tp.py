@@ -25,6 +25,7 @@ but lost meanwhile fails on that rank only, which is enough.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,11 +282,17 @@ class TPConnector(KVConnectorBase):
             if meta.has_work():
                 self._expect(meta)
                 self._merge(self.executor.call(step_rank, meta, set()))
+        except Exception as e:  # noqa: BLE001 - a dead rank: the engine is closing anyway
+            log.warning("sending the KV connector's last saves failed (%s: %s); they are lost",
+                        type(e).__name__, e)
+        try:                    # apart from the saves: a rank that failed them still closes
             for rank, counters in enumerate(self.executor.call(close_rank)):
                 self.rank_counters[rank].update(counters)
-        except Exception as e:  # noqa: BLE001 - a dead rank: the engine is closing anyway
-            log.warning("closing the KV connector's ranks failed (%s: %s); their pending saves are lost",
-                        type(e).__name__, e)
+        except Exception as e:  # noqa: BLE001
+            log.warning("closing the KV connector's ranks failed (%s: %s)", type(e).__name__, e)
+            if self.spec.root is None:          # the temporary tier: no rank may leave its directory
+                for root in self.inner.store.roots:
+                    shutil.rmtree(root, ignore_errors=True)
         self.inner.close()
         self._recv.clear()
         self._send.clear()

@@ -186,6 +186,7 @@ class TPExecutor:
 
     # -- the Executor contract (toolkit/worker/executor.py) --
     supports_hidden = True             # rank 0's hidden states are whole (the pooler reads them)
+    stray_reply_s = 30.0               # after call()'s fn failed on rank 0: the workers' wait
     local_lm_head = False              # the LM head's vocabulary parts are gathered in execute()
 
     @property
@@ -227,9 +228,13 @@ class TPExecutor:
             conn.send(("call", fn, args))
         try:
             results = [fn(self.runner, *args)]
-        except BaseException:                # the workers' replies are read all the same, so
-            for rank in range(1, self.size):     # the next call does not take them for its own
-                self._expect(rank, "reply", timeout)
+        except BaseException as e:           # the workers' replies are read all the same, so
+            try:                             # the next call does not take them for its own
+                for rank in range(1, self.size):
+                    self._expect(rank, "reply", min(timeout, self.stray_reply_s))
+            except Exception:                # a worker waits in a collective rank 0 never joined
+                self._fail(e)
+                raise self.error from e
             raise
         for rank in range(1, self.size):
             _, ok, value = self._expect(rank, "reply", timeout)
