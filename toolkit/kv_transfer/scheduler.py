@@ -151,6 +151,7 @@ class ConnectorScheduler(ContinuousBatchingScheduler):
         req.status = RequestStatus.RUNNING
         self.waiting.remove(req)
         self.running.append(req)
+        self._lora_acquire(req)              # its adapter's slot, as the base scheduler's admission
         return self._scheduled(req, n)
 
     # -- the worker's report --

@@ -27,10 +27,19 @@ from toolkit.lora.host_cache import HostAdapterCache
 from toolkit.lora.layer import LoRALinearMethod
 from toolkit.lora.peft import AdapterWeights, read_adapter
 from toolkit.lora.request import LoRARequest
+from toolkit.types import RequestFault
 
 # the toolkit's module names of adaptable linears (merged ones hold several PEFT targets)
 ADAPTABLE = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "q_proj", "k_proj", "v_proj",
              "gate_proj", "up_proj")
+
+
+class _Unreadable(Exception):
+    """An adapter a step must load could not be read (LoRAState.begin_step names its requests)."""
+
+    def __init__(self, adapter: int, name: str, error: Exception) -> None:
+        super().__init__(adapter, name, error)
+        self.adapter, self.name, self.error = adapter, name, error
 
 
 class LoRAState:
@@ -127,14 +136,25 @@ class LoRAState:
                 if self.known.get(adapter) != req:         # a rank learns adapters from the steps
                     self.known[adapter] = req
                     self.host.pop(adapter)
-                self._load(slot, self.register(req))
+                try:
+                    w = self.register(req)
+                except (OSError, ValueError) as e:
+                    raise _Unreadable(adapter, req.lora_name, e) from e
+                self._load(slot, w)
         n = step.indices.shape[0]
         self.indices[:n].copy_(torch.from_numpy(step.indices), non_blocking=self.device.type == "cuda")
 
     def begin_step(self, out: Any, num_tokens: int) -> LoRAStep:
-        """step_plan + apply on this rank; the plan goes on to the other ranks (TP)."""
+        """step_plan + apply on this rank; the plan goes on to the other ranks (TP). An adapter
+        that cannot be read again (its folder moved since add_request, while the host cache
+        had dropped it) fails its requests alone (RequestFault), not the step's others."""
         step = self.step_plan(out, num_tokens)
-        self.apply(step)
+        try:
+            self.apply(step)
+        except _Unreadable as e:
+            rids = [s.request_id for s in out.scheduled
+                    if s.request.lora_request is not None and s.request.lora_request.lora_int_id == e.adapter]
+            raise RequestFault(rids, f"LoRA adapter {e.name!r} could not be loaded again: {e.error}") from e.error
         return step
 
     def _load(self, slot: int, w: AdapterWeights) -> None:
