@@ -227,6 +227,20 @@ def test_host_tier_and_sleep(tiny_llama_dir, want, other_model) -> None:
         assert _tokens(llm) == want["b"]
 
 
+def test_a_kv_connector_refuses_new_weights(tiny_llama_dir, want, other_model, tmp_path) -> None:
+    """The disk tier names blocks by the model's files: sleep(1) keeps them valid, but
+    update_weights and sleep(2) (whose wake needs one) are refused, the weights intact."""
+    with LLM(tiny_llama_dir, enable_sleep_mode=True, kv_cache_dir=str(tmp_path), **OPTS) as llm:
+        assert _tokens(llm) == want["a"]
+        llm.sleep(1)
+        llm.wake_up()
+        with pytest.raises(ValueError, match=r"update_weights\(\) is refused with a KV connector"):
+            llm.update_weights(other_model[1])
+        with pytest.raises(ValueError, match=r"sleep\(level=2\) is refused with a KV connector"):
+            llm.sleep(2)
+        assert not llm.engine.sleep_mode.asleep and _tokens(llm) == want["a"]
+
+
 def test_transformers_backend_update_is_checked(tiny_llama_dir, want, other_model) -> None:
     with LLM(tiny_llama_dir, model_impl="transformers", enable_sleep_mode=True, **OPTS) as llm:
         assert _tokens(llm) == want["a"]

@@ -2,7 +2,8 @@
 a KV connector (a PD consumer) take their adapter's slot like any other (max_loras=1, two
 adapters: greedy equal to the co-located engine); an adapter whose folder moved after
 add_request, once dropped from the host cache, fails its own requests alone (RequestFault),
-and the base model's and other adapters' requests finish with their tokens."""
+and the base model's and other adapters' requests finish with their tokens; a pooling request
+with an adapter is refused (pooling runs the base model)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,13 @@ def test_an_adapter_folder_gone_before_its_load_fails_only_its_requests(lora_bas
         s = e.scheduler
         assert not s._lora_held and s.lora_pool.num_free_slots() == 1
         assert e.allocator.num_free_blocks() == e.allocator.num_blocks
+
+
+def test_a_pooling_request_with_an_adapter_is_refused(lora_base, adapters):
+    from toolkit import PoolingParams
+
+    _, folder = lora_base
+    with LLM(str(folder), enable_lora=True, max_loras=1, max_lora_rank=16, block_size=BS, num_blocks=16) as llm:
+        with pytest.raises(ValueError, match="pooling requests .* run the base model"):
+            llm.engine.add_request(PROMPTS[0], PoolingParams(task="embed"), lora_request=_reqs(adapters)[0])
+        assert not llm.engine.has_unfinished()

@@ -128,6 +128,9 @@ class Engine:
         self.sleep_mode.check_awake()
         params = SamplingParams() if params is None else params
         if isinstance(params, PoolingParams):         # prefill-only: embed / classify / score
+            if lora_request is not None:
+                raise ValueError("lora_request applies to generation; pooling requests (PoolingParams) "
+                                 "run the base model: leave it out")
             return self._add_pooling(prompt, params, request_id, output_kind, arrival_time,
                                      dict(priority=priority, client_id=client_id, deadline=deadline,
                                           expected_output_len=expected_output_len))

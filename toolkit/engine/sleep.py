@@ -74,6 +74,8 @@ class SleepMode:
             raise TypeError(f"level must be 1 or 2, got {level!r}")
         if level not in (1, 2):
             raise ValueError(f"level must be 1 (weights to host memory) or 2 (weights discarded), got {level}")
+        if level == 2:                               # its wake needs update_weights
+            self._check_no_connector("sleep(level=2)")
         self._check_idle("sleep()")
         deeper = [t for t in TAGS if self.asleep.get(t, 0) < (level if t == "weights" else 1)]
         if not deeper:
@@ -126,6 +128,7 @@ class SleepMode:
         if "weights" in self.asleep:
             raise RuntimeError("the weights are asleep; call wake_up(tags=['weights']) before "
                                "update_weights()")
+        self._check_no_connector("update_weights()")
         self._check_idle("update_weights()")
         weights = list(weights)
         executor = self.engine.runner.executor
@@ -148,6 +151,15 @@ class SleepMode:
                 self.stale = None
         log.info("updated %d weight tensors", len(weights))
         return len(weights)
+
+    def _check_no_connector(self, what: str) -> None:
+        """A KV connector's store names its blocks by the model's files, not its weights: after
+        new weights it would hand back KV the old ones computed (and keep new KV under the old
+        name for a later engine on the untouched folder)."""
+        if getattr(self.engine.scheduler, "connector", None) is not None:
+            raise ValueError(f"{what} is refused with a KV connector (kv_connector / kv_cache_dir): its "
+                             "store keeps KV blocks under the model's name, which new weights do not "
+                             "change; build the engine without one to update weights")
 
     # -- the prefix cache --
     def reset_prefix_cache(self) -> bool:
