@@ -362,3 +362,25 @@ def test_transformers_backend_refuses_quantized_weights(folders):
     q, _ = folders("ct_int8")
     with pytest.raises(ValueError, match="model_impl='transformers' cannot load them"):
         load_model(q, model_impl="transformers")
+
+
+def test_update_weights_of_a_gptq_model_checks_g_idx_first(folders):
+    """The checkpoint's own tensors update (g_idx included: read and checked, not kept); an
+    act-order g_idx among new scales is refused before any tensor is copied."""
+    from safetensors.torch import load_file
+
+    from toolkit import LLM, SamplingParams
+
+    q, _ = folders("gptq")
+    ckpt = load_file(str(Path(q) / "model.safetensors"))
+    sp = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(str(q), dtype="float32", num_blocks=32, block_size=4) as llm:
+        before = llm.generate([[5, 6, 7, 8]], sp, use_tqdm=False)[0].outputs[0].token_ids
+        state = [p.detach().clone() for p in llm.engine.model.parameters()]
+        g_idx = next(k for k in ckpt if k.endswith("down_proj.g_idx"))
+        new = [(k, v * 3) for k, v in ckpt.items() if k.endswith(".scales")] + [(g_idx, ckpt[g_idx].flip(0))]
+        with pytest.raises(ValueError, match="no weight was changed.*act-order"):
+            llm.update_weights(new)
+        assert all(torch.equal(a, b) for a, b in zip(state, llm.engine.model.parameters()))
+        assert llm.update_weights(ckpt) == len(ckpt)
+        assert llm.generate([[5, 6, 7, 8]], sp, use_tqdm=False)[0].outputs[0].token_ids == before

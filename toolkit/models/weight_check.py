@@ -78,6 +78,11 @@ def _native(model: Any, weights: Sequence[tuple[str, Any]]) -> list[str] | None:
                             f"{[sid for sid, _ in p.shards]}")
         elif tuple(shape_of(t)) != tuple(want):
             problems.append(f"{name!r} has shape {tuple(shape_of(t))}, the model expects {tuple(want)}")
+        elif hasattr(p, "check_value"):            # read and checked, not kept (GPTQ's g_idx): its
+            try:                                   # own check, now, not halfway through the load
+                p.check_value(t, shard)
+            except ValueError as e:
+                problems.append(f"{name!r}: {e}")
         else:
             bad = _dtype_problem(name, t, p)
             if bad:

@@ -182,5 +182,6 @@ def ignored(layer: nn.Module, name: str, shape_fn: Callable[[int, int], tuple[in
             check(take(loaded), shard_id)
 
     p.weight_loader, p.shards, p.init = load, full_shapes(layer, shape_fn), None   # random weights skip it
+    p.check_value = lambda loaded, shard_id=None: check(take(loaded), shard_id) if check is not None else None
     setattr(layer, name, p)
     return p
