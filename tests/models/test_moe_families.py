@@ -141,3 +141,21 @@ def test_on_the_gpu_the_fused_kernel_serves_the_family(family, hf_checkpoint):
         assert greedy(model, [prompt], max_new_tokens=8)[0] == want_ids
     finally:
         hf.to("cpu")
+
+
+def test_dots1_routes_in_float32_in_a_bf16_model(hf_checkpoint):
+    """dots.llm1's router (sigmoid scores + correction bias, grouped top-k) keeps its gate in
+    float32 as transformers does: on bf16 hidden states our experts and weights are HF's."""
+    hf, folder = hf_checkpoint("dots1")
+    model = load_model(folder, dtype=torch.bfloat16)
+    layer = SPARSE["dots1"][0]
+    ours = model.model.layers[layer].mlp
+    assert isinstance(ours, SparseMoeBlock) and ours.gate.weight.dtype == torch.float32
+    theirs = hf.model.layers[layer].mlp.gate
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(64, hf.config.hidden_size, generator=g) * 4).to(torch.bfloat16)
+    w, ids = ours.route(ours.gate(x.to(ours.gate_dtype)))
+    _, tw, tids = theirs(x)
+    order, torder = ids.sort(-1), tids.sort(-1)
+    assert torch.equal(order.values, torder.values)
+    torch.testing.assert_close(w.gather(1, order.indices), tw.gather(1, torder.indices), rtol=1e-5, atol=1e-6)

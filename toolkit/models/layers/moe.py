@@ -148,7 +148,10 @@ class SparseMoeBlock(nn.Module):
             raise ValueError(f"num_experts_per_tok must be in [1, {num_experts}] (the number of "
                              f"experts), got {top_k}")
         self.top_k, self.renormalize, self.grouped = top_k, renormalize, grouped
-        self.gate = replicated(hidden, num_experts, False, dtype=dtype, device=device)
+        # a router with a correction bias (dots.llm1, DeepSeek-V3) scores in float32, its gate
+        # kept in float32 as transformers keeps it: bf16 logits pick other experts on near ties
+        self.gate_dtype = torch.float32 if grouped is not None and grouped.correction_bias else dtype
+        self.gate = replicated(hidden, num_experts, False, dtype=self.gate_dtype, device=device)
         self.experts = FusedMoE(num_experts, hidden, intermediate, dtype=dtype, device=device, group=group,
                                 kernels=kernels)
         self.shared_experts = shared_experts
@@ -180,7 +183,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> [T, D]."""
-        weights, ids = self.route(self.gate(x))                                 # [T, k] x 2
+        weights, ids = self.route(self.gate(x.to(self.gate_dtype)))             # [T, k] x 2
         out = self.experts(x, weights, ids)
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
