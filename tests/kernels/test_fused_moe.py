@@ -59,6 +59,21 @@ def test_no_tokens_and_bad_workspace():
                       workspace=(torch.zeros(4, 3), torch.zeros(4, 5)))
 
 
+def test_fused_moe_default_tiles_over_several_k_steps():
+    """The tiles a real layer gets (block_m chosen by the kernel: 64 past 256 assignments),
+    hidden and intermediate sizes over several K steps of the tile, 40 tokens x top-8 of 16."""
+    g = torch.Generator().manual_seed(0)
+    t, e, d, i, k = 40, 16, 160, 96, 8
+    x = torch.randn(t, d, generator=g)
+    w13 = torch.randn(e, 2 * i, d, generator=g) / d ** 0.5
+    w2 = torch.randn(e, d, i, generator=g) / i ** 0.5
+    weights, ids = moe_torch.select_experts(torch.randn(t, e, generator=g), k, True)
+    nan = float("nan")
+    work = (torch.full((t * k, i), nan), torch.full((t * k, d), nan))
+    got = fused_experts(x, w13, w2, weights, ids, workspace=work)
+    torch.testing.assert_close(got, reference_moe.fused_experts(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)
+
+
 def _qwen3_30b_moe(t: int, seed: int = 0):
     """The Qwen3-30B-A3B MoE layer: 128 experts, top-8, hidden 2048, expert intermediate 768."""
     g = torch.Generator(device="cuda").manual_seed(seed)
