@@ -122,6 +122,14 @@ def test_health_and_metrics_per_replica(dp):
     assert "toolkit_replica_requests_routed_total" in text and "toolkit_num_requests_running" in text
 
 
+def test_engine_calls_answer_once_for_every_replica(dp):
+    """is_sleeping and reset_prefix_cache answer a bool for the set (not a list per replica),
+    and a reset forgets the router's memory of the replicas' prefixes."""
+    _wait_idle(dp)
+    assert asyncio.run(dp.is_sleeping()) is False
+    assert asyncio.run(dp.reset_prefix_cache()) is True
+
+
 def test_devices_are_dealt_out_per_replica():
     assert replica_devices(2, 1, ["0", "1"]) == ["0", "1"]
     assert replica_devices(2, 2, ["0", "1", "2", "3"]) == ["0,1", "2,3"]

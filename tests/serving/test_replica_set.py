@@ -4,6 +4,7 @@ step by step."""
 from __future__ import annotations
 
 import concurrent.futures
+import types
 
 import pytest
 
@@ -115,8 +116,9 @@ def test_a_death_retries_unstreamed_and_fails_streamed():
     c0.accept("a")
     c0.accept("c")                                     # e: the add is still pending
     c0.emit("a", [7])                                  # a has streamed
+    rs._last[0] = types.SimpleNamespace(kv_usage=0.5)  # replica 0's last step record
     c0.die()
-    assert not rs.views()[0].alive
+    assert not rs.views()[0].alive and rs._last[0] is None    # out of the fleet's gauges
     # e (add pending) and c (accepted, silent) moved to replica 1; a failed with a clear error
     assert {"c", "e"} <= set(c1.adds)
     (err, rids), = front.errors
@@ -187,3 +189,84 @@ def test_serve_flags():
     assert (a.data_parallel_size, a.data_parallel_backend, a.router) == (1, "mp", "least_loaded")
     with pytest.raises(SystemExit):
         parse_args(["--router", "fastest"])
+
+
+def test_a_thread_replica_whose_loop_crashes_is_dead_and_restarted():
+    """A real ThreadCore whose step fails and whose abort then fails too (a lost device): its
+    loop stops, the set counts a death, retries the unstreamed request on the other replica
+    and restarts the dead one."""
+    import threading
+    import time
+
+    from toolkit.entrypoints.core_thread import ThreadCore
+
+    class Engine:
+        tokenizer, max_model_len = None, 128
+        model = types.SimpleNamespace(spec=types.SimpleNamespace(vocab_size=100))
+
+        def __init__(self) -> None:
+            self.reqs, self.crash = set(), threading.Event()
+            self.scheduler = types.SimpleNamespace(has_unfinished=lambda: bool(self.reqs))
+
+        def add_request(self, prompt, params, request_id, **fields):
+            self.reqs.add(request_id)
+
+        def abort(self, rids):
+            if self.crash.is_set():
+                raise RuntimeError("abort failed too (device lost)")
+            self.reqs -= set(rids)
+
+        def has_unfinished(self):
+            return bool(self.reqs)
+
+        def request_ids(self):
+            return list(self.reqs)
+
+        def step(self):
+            if self.crash.is_set():
+                raise RuntimeError("CUDA error: device-side assert")
+            time.sleep(0.01)
+            return []
+
+        def add_observer(self, o):
+            pass
+
+        def remove_observer(self, o):
+            pass
+
+        def close(self):
+            pass
+
+    engines: list[Engine] = []
+
+    def factory(on_outputs, on_error):
+        engines.append(Engine())
+        return ThreadCore(engines[-1], on_outputs, on_error)
+
+    errors: list = []
+    rs = ReplicaSetCore([factory, factory], RoundRobinRouter(), lambda o, r: None,
+                        lambda e, rids=None: errors.append((e, rids)), max_restarts=3, restart_backoff=0)
+    try:
+        rs.add("a", [1, 2, 3], None, {}).result(5)
+        first = rs.replica_of("a")
+        engines[first].crash.set()
+        deadline = time.monotonic() + 10
+        while rs.stats["restarts"][first] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rs.stats["deaths"][first] == 1 and rs.stats["restarts"][first] == 1
+        assert rs.replica_of("a") == 1 - first and rs.stats["retried"][1 - first] == 1
+        assert not errors                                  # nothing had streamed: retried, not failed
+    finally:
+        rs.close()
+
+
+def test_a_request_failed_before_its_add_landed_is_aborted_on_the_replica():
+    """A whole-step fault on a live replica fails a request whose add is still queued there;
+    when the replica takes it afterwards, the set aborts it (else it would run to max_tokens,
+    its output dropped and its load uncounted)."""
+    rs, (c0, _), front = make()
+    f = rs.add("x", [1, 2], None, {})                  # -> replica 0, its add pending
+    c0.on_error(RuntimeError("a step failed"))         # request_ids None, the core alive
+    assert front.errors[-1][1] == ["x"] and rs.replica_of("x") is None and c0.aborted == []
+    c0.accept("x")
+    assert c0.aborted == ["x"] and f.result() == "x" and rs.views()[0].load == 0

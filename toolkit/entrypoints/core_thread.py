@@ -148,9 +148,10 @@ class ThreadCore:
                         self._wake.clear()
                         continue
                     self._step()
-        except BaseException as e:                 # pragma: no cover - a bug in the loop itself
+        except BaseException as e:                 # a bug in the loop, or a step and its abort failed
             log.exception("the engine loop stopped")
             self.error = e
+            self._stop = True                      # before the report: its reader sees a dead core
             self._on_error(EngineDeadError(f"the engine loop stopped: {e!r}"))
         finally:
             self._stop = True

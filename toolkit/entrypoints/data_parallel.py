@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+from toolkit.entrypoints import engine_calls
 from toolkit.entrypoints.async_engine import AsyncEngine
 from toolkit.entrypoints.replica_set import CoreFactory, ReplicaSetCore
 from toolkit.routing.base import ReplicaView
@@ -88,6 +89,39 @@ class DPAsyncEngine(AsyncEngine):
         for row, core in zip(rows, self.core.cores):
             row["restarts"] += getattr(core, "restarts", 0)      # a Ray actor's own restarts
         return rows
+
+    # -- sleep mode, weight updates, the prefix cache: every replica, one answer --
+    async def sleep(self, level: int = 1) -> None:
+        self._every_replica("sleep()")
+        await self._engine_call(engine_calls.sleep, level=level)
+
+    async def wake_up(self, tags: Sequence[str] | str | None = None) -> None:
+        self._every_replica("wake_up()")
+        await super().wake_up(tags)
+
+    async def is_sleeping(self) -> bool:
+        """True when every live replica sleeps."""
+        return all(await self._engine_call(engine_calls.is_sleeping))
+
+    async def update_weights(self, weights: Any) -> int:
+        self._every_replica("update_weights()")
+        return (await super().update_weights(weights))[0]
+
+    async def reset_prefix_cache(self) -> bool:
+        """True when every live replica reset its cache (a busy one refuses); the router's
+        memory of their prefixes goes with them."""
+        done = all(await self._engine_call(engine_calls.reset_prefix_cache))
+        if done:
+            self.core.forget_prefixes()
+        return done
+
+    def _every_replica(self, what: str) -> None:
+        """A restarting replica comes back from the original checkpoint, awake: changing the
+        others alone would leave the replicas serving different weights."""
+        down = [v.index for v in self.core.views() if not v.alive]
+        if down:
+            raise RuntimeError(f"{what} needs every replica alive; replica(s) {down} are down or "
+                               "restarting: try again when /health answers 200")
 
     def __repr__(self) -> str:
         alive = sum(v.alive for v in self.core.views())

@@ -194,6 +194,12 @@ class ReplicaSetCore:
             if i >= 0 and self.cores[i].alive:
                 self.cores[i].abort(rids)
 
+    def forget_prefixes(self) -> None:
+        """The replicas' prefix caches were reset: what the front remembers of them goes too."""
+        with self._lock:
+            if self._hashes is not None:
+                self._hashes = [RecentHashes(h.capacity) for h in self._hashes]
+
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
         """fn(engine) on every live replica; a Future of the list of their results."""
         futs = [c.call(fn) for c in self.cores if c.alive]
@@ -267,6 +273,9 @@ class ReplicaSetCore:
         if error is None:
             with self._lock:
                 r.accepted = True
+                gone = self._req.get(rid) is not r   # aborted (or failed) while the add was on its way
+            if gone:
+                self.cores[i].abort([rid])           # the replica took it after the abort went by
             _settle(outer, result=f.result())
             return
         retry = False
@@ -320,6 +329,7 @@ class ReplicaSetCore:
         with self._lock:
             if died:
                 self.stats["deaths"][i] += 1
+                self._last[i] = None             # its last step leaves the fleet's gauges
                 log.error("replica %d died (%r); routing around it", i, error)
                 self._schedule_restart(i)
             mine = [rid for rid, r in self._req.items() if r.replica == i]
