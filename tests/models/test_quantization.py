@@ -384,3 +384,28 @@ def test_update_weights_of_a_gptq_model_checks_g_idx_first(folders):
         assert all(torch.equal(a, b) for a, b in zip(state, llm.engine.model.parameters()))
         assert llm.update_weights(ckpt) == len(ckpt)
         assert llm.generate([[5, 6, 7, 8]], sp, use_tqdm=False)[0].outputs[0].token_ids == before
+
+
+def test_gptq_modules_in_block_to_quantize_decides_merged_layers_by_their_parts(folders, tmp_path):
+    """GPTQModel lists the quantized modules by checkpoint name (q_proj, gate_proj, ...): the
+    merged qkv_proj / gate_up_proj follow their parts; a module left out stays dense."""
+    import json
+    import shutil
+
+    q, _ = folders("gptq")
+    want = logits(load_model(q))
+    listed = tmp_path / "listed"
+    shutil.copytree(q, listed)
+    cfg = json.loads((listed / "config.json").read_text())
+    cfg["quantization_config"]["modules_in_block_to_quantize"] = [
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["self_attn.o_proj"],
+        ["mlp.gate_proj", "mlp.up_proj"], ["mlp.down_proj"]]
+    (listed / "config.json").write_text(json.dumps(cfg))
+    model = load_model(listed)
+    assert type(model.model.layers[0].self_attn.qkv_proj.method).__name__ == "W4A16LinearMethod"
+    assert type(model.model.layers[0].mlp.gate_up_proj.method).__name__ == "W4A16LinearMethod"
+    torch.testing.assert_close(logits(model), want, rtol=1e-5, atol=1e-5)
+    scheme = quantization_method_fn(_config({**cfg["quantization_config"], "modules_in_block_to_quantize": [
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], ["mlp.gate_proj", "mlp.up_proj"]]}))
+    assert scheme("model.layers.0.mlp.down_proj") is None and scheme("model.layers.0.self_attn.o_proj") is None
+    assert scheme("model.layers.0.self_attn.qkv_proj") is not None

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from toolkit import LLM, SamplingParams
+from toolkit import LLM, PoolingParams, SamplingParams
 
 CLS, SEP = 1, 2
 TEXTS = [[CLS, 5, 9, 33, 7, 100, 3, 4, 5, 6, SEP], [CLS, 3, SEP], [CLS] + [7] * 12 + [SEP], [CLS, SEP]]
@@ -57,11 +57,29 @@ def test_encoder_refuses_generation_and_long_prompts(checkpoint):
         llm.embed([[CLS] + [4] * 10 + [SEP]])
     with pytest.raises(ValueError, match="serves pooling tasks"):
         llm.classify([[CLS, 4, SEP]])
+    hidden = llm.engine.model.spec.hidden_size
+    with pytest.raises(ValueError, match=f"dimensions={hidden + 1} is more than this model's embedding size"):
+        llm.embed([[CLS, 4, SEP]], PoolingParams(dimensions=hidden + 1))
     assert not llm.engine.has_unfinished()
     # a bi-encoder scores a pair by the cosine of the two embeddings (vLLM's rule)
     a, b = [CLS, 4, 9, SEP], [CLS, 5, SEP]
     ea, eb = (torch.tensor(o.outputs.embedding) for o in llm.embed([a, b]))
     assert abs(llm.score(a, b)[0].outputs.score - float(F.cosine_similarity(ea, eb, dim=0))) < 1e-5
+
+
+def test_a_sentence_transformers_dense_module_is_refused(tmp_path):
+    import json
+
+    from toolkit.pooling.config import sentence_transformers_config
+
+    mods = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]
+    (tmp_path / "modules.json").write_text(json.dumps(mods))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    with pytest.raises(ValueError, match=r"modules \['Dense'\] are not supported"):
+        sentence_transformers_config(tmp_path)
 
 
 def test_encoder_prompts_are_never_chunked(checkpoint):

@@ -69,3 +69,28 @@ def test_server_routes_truncate(checkpoint):
         assert client.post("/v1/embeddings", json={"input": [LONG]}).status_code == 400
         bad = client.post("/v1/embeddings", json={"input": [LONG], "truncate_prompt_tokens": 0})
         assert bad.status_code == 400 and "truncate_prompt_tokens" in bad.text
+
+
+def test_text_keeps_the_tokenizers_leading_cls(tmp_path):
+    """A text prompt cut to k tokens keeps its [CLS] (the CLS pooler's row) and ends with
+    [SEP], as a left-truncating tokenizer (vLLM's) gives it; token-id prompts are cut as given."""
+    import transformers as tf
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"x{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(60)]
+    tok = tf.BertTokenizerFast(vocab={w: i for i, w in enumerate(words)})
+    tok.save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    hf = tf.BertModel(tf.BertConfig(vocab_size=len(words), hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=80, max_position_embeddings=64), add_pooling_layer=False).eval()
+    hf.save_pretrained(tmp_path)
+    text = " ".join(words[5:25])
+    with LLM(str(tmp_path), block_size=4, num_blocks=64, attention="torch") as llm:
+        got = llm.embed([text], truncate_prompt_tokens=8)[0]
+        tok.truncation_side = "left"
+        want_ids = tok(text, truncation=True, max_length=8)["input_ids"]
+        assert got.prompt_token_ids == want_ids and want_ids[0] == tok.cls_token_id and len(set(want_ids)) == 8
+        with torch.no_grad():
+            want = torch.nn.functional.normalize(hf(torch.tensor([want_ids])).last_hidden_state[0, 0], dim=0)
+        torch.testing.assert_close(torch.tensor(got.outputs.embedding), want, rtol=1e-4, atol=1e-5)
+        ids = tok(text)["input_ids"]
+        assert llm.embed([ids], truncate_prompt_tokens=8)[0].prompt_token_ids == ids[-8:]

@@ -280,7 +280,8 @@ def _attach_pooling(engine: Engine, runner: Runner, model: Any, tokenizer: Any, 
     pooler = build_pooler(model, tokenizer, folder, cfg.pooler_config,
                           compute_logits=partial(executor_logits, runner.executor))
     runner.pooling = PoolingState(pooler)
-    engine.pooling = EnginePooling(pooler, causal=all(x.causal for x in model.spec.layers))
+    engine.pooling = EnginePooling(pooler, causal=all(x.causal for x in model.spec.layers),
+                                   hidden_size=model.spec.hidden_size)
 
 
 def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: torch.device,

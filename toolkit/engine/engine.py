@@ -88,6 +88,7 @@ class Engine:
         # seconds (build_engine): load_s, kv_cache_s, warmup_s; on CUDA also the warm-up's
         # compile_s (kernels_compiled of them) and capture_s
         self.startup: dict[str, float] = {}
+        self._lead: int | None = None          # the tokenizer's leading special ids (pooling truncation)
         self.num_steps = 0
         self._num_landed = 0             # steps reported to observers
         self.num_overlapped_steps = 0    # steps launched before the last one's tokens were taken
@@ -207,7 +208,8 @@ class Engine:
             raise ValueError(f"output_kind must be one of {OUTPUT_KINDS}, got {output_kind!r}")
         self._check_ids_free(rid, 1)
         text, ids = self.tokenize(prompt)
-        ids = self.pooling.truncate(ids, params, self.max_model_len)
+        ids = self.pooling.truncate(ids, params, self.max_model_len,
+                                    keep_first=self._leading_specials() if text is not None else 0)
         self._check_pooling_prompt(ids)
         req = self.pooling.request(rid, ids, params, next(self._salts), eos_token_id=self.eos_token_id,
                                    max_model_len=self.max_model_len, **fields,
@@ -511,6 +513,17 @@ class Engine:
         return dict(drafted=self.spec_drafted, accepted=self.spec_accepted,
                     acceptance_rate=self.spec_accepted / max(self.spec_drafted, 1),
                     mean_accepted_length=1 + self.spec_accepted / max(self.spec_steps, 1))
+
+    def _leading_specials(self) -> int:
+        """How many ids the tokenizer puts before any text ([CLS], BOS): the ids `encode`
+        gives an empty text and a word alike at the start."""
+        if self._lead is None:
+            empty, word = list(self.tokenizer.encode("")), list(self.tokenizer.encode("a"))
+            n = 0
+            while n < min(len(empty), len(word)) and empty[n] == word[n]:
+                n += 1
+            self._lead = n
+        return self._lead
 
     def tokenize(self, prompt: Any) -> tuple[str | None, list[int]]:
         """(text or None, token ids) of a prompt given as text or as token ids (a list, a

@@ -15,8 +15,8 @@ class EnginePooling:
     """causal: the model's attention (False: bidirectional, so a prompt runs in one step and
     never shares the prefix cache)."""
 
-    def __init__(self, pooler: Pooler, causal: bool = True) -> None:
-        self.pooler, self.causal = pooler, causal
+    def __init__(self, pooler: Pooler, causal: bool = True, hidden_size: int | None = None) -> None:
+        self.pooler, self.causal, self.hidden_size = pooler, causal, hidden_size
         self.live: dict[str, str] = {}              # request id -> task
 
     @property
@@ -29,11 +29,17 @@ class EnginePooling:
             raise ValueError(f"this model serves pooling tasks {list(self.tasks)}; task {task!r} needs "
                              + ("a classifier head (PoolerConfig(classifier_from_token=[...]) or a model "
                                 "with one)" if task != "embed" else "a pooler"))
+        d = params.dimensions
+        if d is not None and self.hidden_size is not None and d > self.hidden_size:
+            raise ValueError(f"dimensions={d} is more than this model's embedding size "
+                             f"{self.hidden_size}; give at most {self.hidden_size}")
 
     @staticmethod
-    def truncate(ids: list[int], params: PoolingParams, max_model_len: int) -> list[int]:
+    def truncate(ids: list[int], params: PoolingParams, max_model_len: int, keep_first: int = 0) -> list[int]:
         """The prompt's last truncate_prompt_tokens ids (-1: max_model_len; vLLM's left
-        truncation); all of them when it is None."""
+        truncation); all of them when it is None. keep_first: leading ids that stay (the
+        special tokens a tokenizer put before the text, [CLS] or BOS, as vLLM's left-truncating
+        tokenizer keeps them: a CLS pooler reads that row)."""
         k = params.truncate_prompt_tokens
         if k is None:
             return ids
@@ -41,7 +47,10 @@ class EnginePooling:
             raise ValueError(f"truncate_prompt_tokens={k} is more than max_model_len={max_model_len}; "
                              f"give at most {max_model_len}, or -1 for max_model_len")
         k = max_model_len if k == -1 else k
-        return ids[-k:] if len(ids) > k else ids
+        if len(ids) <= k:
+            return ids
+        keep = min(keep_first, k - 1)
+        return ids[:keep] + ids[len(ids) - (k - keep):]
 
     def request(self, rid: str, ids: list[int], params: PoolingParams, salt: int, **fields: Any) -> Request:
         """The prefill-only Request. Only a causal LAST pooler may start from a prefix-cache hit

@@ -56,6 +56,10 @@ def sentence_transformers_config(folder: str | Path) -> PoolerConfig | None:
         return None
     mods = json.loads(modules.read_text())
     kinds = {m.get("type", "").rsplit(".", 1)[-1]: m for m in mods}
+    unknown = sorted(set(kinds) - {"Transformer", "Pooling", "Normalize"})
+    if unknown:                         # e.g. a Dense projection: vectors of another size
+        raise ValueError(f"{folder}: sentence-transformers modules {unknown} are not supported (a Dense "
+                         "layer changes the vector); supported: Transformer, Pooling, Normalize")
     pooling_type = "CLS"
     if "Pooling" in kinds:
         cfg = json.loads((folder / kinds["Pooling"].get("path", "1_Pooling") / "config.json").read_text())

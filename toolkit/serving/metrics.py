@@ -78,7 +78,7 @@ class ServerMetrics:
             self.ttft.labels(m).observe(met.first_token_time - met.arrival_time)
         if met.finished_time is not None:
             self.e2e.labels(m).observe(met.finished_time - met.arrival_time)
-            tpot = out.time_per_output_token
+            tpot = getattr(out, "time_per_output_token", None)   # a pooling output has none
             if tpot is not None and n_out > 1:
                 self.tpot.labels(m).observe(tpot)
 

@@ -302,9 +302,19 @@ def _gptq(qc: dict, kernels: str) -> QuantizationScheme:
     method = W4A16LinearMethod("gptq", gs, gptq_v2=fmt == "gptq_v2", kernels=kernels)
     inside = [n for block in (qc.get("modules_in_block_to_quantize") or []) for n in
               (block if isinstance(block, list) else [block])]
-    skip = (lambda n: not any(n.endswith(m) for m in inside)) if inside else (lambda n: False)
+
+    def listed(name: str) -> bool:
+        """In modules_in_block_to_quantize, itself or as a part of a listed merged module
+        (Phi-3's qkv_proj); a merged module of the model is decided by its parts."""
+        if any(name.endswith(m) for m in inside):
+            return True
+        prefix, _, leaf = name.rpartition(".")
+        return any(leaf in parts and any(f"{prefix}.{merged}".endswith(m) for m in inside)
+                   for merged, parts in FUSED.items())
+
+    pick = (lambda n: method if listed(n) else None) if inside else (lambda n: method)
     return QuantizationScheme("gptq", f"int4 weights (GPTQ), group {gs if gs not in (None, -1) else 'channel'}, "
-                              "activations unquantized", _Chooser(lambda n: method, skip),
+                              "activations unquantized", _Chooser(pick, lambda n: False),
                               f"w4a16-g{gs if gs not in (None, -1) else 'channel'}")
 
 
