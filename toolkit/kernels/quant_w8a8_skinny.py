@@ -1,10 +1,11 @@
 """W8A8 GEMM for skinny M (decode) in Triton: (a_q x a_scale) @ (w_q x w_scale)^T, split over K.
 
 cuBLASLt's fp8 GEMM and torch._int_mm tile M for prefill; at a decode step's few rows they read
-the weight well below the copy bandwidth (`python -m benchmarks quant_gemm` times both). Here each program reads a [BN, BK] tile of W per K step along
-its rows, feeds the 8-bit codes of a and W straight to tl.dot (fp8 -> fp32, int8 -> int32
-accumulation on the tensor cores), and K is split across programs until the grid fills the GPU;
-the per-token and per-channel scales multiply each split's sum once, the splits are added after.
+the weight well below the copy bandwidth (`python -m benchmarks quant_gemm` times both). Here
+each program reads a [BN, BK] tile of W per K step along its rows, feeds the 8-bit codes of a
+and W straight to tl.dot (fp8 -> fp32, int8 -> int32 accumulation on the tensor cores), and K is
+split across programs until the grid fills the GPU; the per-token and per-channel scales
+multiply each split's sum once, the splits are added after.
 Twin: reference_quant.scaled_mm (same signature).
 """
 
