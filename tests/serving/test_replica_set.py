@@ -154,6 +154,9 @@ def test_cache_aware_front_remembers_routed_prefixes():
     rs.add("b", [99] * 8, None, {})                    # no shared prefix: least loaded -> 1
     rs.add("c", system + [2], None, {})                # the prefix routed to 0 before
     assert set(c0.adds) == {"a", "c"} and set(c1.adds) == {"b"}
+    assert len(rs._hashes[0]) > 0
+    c0.die()                                           # it comes back cold: nothing remembered
+    assert len(rs._hashes[0]) == 0 and len(rs._hashes[1]) > 0
 
 
 def test_recent_hashes_is_bounded():

@@ -330,6 +330,8 @@ class ReplicaSetCore:
             if died:
                 self.stats["deaths"][i] += 1
                 self._last[i] = None             # its last step leaves the fleet's gauges
+                if self._hashes is not None:     # and it comes back cold (a restart, Ray's too)
+                    self._hashes[i] = RecentHashes(self._hashes[i].capacity)
                 log.error("replica %d died (%r); routing around it", i, error)
                 self._schedule_restart(i)
             mine = [rid for rid, r in self._req.items() if r.replica == i]
