@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from benchmarks.gemm_blas import graph_us, projections
 
-SCHEMES = ("bf16", "fp8", "fp8 gemm", "fp8 lt", "fp8 skinny", "int8", "int8 skinny", "w4a16", "fp8 block",
-           "fp8 w8a16")
+W8A8 = ("fp8", "fp8 gemm", "fp8 lt", "fp8 skinny", "int8", "int8 skinny")   # 8-bit codes into the GEMM
+SCHEMES = ("bf16", *W8A8, "w4a16", "fp8 block", "fp8 w8a16")
 
 
 def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[], None]:
@@ -50,7 +50,7 @@ def _ops(scheme: str, m: int, n_in: int, n_out: int, layers: int) -> Callable[[]
     if scheme == "bf16":
         ws = [dense() for _ in range(layers)]
         return lambda: outs.__setitem__(slice(None), [F.linear(x, w) for w in ws])
-    if scheme in ("fp8", "fp8 gemm", "fp8 lt", "fp8 skinny", "int8", "int8 skinny"):
+    if scheme in W8A8:
         dtype = torch.int8 if scheme.startswith("int8") else ref.FP8
         ws = [per_token_quant(dense(), dtype) for _ in range(layers)]
         qx, sx = per_token_quant(x, dtype)
@@ -87,7 +87,7 @@ def floor_us(scheme: str, m: int, n_in: int, n_out: int, copy_bw: float, bf16_fl
     w_bytes = {"bf16": 2.0, "w4a16": 0.5 + 4 * 2 / 128}.get(scheme, 1.0 + (4 / 128**2 if scheme == "fp8 block" else 0))
     a_bytes = 2 if scheme in ("bf16", "w4a16", "fp8 block", "fp8 w8a16") else 3     # bf16 in (+ 1-byte codes), bf16 out
     bytes_ = n_in * n_out * w_bytes + m * (n_in * a_bytes + n_out * 2)
-    peak = bf16_flops * (2 if scheme in ("fp8", "fp8 gemm", "fp8 lt", "fp8 skinny", "int8", "int8 skinny") else 1)
+    peak = bf16_flops * (2 if scheme in W8A8 else 1)
     return max(bytes_ / copy_bw, 2 * m * n_in * n_out / peak) * 1e6
 
 

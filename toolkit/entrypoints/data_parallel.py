@@ -93,7 +93,7 @@ class DPAsyncEngine(AsyncEngine):
     # -- sleep mode, weight updates, the prefix cache: every replica, one answer --
     async def sleep(self, level: int = 1) -> None:
         self._every_replica("sleep()")
-        await self._engine_call(engine_calls.sleep, level=level)
+        await super().sleep(level)
 
     async def wake_up(self, tags: Sequence[str] | str | None = None) -> None:
         self._every_replica("wake_up()")

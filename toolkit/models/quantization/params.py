@@ -177,11 +177,11 @@ def ignored(layer: nn.Module, name: str, shape_fn: Callable[[int, int], tuple[in
     (compressed-tensors' weight_shape, GPTQ's g_idx): it must be present, as vLLM requires."""
     p = nn.Parameter(torch.empty(0), requires_grad=False)
 
-    def load(param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+    def check_value(loaded: Any, shard_id: Any = None) -> None:      # also update_weights' check phase
         if check is not None:
             check(take(loaded), shard_id)
 
-    p.weight_loader, p.shards, p.init = load, full_shapes(layer, shape_fn), None   # random weights skip it
-    p.check_value = lambda loaded, shard_id=None: check(take(loaded), shard_id) if check is not None else None
+    p.weight_loader = lambda param, loaded, shard_id=None: check_value(loaded, shard_id)
+    p.check_value, p.shards, p.init = check_value, full_shapes(layer, shape_fn), None   # random weights skip it
     setattr(layer, name, p)
     return p
