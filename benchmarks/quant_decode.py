@@ -9,6 +9,8 @@ Decode at batch <= 64 reads every weight each step, so fp8's bound is about 2x a
 less the attention and the LM head (not quantized).
 
     python -m benchmarks quant_decode [--schemes bf16,fp8,ct_w4a16] [--batches 1,16,64]
+    python -m benchmarks quant_decode --schemes bf16,fp8,fp8+skinny     # W8A8 decode rows through
+                                    # the split-K kernel (quant_w8a8.SKINNY_MAX_M = 64 for that build)
     python -m benchmarks quant_decode --tiny        # CPU check of the script
 """
 
@@ -57,9 +59,17 @@ def main() -> None:
     batches = [int(b) for b in a.batches.split(",")]
     context = 64 if a.tiny else a.context
     rows = []
+    from toolkit.kernels import quant_w8a8
+
+    default_skinny = quant_w8a8.SKINNY_MAX_M
     for scheme in a.schemes.split(","):
+        layout, _, variant = scheme.partition("+")
+        if variant not in ("", "skinny"):
+            raise SystemExit(f"unknown variant {variant!r} in {scheme!r}: a scheme or scheme+skinny")
+        # read when the graphs are captured, so it holds for this build's steps
+        quant_w8a8.SKINNY_MAX_M = 64 if variant == "skinny" else default_skinny
         t = time.perf_counter()
-        llm = build(scheme, a.tiny)
+        llm = build(layout, a.tiny)
         built = time.perf_counter() - t
         for b in batches:
             ((_, seconds),) = profile_engine(llm, decode=[(b, context)], steps=4 if a.tiny else a.steps, warmup=3)
@@ -70,6 +80,7 @@ def main() -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    quant_w8a8.SKINNY_MAX_M = default_skinny
     base = {r["batch"]: r["step_ms"] for r in rows if r["scheme"] == "bf16"}
     for r in rows:
         if r["batch"] in base:
