@@ -145,3 +145,41 @@ def test_tensor_parallel_model_logits_equal_tp1(groups, family, tmp_path):
     got = _threads(2, lambda r: logits(groups[2][r]))
     torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-4)
     assert got[1] is None                       # the logits are gathered to rank 0
+
+
+class _Counting:
+    """A rank's group that counts its all-reduces (the collectives still run)."""
+
+    def __init__(self, group: Group) -> None:
+        self.group, self.rank, self.size, self.backend, self.all_reduces = group, group.rank, group.size, group.backend, 0
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        self.all_reduces += 1
+        return self.group.all_reduce(t)
+
+    def __getattr__(self, name: str):
+        return getattr(self.group, name)
+
+
+def test_a_sparse_layer_with_shared_experts_all_reduces_once(groups, tmp_path):
+    """dots.llm1 at TP=2: each sparse layer sums its experts' and its shared experts' partial
+    sums and all-reduces once (vLLM's reduce_results=False on both), with TP=1's logits."""
+    hf = build_hf_moe("dots1")
+    hf.save_pretrained(tmp_path)
+    c = hf.config
+    toks = [[5, 17, 99, 3], [7, 7]]
+
+    def logits(group):
+        model = load_model(str(tmp_path), group=group)
+        runner = PagedRunner(model, block_size=4)
+        return runner.step([runner.new_table(), runner.new_table()], toks, [0, 0])
+
+    want = logits(None)
+    counting = [_Counting(g) for g in groups[2]]
+    got = _threads(2, lambda r: logits(counting[r]))
+    torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-4)
+    assert c.n_shared_experts >= 1 and c.first_k_dense_replace < c.num_hidden_layers
+    # the vocabulary-parallel embedding's, then per layer o_proj's and the MLP's (a dense
+    # layer's down_proj; a sparse layer's experts and shared experts together); the logits
+    # are gathered, not reduced
+    assert [g.all_reduces for g in counting] == [1 + 2 * c.num_hidden_layers] * 2

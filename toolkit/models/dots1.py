@@ -28,7 +28,7 @@ class Dots1ForCausalLM(MoeCausalLM):
         shared = None
         if c.n_shared_experts:
             shared = GatedMLP(self, c.hidden_size, c.moe_intermediate_size * c.n_shared_experts, False,
-                              c.hidden_act, f"model.layers.{layer}.mlp.shared_experts")
+                              c.hidden_act, f"model.layers.{layer}.mlp.shared_experts", reduce_results=False)
         grouped = GroupedTopK(c.n_group, c.topk_group, "sigmoid", correction_bias=True,
                               routed_scaling_factor=float(c.routed_scaling_factor))
         return self.sparse_block(c.n_routed_experts, c.num_experts_per_tok, c.moe_intermediate_size,

@@ -65,14 +65,16 @@ class LlamaAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)), gate | up merged: [T, D] -> [T, 2I / N] -> [T, I / N] -> [T, D]."""
+    """down(act(gate(x)) * up(x)), gate | up merged: [T, D] -> [T, 2I / N] -> [T, I / N] -> [T, D]
+    (reduce_results=False: this rank's partial sum, not all-reduced)."""
 
     def __init__(self, m: CausalLM, hidden: int, intermediate: int, bias: bool, act: str,
-                 prefix: str) -> None:
+                 prefix: str, reduce_results: bool = True) -> None:
         super().__init__()
         self.gate_up_proj = merged_column(hidden, [intermediate, intermediate], bias,
                                           **m.linear(f"{prefix}.gate_up_proj"))
-        self.down_proj = RowParallelLinear(intermediate, hidden, bias, **m.linear(f"{prefix}.down_proj"))
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias, **m.linear(f"{prefix}.down_proj"),
+                                           reduce_results=reduce_results)
         self.act = glu(act, m.ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -175,16 +175,19 @@ def qkv(hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: boo
 class RowParallelLinear(nn.Module):
     """This rank's input columns [in / N] of W [out, in]; the output is the all-reduced sum
     over ranks. The bias is held whole on every rank and added by rank 0 only. cols: the
-    rank's Slice of the input (even by default; o_proj's follows the query heads)."""
+    rank's Slice of the input (even by default; o_proj's follows the query heads).
+    reduce_results=False returns this rank's term unreduced (vLLM's flag), for a caller that
+    sums it with other partial sums before one all-reduce."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, *, dtype: torch.dtype,
                  device: torch.device | str, group: Any = None, method: LinearMethod | None = None,
-                 cols: Slice | None = None) -> None:
+                 cols: Slice | None = None, reduce_results: bool = True) -> None:
         super().__init__()
         device = torch.device(device)
         self.group = group if group is not None else single_process()
         self.method = method if method is not None else UnquantizedLinearMethod()
         self.in_full, self.out_features = in_features, out_features
+        self.reduce_results = reduce_results
         self.cols = cols if cols is not None else even_slice(in_features, self.group.rank, self.group.size)
         self.method.create_weights(self, self.cols.size, out_features, dtype, device)
         for _, p in self.named_parameters(recurse=False):       # as ColumnParallelLinear's
@@ -205,9 +208,11 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(take(loaded, 1, self.cols))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, in / N] -> [T, out]: this rank's term of the sum, then the all-reduce."""
+        """x [T, in / N] -> [T, out]: this rank's term of the sum, then the all-reduce (unless
+        reduce_results is off)."""
         bias = self.bias if self.group.rank == 0 else None
-        return self.group.all_reduce(self.method.apply(self, x, bias))
+        y = self.method.apply(self, x, bias)
+        return self.group.all_reduce(y) if self.reduce_results else y
 
     def extra_repr(self) -> str:
         return (f"in={self.cols.size} (columns {self.cols.start}.. of {self.in_full}), "

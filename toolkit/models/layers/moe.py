@@ -67,13 +67,16 @@ def experts_impl(device: torch.device, kernels: str) -> tuple[Callable[..., torc
 
 class FusedMoE(nn.Module):
     """All experts of one layer: x [T, D], routing (weights [T, k], ids [T, k]) -> [T, D],
-    all-reduced over the group."""
+    all-reduced over the group (reduce_results=False: this rank's partial sum, for a block
+    that adds its shared experts' before one all-reduce)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, dtype: torch.dtype,
-                 device: torch.device | str, group: Any = None, kernels: str = "auto") -> None:
+                 device: torch.device | str, group: Any = None, kernels: str = "auto",
+                 reduce_results: bool = True) -> None:
         super().__init__()
         device = torch.device(device)
         self.group = group if group is not None else single_process()
+        self.reduce_results = reduce_results
         n = self.group.size
         if intermediate % n:
             raise ValueError(f"the experts' intermediate size {intermediate} does not divide over "
@@ -114,8 +117,9 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """x [T, D], topk_weights float32 [T, k], topk_ids [T, k] -> [T, D]: this rank's partial
-        sum of the selected experts' outputs, then the all-reduce."""
-        return self.group.all_reduce(self.impl(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids))
+        sum of the selected experts' outputs, then the all-reduce (unless reduce_results is off)."""
+        y = self.impl(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return self.group.all_reduce(y) if self.reduce_results else y
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, hidden={self.hidden}, intermediate={self.cols.size} "
@@ -137,7 +141,9 @@ class GroupedTopK:
 class SparseMoeBlock(nn.Module):
     """The router's gate (replicated [E, D], checkpoint name `gate.weight`), softmax top-k
     (renormalised when `renormalize`) or `grouped` top-k, then the experts, plus the
-    `shared_experts` module's output on every token when given."""
+    `shared_experts` module's output on every token when given: that module returns its
+    rank's partial sum (its down projection built with reduce_results=False), added to the
+    experts' before the block's one all-reduce."""
 
     def __init__(self, num_experts: int, top_k: int, hidden: int, intermediate: int, renormalize: bool, *,
                  dtype: torch.dtype, device: torch.device | str, group: Any = None,
@@ -153,7 +159,7 @@ class SparseMoeBlock(nn.Module):
         self.gate_dtype = torch.float32 if grouped is not None and grouped.correction_bias else dtype
         self.gate = replicated(hidden, num_experts, False, dtype=self.gate_dtype, device=device)
         self.experts = FusedMoE(num_experts, hidden, intermediate, dtype=dtype, device=device, group=group,
-                                kernels=kernels)
+                                kernels=kernels, reduce_results=shared_experts is None)
         self.shared_experts = shared_experts
         _, self.select = experts_impl(torch.device(device), kernels)
         if grouped is not None:
@@ -185,7 +191,9 @@ class SparseMoeBlock(nn.Module):
         """x [T, D] -> [T, D]."""
         weights, ids = self.route(self.gate(x.to(self.gate_dtype)))             # [T, k] x 2
         out = self.experts(x, weights, ids)
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        if self.shared_experts is None:
+            return out
+        return self.experts.group.all_reduce(out + self.shared_experts(x))     # partial sums, one reduce
 
     def extra_repr(self) -> str:
         return f"top_k={self.top_k}, renormalize={self.renormalize}" + (f", {self.grouped}" if self.grouped else "")
