@@ -83,3 +83,34 @@ def test_a_lost_actor_is_restarted(dp_ray):
 
     assert all(len(ids) == 8 and e is None for ids, e in asyncio.run(again()))
     assert [s["routed"] for s in dp_ray.replica_stats()][1] >= 4    # the restarted replica serves
+
+
+def test_losing_every_actor_at_once_waits_for_ray_and_ends_when_ray_gives_up(dp_ray):
+    """One replica (as after a node failure, or -dp 1): while Ray restarts its actor the engine
+    is running, not dead; once Ray will not restart it, the engine is dead."""
+    from toolkit.entrypoints.core_thread import EngineDeadError
+
+    engine = DPAsyncEngine(config(), data_parallel_size=1, backend="ray",
+                           ray_options=dict(num_cpus=1, max_restarts=1), **OPTIONS)
+    try:
+        core = engine.core.cores[0]
+        ray.kill(core.actor, no_restart=False)
+        deadline = time.monotonic() + 120
+        while engine.core.restarting != [0] and time.monotonic() < deadline:   # the loss seen
+            time.sleep(0.01)
+        assert not core.alive and engine.is_running and engine.error is None
+        while not engine.is_ready and time.monotonic() < deadline:   # Ray's restart back
+            time.sleep(0.1)
+        assert engine.is_ready and core.restarts == 1 and engine.error is None
+
+        async def one():
+            return await _collect(await engine.add_async([7, 7], GREEDY))
+
+        ids, e = asyncio.run(one())
+        assert e is None and len(ids) == 8
+        ray.kill(core.actor, no_restart=True)                         # no restart this time
+        while engine.is_running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.is_running and isinstance(engine.error, EngineDeadError)
+    finally:
+        engine.close()

@@ -190,3 +190,62 @@ def test_ray_replicas_restart_through_ray_not_the_set(monkeypatch):
         engine.core.cores[0].restarts = 4                       # what RayCore counts
         assert [s["restarts"] for s in engine.replica_stats()] == [4, 0]
         engine.close()
+
+
+class SelfRestartingCore(FakeCore):
+    """A core that restarts itself (as RayCore does through Ray): `comes_back(ok)` settles the
+    restart its death started."""
+    restarts_itself = True
+
+    def die(self):
+        self.outcome = None
+        super().die()
+
+    def wait_restart(self, timeout):
+        if getattr(self, "outcome", True) is None:
+            time.sleep(min(timeout, 0.01))
+        return getattr(self, "outcome", True)
+
+    def comes_back(self, ok):
+        self.alive = ok
+        self.outcome = ok
+
+
+def test_a_core_that_restarts_itself_keeps_the_set_alive_while_it_comes_back():
+    rs, front = _self_restarting(1)
+    core = rs.cores[0]
+    core.die()                                       # the only replica: lost, Ray restarting it
+    assert rs.restarting == [0] and rs.alive and not rs.all_alive
+    assert all(rids is not None for _, rids in front.errors)       # not declared dead
+    core.comes_back(True)
+    settle(rs)
+    assert rs.all_alive and rs.cores[0] is core and rs.stats["deaths"] == [1]
+    rs.add("a", [1, 2], None, {})                    # routed to it again, same callbacks
+    core.accept("a")
+    core.emit("a", [4], finished=True)
+    assert front.outputs[-1].request_id == "a"
+    rs.close()
+
+
+def test_a_core_that_will_not_come_back_ends_the_set():
+    rs, front = _self_restarting(1)
+    rs.cores[0].die()
+    rs.cores[0].comes_back(False)                    # Ray's restarts spent
+    settle(rs)
+    assert not rs.alive and front.errors[-1][1] is None
+    rs.close()
+
+
+def test_close_while_a_core_restarts_itself_does_not_wait_for_it():
+    rs, _ = _self_restarting(2)
+    rs.cores[1].die()                                # never settles
+    t = time.monotonic()
+    rs.close()
+    assert time.monotonic() - t < 5 and not rs.restarting
+
+
+def _self_restarting(n):
+    front = Front()
+    rs = ReplicaSetCore([SelfRestartingCore] * n, RoundRobinRouter(), front.on_outputs, front.on_error,
+                        block_size=4, max_restarts=0)
+    return rs, front

@@ -14,7 +14,9 @@ over its pipe. The actor is threaded (max_concurrency) so a poll waits while add
 A lost actor (its process or node died) makes the core not alive: every request on it is
 reported (the replica set retries those that streamed nothing). Ray restarts the actor
 (max_restarts), which builds the engine again; the reader waits for it and the core is
-alive again, empty. With the restarts spent the core stays dead.
+alive again, empty. With the restarts spent the core stays dead. The core declares
+`restarts_itself`, and `wait_restart` tells the replica set how the restart went, so the
+set counts a replica Ray is restarting as coming back (not as dead for good).
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ class _EngineActor:
 
 
 class RayCore:
+    restarts_itself = True          # Ray restarts a lost actor; the replica set waits, not rebuilds
+
     def __init__(self, model: Any, options: dict[str, Any], on_outputs: OnOutputs, on_error: OnError, *,
                  name: str = "toolkit-replica", num_gpus: float = 0, num_cpus: float = 1,
                  max_restarts: int = 1, startup_timeout: float = 1800.0, poll_timeout: float = 0.05,
@@ -133,6 +137,7 @@ class RayCore:
         self._poll_timeout = poll_timeout
         self._lost = False
         self._closing = False
+        self._restart: concurrent.futures.Future | None = None   # since the last loss: back or not
         self.error: BaseException | None = None
         self.restarts = 0
         self._reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
@@ -162,11 +167,23 @@ class RayCore:
             return _failed(EngineDeadError(f"the Ray replica {self.name} is not running"))
         return self._future(self.actor.call.remote(fn))
 
+    def wait_restart(self, timeout: float) -> bool | None:
+        """After a loss: True once Ray's restart is back, False if none will come (restarts
+        spent, or closing), None if still waiting after `timeout` s. True when never lost."""
+        pending = self._restart
+        if pending is None:
+            return not self._closing
+        try:
+            return pending.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return None
+
     def observe(self, on: bool) -> None:
         pass                         # the actor always keeps step records; the replica set reads them
 
     def close(self) -> None:
         self._closing = True
+        _settle(self._restart, False)
         self._reader.join(10)
         try:
             self._ray.kill(self.actor, no_restart=True)
@@ -198,7 +215,9 @@ class RayCore:
                 deltas, records, errors = ray.get(self.actor.poll.remote(self._poll_timeout))
             except ray.exceptions.RayActorError as e:
                 self._lost_actor(e)
-                if not self._wait_restart():
+                back = self._wait_restart()
+                _settle(self._restart, back)
+                if not back:
                     return
                 continue
             except Exception:
@@ -223,6 +242,7 @@ class RayCore:
                 self._on_error(RuntimeError(msg), rids)
 
     def _lost_actor(self, e: BaseException) -> None:
+        self._restart = concurrent.futures.Future()          # before the set hears of the loss
         self._lost = True
         self._acc.clear()
         self.error = EngineDeadError(f"the Ray replica {self.name} was lost: {e}")
@@ -230,17 +250,24 @@ class RayCore:
         self._on_error(self.error)
 
     def _wait_restart(self) -> bool:
-        """Wait for Ray to restart the actor (its engine rebuilt); False if it will not come back."""
+        """Wait for Ray to restart the actor (its engine rebuilt); False if it will not come back.
+        A call to a restarting actor waits in its queue; one to a dead actor (restarts spent,
+        or killed for good) fails with ActorDiedError. The state API, where the cluster runs
+        it, says DEAD outright; without it, three such failures in a row, 0.5 s apart, do."""
         ray = self._ray
+        died = 0
         while not self._closing:
             try:
                 ray.get(self.actor.info.remote(), timeout=60)
             except ray.exceptions.GetTimeoutError:
                 continue
-            except ray.exceptions.RayActorError:
-                if _restarts_spent(ray, self.actor):
+            except ray.exceptions.RayActorError as e:
+                unavailable = isinstance(e, getattr(ray.exceptions, "ActorUnavailableError", ()))
+                died = 0 if unavailable else died + 1
+                spent = _restarts_spent(self.actor)
+                if spent or (spent is None and died >= 3):
                     return False
-                time.sleep(0.2)
+                time.sleep(0.5 if died else 0.2)
                 continue
             self.restarts += 1
             self._lost, self.error = False, None
@@ -249,14 +276,24 @@ class RayCore:
         return False
 
 
-def _restarts_spent(ray: Any, actor: Any) -> bool:
+def _restarts_spent(actor: Any) -> bool | None:
+    """Whether Ray's state API says the actor is DEAD; None where that API does not answer
+    (a cluster without the dashboard)."""
     try:
         from ray.util.state import get_actor
 
         state = get_actor(actor._actor_id.hex())
-        return state is None or state.state == "DEAD"
     except Exception:
-        return False
+        return None
+    return state is None or state.state == "DEAD"
+
+
+def _settle(f: concurrent.futures.Future | None, result: Any) -> None:
+    if f is not None and not f.done():
+        try:
+            f.set_result(result)
+        except concurrent.futures.InvalidStateError:      # settled by the other thread meanwhile
+            pass
 
 
 def _failed(error: BaseException) -> concurrent.futures.Future:

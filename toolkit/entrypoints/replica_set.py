@@ -25,6 +25,11 @@ dead one, empty (no requests, no cached prefixes), and the router may choose it 
 requests the death failed or moved stay where they went. At most `max_restarts` attempts
 per replica over the set's life; then it stays dead. A dead core's late callbacks are
 ignored (each core's callbacks carry its generation).
+
+A core that declares `restarts_itself` (RayCore: Ray restarts the actor) is not rebuilt by
+the set: a watcher thread waits on its `wait_restart(timeout)` (True: back, False: it will
+not come back, None: not yet) and counts as a restart under way meanwhile, so the set is
+not declared dead while Ray brings its replicas back, and is once they will not come back.
 """
 
 from __future__ import annotations
@@ -366,6 +371,13 @@ class ReplicaSetCore:
     # -- restarts (the supervisor) --
     def _schedule_restart(self, i: int) -> None:
         """Start a supervisor for dead replica i if it may be restarted (under the lock)."""
+        if getattr(self.cores[i], "restarts_itself", False):     # its own restarts, its own bound
+            if not self._closing and i not in self._restarting:
+                t = threading.Thread(target=self._await_own_restart, args=(i, self.cores[i]),
+                                     name=f"toolkit-replica-restart-{i}", daemon=True)
+                self._restarting[i] = t
+                t.start()
+            return
         if self._closing or i in self._restarting or self._attempts[i] >= self.max_restarts:
             if self._attempts[i] >= self.max_restarts and self.max_restarts:
                 log.error("replica %d has used its %d restarts; it stays dead", i, self.max_restarts)
@@ -373,6 +385,23 @@ class ReplicaSetCore:
         t = threading.Thread(target=self._supervise, args=(i,), name=f"toolkit-replica-restart-{i}", daemon=True)
         self._restarting[i] = t
         t.start()
+
+    def _await_own_restart(self, i: int, core: Any) -> None:
+        """Wait while replica i's core restarts itself (Ray's actor restart); it comes back
+        empty and cold, under the same callbacks."""
+        back = None
+        while back is None and not self._stop.is_set():
+            back = core.wait_restart(0.2)
+        with self._lock:
+            if back and not self._closing and self.cores[i] is core:
+                self._last[i] = None
+                if self._hashes is not None:
+                    self._hashes[i] = RecentHashes(self._hashes[i].capacity)
+            self._restarting.pop(i, None)
+            end_set = not self._closing and not self.alive
+        if end_set:
+            self.error = EngineDeadError(f"every replica has stopped (replica {i} will not be restarted)")
+            self._on_error(self.error, None)
 
     def _supervise(self, i: int) -> None:
         """Close dead replica i's core, then start a fresh one (back-off between attempts)."""
