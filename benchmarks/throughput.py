@@ -179,6 +179,11 @@ def run_hf(cfg, reqs, temperature: float, repetition_penalty: float = 1.0) -> di
     return dict(requests=len(reqs), output_tokens=want, generated=got, seconds=dt, tok_s=want / dt)
 
 
+def _skinny_max_m() -> int:
+    from toolkit.kernels import quant_w8a8
+    return quant_w8a8.SKINNY_MAX_M
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", choices=["random", "sharegpt"], default="random")
@@ -211,10 +216,16 @@ def main() -> None:
     ap.add_argument("--quantization", default=None,
                     help="EngineConfig.quantization of the toolkit's run: 'fp8' quantizes the random bf16 "
                          "weights at load (per-channel weights, dynamic per-token activations)")
+    ap.add_argument("--w8a8-skinny-max-m", type=int, default=None,
+                    help="W8A8 GEMMs with at most this many rows run the split-K Triton kernel "
+                         "(toolkit.kernels.quant_w8a8.SKINNY_MAX_M; default: the toolkit's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.blas:
         torch.backends.cuda.preferred_blas_library(args.blas)
+    if args.w8a8_skinny_max_m is not None:       # read when the graphs are captured
+        from toolkit.kernels import quant_w8a8
+        quant_w8a8.SKINNY_MAX_M = args.w8a8_skinny_max_m
     seqs, tokens = (256, 8192) if args.workload == "random" else (1024, 16384)
     args.max_num_seqs = args.max_num_seqs or seqs
     args.max_num_batched_tokens = args.max_num_batched_tokens or tokens
@@ -227,7 +238,8 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d"), "temperature": args.temperature,
            "repetition_penalty": args.repetition_penalty,
            "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-           "blas": torch.backends.cuda.preferred_blas_library().name, "toolkit": run_toolkit(cfg, reqs, args)}
+           "blas": torch.backends.cuda.preferred_blas_library().name,
+           "w8a8_skinny_max_m": _skinny_max_m(), "toolkit": run_toolkit(cfg, reqs, args)}
     if args.hf_num:
         res["hf"] = run_hf(cfg, reqs[: args.hf_num], args.temperature, args.repetition_penalty)
         tk = res["toolkit"].get("hf_subset", res["toolkit"]["all"])
