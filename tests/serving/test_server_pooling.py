@@ -1,5 +1,6 @@
 """Pooling routes: /v1/embeddings through the real `openai` client (float and base64,
-dimensions), vLLM's /v1/score and /v1/rerank, the tasks in /v1/models, 400 on a wrong task."""
+dimensions), vLLM's /v1/score and /v1/rerank, the tasks in /v1/models, 400 on a wrong task,
+404 on another model's name; behind data-parallel replicas too."""
 
 from __future__ import annotations
 
@@ -55,3 +56,35 @@ def test_wrong_task_is_a_400(make_server, tmp_path):
     e = httpx.post(srv.url + "/v1/embeddings", json={"input": [[1, 5, 2], [1, 7, 9, 2]]}).json()
     assert len(e["data"]) == 2 and len(e["data"][0]["embedding"]) == 32
     assert httpx.get(srv.url + "/v1/models").json()["data"][0]["tasks"] == ["embed"]
+
+
+def test_another_model_s_name_is_a_404_and_both_names_for_a_side_a_400(server):
+    srv, _ = server
+    for route, body in (("/v1/embeddings", {"input": "hi"}), ("/v1/score", {"text_1": "a", "text_2": "b"}),
+                        ("/v1/rerank", {"query": "a", "documents": ["b"]})):
+        r = httpx.post(srv.url + route, json={"model": "nope", **body})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", route
+    r = httpx.post(srv.url + "/v1/score", json={"text_1": "a", "queries": "a", "text_2": "b"})
+    assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
+
+
+def test_pooling_behind_data_parallel_replicas(tiny_chat_dir):
+    """Two thread replicas: /v1/models lists the one model's tasks, embeddings and scores are
+    served (the tasks and the pair ids come from one replica, not a list of them)."""
+    from server_util import Server, free_port
+
+    from toolkit.entrypoints.data_parallel import DPAsyncEngine
+    from toolkit.serving.app import build_app
+
+    engine = DPAsyncEngine(tiny_chat_dir, data_parallel_size=2, backend="thread", num_blocks=64, block_size=8,
+                           max_num_seqs=8)
+    srv = Server(build_app(engine, model_name="tiny"), free_port())
+    try:
+        assert httpx.get(srv.url + "/v1/models").json()["data"][0]["tasks"] == ["generate", "embed"]
+        e = httpx.post(srv.url + "/v1/embeddings", json={"model": "tiny", "input": ["a b", "c"]})
+        assert e.status_code == 200 and len(e.json()["data"]) == 2
+        r = httpx.post(srv.url + "/v1/score", json={"text_1": "query", "text_2": ["query", "other"]}).json()
+        assert abs(r["data"][0]["score"] - 1) < 1e-5
+    finally:
+        srv.stop()
+        engine.close()

@@ -113,6 +113,10 @@ def test_server_routes_with_the_flag(tiny_chat_dir) -> None:
         assert _request(srv.url + "/is_sleeping", "GET") == (200, {"is_sleeping": True})
         status, err = _request(srv.url + "/v1/completions", body=body)
         assert status == 503 and "wake_up" in err["error"]["message"]
+        for route, pooled in (("/v1/embeddings", {"input": "hello"}),
+                              ("/v1/score", {"text_1": "a", "text_2": ["b"]})):
+            status, err = _request(srv.url + route, body={"model": "tiny", **pooled})
+            assert (status, err["error"]["code"]) == (503, "engine_sleeping"), (route, err)
         status, err = _request(srv.url + "/sleep?level=3")
         assert status == 400 and "level" in err["error"]["message"]
         status, err = _request(srv.url + "/wake_up?tags=weight")

@@ -210,6 +210,11 @@ class AsyncEngine:
         snapshot, a setting); a Future of its result. Process mode: fn must pickle."""
         return self.core.call(fn)
 
+    def call_one(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
+        """fn(engine) on one engine, a Future of its result: what every engine answers alike
+        (its tasks, its tokenizer's ids). One engine here; one live replica of a set."""
+        return self.core.call(fn)
+
     # -- sleep mode and weight updates (vLLM's AsyncLLM names), run between two steps --
     async def sleep(self, level: int = 1) -> None:
         """Free the device memory of the weights and the KV cache (LLM.sleep); the engine must

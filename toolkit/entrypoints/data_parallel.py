@@ -19,8 +19,9 @@ routing and fault handling and docs/guides/replicas.md.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from toolkit.entrypoints import engine_calls
 from toolkit.entrypoints.async_engine import AsyncEngine
@@ -114,6 +115,10 @@ class DPAsyncEngine(AsyncEngine):
         if done:
             self.core.forget_prefixes()
         return done
+
+    def call_one(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
+        """fn(engine) on one live replica (`call`: on every one, a list)."""
+        return self.core.call_one(fn)
 
     def _every_replica(self, what: str) -> None:
         """A restarting replica comes back from the original checkpoint, awake: changing the

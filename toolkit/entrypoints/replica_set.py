@@ -205,6 +205,15 @@ class ReplicaSetCore:
             if self._hashes is not None:
                 self._hashes = [RecentHashes(h.capacity) for h in self._hashes]
 
+    def call_one(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
+        """fn(engine) on the first live replica; a Future of its result."""
+        for c in self.cores:
+            if c.alive:
+                return c.call(fn)
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        out.set_exception(EngineDeadError("no replica is alive"))
+        return out
+
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future:
         """fn(engine) on every live replica; a Future of the list of their results."""
         futs = [c.call(fn) for c in self.cores if c.alive]

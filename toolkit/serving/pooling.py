@@ -17,6 +17,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from toolkit.engine.sleep import EngineSleepingError
+from toolkit.entrypoints.async_engine import Overloaded
+from toolkit.entrypoints.core_thread import EngineDeadError
 from toolkit.pooling.params import PoolingParams
 from toolkit.serving import protocol as P
 
@@ -65,18 +68,30 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
 
     async def tasks() -> list[str]:
         if "t" not in cache:
-            cache["t"] = await asyncio.wrap_future(engine.call(engine_tasks))
+            cache["t"] = await asyncio.wrap_future(engine.call_one(engine_tasks))   # alike on every replica
         return cache["t"]
 
-    def error(message: str, status: int = 400) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
-                                       "param": None, "code": None}}, status_code=status)
+    def error(message: str, status: int = 400, code: str | None = None, param: str | None = None) -> JSONResponse:
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                            status_code=status)
+
+    def refused(e: BaseException) -> JSONResponse:
+        """A pooling request's failure as the completion routes answer it."""
+        if isinstance(e, EngineSleepingError):             # asleep until /wake_up
+            return error(str(e), 503, code="engine_sleeping")
+        if isinstance(e, (EngineDeadError, Overloaded)):
+            return error(str(e), 503)
+        return error(str(e))
 
     async def pool(prompts: list[Any], params: PoolingParams) -> list[Any]:
         outs = await asyncio.gather(*[_final(engine, p, params) for p in prompts])
         return list(outs)
 
-    async def check(task: str) -> JSONResponse | None:
+    async def check(task: str, model: str | None) -> JSONResponse | None:
+        if model is not None and model != model_name:      # as /v1/completions answers
+            return error(f"The model `{model}` does not exist for {task}; this server serves "
+                         f"`{model_name}`", 404, code="model_not_found", param="model")
         have = await tasks()
         if task not in have:
             return error(f"model {model_name!r} does not serve task {task!r}; it serves {have}")
@@ -84,8 +99,8 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
 
     @app.post("/v1/embeddings", dependencies=dependencies)
     async def embeddings(body: EmbeddingRequest):
-        if (refused := await check("embed")) is not None:
-            return refused
+        if (refusal := await check("embed", body.model)) is not None:
+            return refusal
         inp = body.input
         prompts = [inp] if isinstance(inp, str) or (inp and isinstance(inp[0], int)) else list(inp)
         if not prompts:
@@ -94,8 +109,8 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
             outs = await pool(prompts, PoolingParams(task="embed", dimensions=body.dimensions,
                                                      normalize=body.normalize,
                                                      truncate_prompt_tokens=body.truncate_prompt_tokens))
-        except (ValueError, TypeError) as e:
-            return error(str(e))
+        except (ValueError, TypeError, EngineSleepingError, EngineDeadError, Overloaded) as e:
+            return refused(e)
         n = sum(len(o.prompt_token_ids) for o in outs)
         return {"object": "list", "model": model_name,
                 "data": [{"object": "embedding", "index": i,
@@ -109,7 +124,7 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
         pairs = _pairs(queries, documents)
         have = await tasks()
         if "score" in have:                  # a cross-encoder / reranker: the pair in one prompt
-            tok = await asyncio.wrap_future(engine.call(_pair_ids(pairs)))
+            tok = await asyncio.wrap_future(engine.call_one(_pair_ids(pairs)))
             outs = await pool(tok, PoolingParams(task="score", truncate_prompt_tokens=truncate))
             return [float(o.outputs.data[-1]) for o in outs], sum(len(o.prompt_token_ids) for o in outs)
         flat = [x for p in pairs for x in p]
@@ -124,16 +139,18 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
     @app.post("/v1/score", dependencies=dependencies)
     @app.post("/score", dependencies=dependencies)
     async def score(body: ScoreRequest):
+        if (body.text_1 is not None and body.queries is not None) or (body.text_2 is not None and body.documents is not None):
+            return error("give text_1 and text_2, or queries and documents, not both names for one side")
         q = body.text_1 if body.text_1 is not None else body.queries
         d = body.text_2 if body.text_2 is not None else body.documents
         if q is None or d is None:
             return error("give text_1 and text_2 (or queries and documents)")
-        if (refused := await check("embed" if "score" not in await tasks() else "score")) is not None:
-            return refused
+        if (refusal := await check("embed" if "score" not in await tasks() else "score", body.model)) is not None:
+            return refusal
         try:
             got, n = await scores(q, d, body.truncate_prompt_tokens)
-        except (ValueError, TypeError) as e:
-            return error(str(e))
+        except (ValueError, TypeError, EngineSleepingError, EngineDeadError, Overloaded) as e:
+            return refused(e)
         return {"id": P.new_id("score"), "object": "list", "created": int(time.time()), "model": model_name,
                 "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(got)],
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
@@ -143,12 +160,12 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
     async def rerank(body: RerankRequest):
         if not body.documents:
             return error("documents must not be empty")
-        if (refused := await check("embed" if "score" not in await tasks() else "score")) is not None:
-            return refused
+        if (refusal := await check("embed" if "score" not in await tasks() else "score", body.model)) is not None:
+            return refusal
         try:
             got, n = await scores(body.query, body.documents, body.truncate_prompt_tokens)
-        except (ValueError, TypeError) as e:
-            return error(str(e))
+        except (ValueError, TypeError, EngineSleepingError, EngineDeadError, Overloaded) as e:
+            return refused(e)
         order = sorted(range(len(got)), key=lambda i: -got[i])[: body.top_n or len(got)]
         return {"id": P.new_id("rerank"), "model": model_name, "usage": {"total_tokens": n},
                 "results": [{"index": i, "document": {"text": body.documents[i]}, "relevance_score": got[i]}
