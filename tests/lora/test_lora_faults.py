@@ -91,3 +91,28 @@ def test_a_pooling_request_with_an_adapter_is_refused(lora_base, adapters):
         with pytest.raises(ValueError, match="pooling requests .* run the base model"):
             llm.engine.add_request(PROMPTS[0], PoolingParams(task="embed"), lora_request=_reqs(adapters)[0])
         assert not llm.engine.has_unfinished()
+
+
+def test_an_unreadable_or_malformed_folder_is_a_value_error_naming_it(tmp_path):
+    """Corrupt weights, a missing folder, bad JSON, a non-numeric lora_alpha: ValueError
+    saying what is wrong with which folder (not safetensors' or json's own error)."""
+    import json
+
+    from toolkit.lora.peft import read_adapter
+
+    def folder(name, config, weights=b"garbage"):
+        f = tmp_path / name
+        f.mkdir()
+        (f / "adapter_config.json").write_text(config)
+        (f / "adapter_model.safetensors").write_bytes(weights)
+        return f
+
+    ok_config = json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})
+    cases = [(folder("corrupt", ok_config), "cannot read the LoRA adapter's weights"),
+             (tmp_path / "missing", "does not exist"),
+             (folder("badjson", "{r: 4"), "not valid JSON"),
+             (folder("alpha", json.dumps({"r": 4, "lora_alpha": "sixteen"})), "lora_alpha must be a number")]
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message) as e:
+            read_adapter(path, 1, "x", max_rank=16)
+        assert str(path) in str(e.value)

@@ -72,7 +72,14 @@ def test_models_load_use_unload(lora_server):
     r = httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": paths["b"]})
     assert r.status_code == 400 and "already been loaded" in r.text
     r = httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": str(root / "none")})
-    assert r.status_code == 400 and "adapter_config.json" in r.text
+    assert r.status_code == 400 and "does not exist" in r.text
+    bad = root / "corrupt"                                         # a folder whose weights are garbage
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text((Path(paths["b"]) / "adapter_config.json").read_text())
+    (bad / "adapter_model.safetensors").write_bytes(b"garbage")
+    r = httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": str(bad)})
+    assert r.status_code == 400 and "cannot read the LoRA adapter's weights" in r.text
+    assert "c" not in [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]]
     assert httpx.post(srv.url + "/v1/unload_lora_adapter", json={"lora_name": "b"}).status_code == 200
     assert httpx.post(srv.url + "/v1/unload_lora_adapter", json={"lora_name": "b"}).status_code == 404
     _complete(srv, "b", 404)

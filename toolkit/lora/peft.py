@@ -45,10 +45,18 @@ def read_config(path: str | Path) -> dict[str, Any]:
     """adapter_config.json of a PEFT folder, checked for what the toolkit runs."""
     folder = Path(path)
     cfg_file = folder / "adapter_config.json"
-    if not folder.is_dir() or not cfg_file.is_file():
+    if not folder.is_dir():
+        raise ValueError(f"LoRA adapter folder {str(folder)!r} does not exist (expected a PEFT LoRA "
+                         "folder: adapter_config.json + adapter_model.safetensors)")
+    if not cfg_file.is_file():
         raise ValueError(f"LoRA adapter folder {str(folder)!r} has no adapter_config.json (expected a "
                          "PEFT LoRA folder: adapter_config.json + adapter_model.safetensors)")
-    cfg = json.loads(cfg_file.read_text())
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{cfg_file} is not valid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_file} must hold a JSON object, got {type(cfg).__name__}")
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
         raise ValueError(f"{folder}: peft_type {cfg.get('peft_type')!r} is not a LoRA adapter")
     for key, what in (("use_dora", "DoRA"), ("fan_in_fan_out", "fan_in_fan_out (Conv1D) layers"),
@@ -61,6 +69,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{folder}: bias={cfg['bias']!r} is not supported (only 'none')")
     if not isinstance(cfg.get("r"), int) or cfg["r"] < 1:
         raise ValueError(f"{folder}: adapter_config.json needs an integer r >= 1, got {cfg.get('r')!r}")
+    alpha = cfg.get("lora_alpha", cfg["r"])
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise ValueError(f"{folder}: adapter_config.json's lora_alpha must be a number, got {alpha!r}")
     return cfg
 
 
@@ -103,10 +114,14 @@ def read_adapter(path: str | Path, lora_int_id: int, lora_name: str, max_rank: i
 
 def _read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     st, pt = folder / "adapter_model.safetensors", folder / "adapter_model.bin"
-    if st.is_file():
-        from safetensors.torch import load_file
+    try:
+        if st.is_file():
+            from safetensors.torch import load_file
 
-        return load_file(str(st))
-    if pt.is_file():
-        return torch.load(str(pt), map_location="cpu", weights_only=True)
+            return load_file(str(st))
+        if pt.is_file():
+            return torch.load(str(pt), map_location="cpu", weights_only=True)
+    except Exception as e:          # safetensors' own error type, pickle's, a truncated file's
+        raise ValueError(f"cannot read the LoRA adapter's weights in {str(folder)!r}: "
+                         f"{type(e).__name__}: {e}") from e
     raise ValueError(f"LoRA adapter folder {str(folder)!r} has no adapter_model.safetensors (nor .bin)")

@@ -5,8 +5,9 @@
     POST /v1/unload_lora_adapter {"lora_name"}
 
 Each name gets a fresh LoRARequest id (never reused, so a name loaded again from another
-folder never meets the old weights in the engine's caches). Loading checks the folder's
-adapter_config.json here; the engine reads and checks the weights when a request first uses
+folder never meets the old weights in the engine's caches). Loading reads the folder here
+(its adapter_config.json and its weights: a corrupt or malformed adapter is refused at once);
+the engine checks the weights against the model and max_lora_rank when a request first uses
 it (a 400 naming what is wrong). Unloading removes the name: running requests finish with it.
 """
 
@@ -16,7 +17,7 @@ import itertools
 import threading
 from typing import Iterable, Mapping
 
-from toolkit.lora.peft import read_config
+from toolkit.lora.peft import read_adapter
 from toolkit.lora.request import LoRARequest
 
 
@@ -47,7 +48,7 @@ class LoRAModules:
             raise ValueError("loading a LoRA adapter needs a non-empty lora_name and lora_path")
         if name == self.base_name:
             raise ValueError(f"{name!r} is the base model's name; give the adapter another one")
-        read_config(path)
+        read_adapter(path, 0, name, max_rank=1 << 30)     # readable and a LoRA (rank: the engine's)
         with self._lock:
             if name in self._by_name:
                 raise ValueError(f"The lora adapter '{name}' has already been loaded; unload it first")
