@@ -140,3 +140,26 @@ def test_a_consumer_asked_before_the_handoff_lands_waits_for_it(tiny_llama_dir, 
             else (cc.num_loaded_blocks == 0 and cc.num_failed_blocks > 0)
         _no_leaks(cons)
     assert [got[f"w{i}"] for i in range(len(prompts))] == colocated[2:4]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, frequency_penalty=2.0),
+    SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5),
+    SamplingParams(temperature=0.8, max_tokens=10, ignore_eos=True, seed=7)],
+    ids=["frequency_penalty", "repetition_penalty", "seeded"])
+def test_seeded_and_penalised_requests_equal_colocated(tiny_llama_dir, params):
+    """The first token counts for the penalties and a seed's draws run on one engine: such
+    requests go to the consumer as the prompt alone (it samples the first token again)."""
+    kw = dict(dtype="float32", device="cpu", block_size=BS)
+    prompts = _prompts()
+    with LLM(tiny_llama_dir, num_blocks=128, **kw) as llm:
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    store = MemoryKVStore(BLOCK_SHAPE, torch.float32, 256)
+    with LLM(tiny_llama_dir, num_blocks=64, kv_connector=PDConnector(store, BS, "kv_producer"), **kw) as prod, \
+            LLM(tiny_llama_dir, num_blocks=64, kv_connector=PDConnector(store, BS, "kv_consumer"), **kw) as cons:
+        got = disaggregated_generate(prod.engine, cons.engine, prompts, params)
+        assert cons.engine.scheduler.connector.num_loaded_blocks > 0      # the KV still came over
+        _no_leaks(prod)
+        _no_leaks(cons)
+        assert store.num_blocks == 0
+    assert got == want

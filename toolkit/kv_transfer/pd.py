@@ -43,7 +43,10 @@ def handoff_keys(request_id: str, token_ids: Sequence[int], block_size: int) -> 
 
 def handoff_request(prompt_token_ids: Sequence[int], params: Any, first_token: int) -> tuple[list[int], Any]:
     """What a proxy sends the consumer after the producer sampled `first_token`: the prompt
-    followed by it, and the sampling parameters less the token already produced."""
+    followed by it, and the sampling parameters less the token already produced. The first
+    token is then a prompt token on the consumer: penalties do not count it and a seeded
+    request's draws start again, so for those send the prompt alone (the consumer samples
+    the first token itself; proxy.disaggregated_generate does)."""
     left = params.max_tokens - 1
     if left < 1:
         raise ValueError(f"max_tokens={params.max_tokens}: the producer's first token was the whole output; "

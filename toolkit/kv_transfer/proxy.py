@@ -7,7 +7,13 @@ Both engines run a PDConnector over one store (kv_role "kv_producer" / "kv_consu
 producer prefills every prompt (its batch), the handoffs land in the store (the producer
 steps until its saves are done), then the consumer runs every continuation (its batch).
 Returns per prompt the output token ids: the producer's first token, then the consumer's.
-The HTTP form, across two processes, is toolkit/kv_transfer/http_proxy.py.
+
+A greedy request without penalties is handed off with its first token (`handoff_request`:
+the consumer computes nothing of the prompt again). Any other request is sent as the prompt
+alone, as vLLM's proxy does: the consumer loads all but the last prompt token, computes that
+one and samples the first token itself, so a seed's draws and the penalties' counts run on
+one engine from the first token, and the output equals the co-located engine's. The HTTP
+form, across two processes, is toolkit/kv_transfer/http_proxy.py.
 """
 
 from __future__ import annotations
@@ -45,7 +51,19 @@ def disaggregated_generate(producer: Any, consumer: Any, prompts: Sequence[Seque
         if params.max_tokens == 1 or stopped:
             outs[rid] = toks
             continue
-        cont, cparams = handoff_request(p, params, toks[0])
+        if _plain_greedy(params):
+            cont, cparams = handoff_request(p, params, toks[0])
+        else:                                      # the consumer samples the first token again
+            cont, cparams = list(p), params
+            outs[rid] = []
         consumer.add_request(cont, cparams, request_id=rid, output_kind="final")
     rest = _drain(consumer)
-    return [outs[rid] if rid in outs else first[rid] + rest[rid] for rid in ids]
+    return [rest[rid] if outs.get(rid) == [] else outs[rid] if rid in outs else first[rid] + rest[rid]
+            for rid in ids]
+
+
+def _plain_greedy(params: Any) -> bool:
+    """Whether the output after the first token depends only on the tokens so far (greedy,
+    no penalty counting the first token): then the first token can be handed over."""
+    return (params.temperature == 0 and not params.presence_penalty and not params.frequency_penalty
+            and params.repetition_penalty in (None, 1.0))
