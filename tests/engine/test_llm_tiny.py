@@ -247,3 +247,19 @@ def test_one_kernels_switch_picks_every_reference_twin(tiny_llama_dir, expected)
     assert out.outputs[0].token_ids == expected[0][:len(out.outputs[0].token_ids)]
     with pytest.raises(ValueError, match="kernels must be one of"):
         LLM(tiny_llama_dir, device="cpu", kernels="fast")
+
+
+def test_an_eos_id_outside_the_vocabulary_is_dropped_with_a_warning(caplog):
+    """OlmoeConfig's default eos 50279 kept on a small vocabulary: the engine warns and
+    generates (it failed every request), as transformers only warns."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=500, eos_token_id=[50279, 7],
+                      max_position_embeddings=256)
+    with caplog.at_level("WARNING", logger="toolkit"), \
+            LLM(cfg, device="cpu", dtype="float32", num_blocks=32) as llm:
+        assert llm.engine.model.spec.eos_token_ids == (7,)
+        out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+    assert any("50279" in r.getMessage() and "outside the vocabulary" in r.getMessage() for r in caplog.records)

@@ -26,6 +26,8 @@ can do (today: tensor parallelism, the truncated draft of speculative decoding).
 
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -127,6 +129,19 @@ def eos_ids(config: Any) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(int(e) for e in eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def in_vocabulary(eos: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+    """The end-of-sequence ids inside [0, vocab_size). One outside (a config's default kept on
+    a smaller vocabulary: OlmoeConfig's 50279) can never be sampled; it is dropped with a
+    warning, as transformers only warns, instead of failing every request."""
+    bad = [t for t in eos if not 0 <= t < vocab_size]
+    if bad:
+        logging.getLogger(__name__).warning(
+            "the config's eos_token_id %s is outside the vocabulary [0, %d): ignored (generation "
+            "stops at max_tokens and stop conditions only, unless another eos id is in range)",
+            bad, vocab_size)
+    return tuple(t for t in eos if 0 <= t < vocab_size)
 
 
 def layer_kinds(config: Any, num_layers: int) -> Sequence[str]:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from toolkit.models.base import LayerAttention, ModelSpec, eos_ids
+from toolkit.models.base import LayerAttention, ModelSpec, eos_ids, in_vocabulary
 from toolkit.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from toolkit.models.layers.linear import LinearMethod
 from toolkit.models.layers.parallel import single_process
@@ -72,7 +72,8 @@ class CausalLM(nn.Module):
         self.spec = ModelSpec(architecture=arch, num_layers=len(layers), num_heads=num_heads,
                               num_kv_heads=num_kv_heads, head_dim=head_dim, hidden_size=hidden,
                               vocab_size=vocab_size, dtype=self.dtype, max_model_len=self.max_model_len,
-                              eos_token_ids=self._eos, layers=tuple(layers), **capabilities)
+                              eos_token_ids=in_vocabulary(self._eos, vocab_size), layers=tuple(layers),
+                              **capabilities)
 
     # ------------------------------------------------------------------ the contract
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from toolkit.models.base import LayerAttention, ModelSpec, eos_ids, layer_kinds
+from toolkit.models.base import LayerAttention, ModelSpec, eos_ids, in_vocabulary, layer_kinds
 
 
 def attention_modules(hf: torch.nn.Module, num_layers: int) -> list[torch.nn.Module]:
@@ -90,7 +90,8 @@ def model_spec(config: Any, hf: torch.nn.Module, dtype: torch.dtype,
         vocab_size=int(config.vocab_size),
         dtype=dtype,
         max_model_len=int(getattr(config, "max_position_embeddings", None) or 2048),
-        eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None else eos_ids(config),
+        eos_token_ids=in_vocabulary(eos_token_ids if eos_token_ids is not None else eos_ids(config),
+                                    int(config.vocab_size)),
         layers=layer_attention(config, modules),
         supports_tensor_parallel=False,   # transformers' modules hold whole weights
     )
