@@ -93,6 +93,10 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
         tokenizer = load_tokenizer(tokenizer)
     spec = check_model(model)
     max_model_len = min(cfg.max_model_len or spec.max_model_len, spec.max_model_len)
+    if cfg.max_model_len and cfg.max_model_len > spec.max_model_len:
+        log.warning("max_model_len=%d is more than the model's %d positions (its config's "
+                    "max_position_embeddings): the engine uses %d", cfg.max_model_len,
+                    spec.max_model_len, spec.max_model_len)
     if folder is not None:                # a sentence-transformers folder embeds at most its max_seq_length
         from toolkit.pooling.config import max_seq_length
 
