@@ -200,13 +200,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     from toolkit.serving.lora import parse_lora_modules
 
-    try:
-        lora_modules = parse_lora_modules(args.lora_modules)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     name = args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                       else "smollm2-135m-instruct")
+    try:                                  # before any engine starts: a bad adapter is a message
+        lora_modules = parse_lora_modules(args.lora_modules)
+        if args.enable_lora and lora_modules:
+            from toolkit.serving.lora import LoRAModules
+
+            LoRAModules(name, lora_modules)           # each folder read and checked
+    except ValueError as e:
+        raise SystemExit(f"--lora-modules: {e}") from None
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be at least 1, got {args.data_parallel_size}")
     if args.data_parallel_size > 1 or args.data_parallel_backend == "ray":

@@ -131,3 +131,12 @@ def test_cli_flags():
         engine_options(parse_args(["m", "--lora-modules", "a=/x"]))
     with pytest.raises(ValueError, match="name=path"):
         parse_lora_modules(["nopath"])
+
+
+def test_a_bad_lora_module_at_start_is_a_message_before_any_engine(tmp_path):
+    from toolkit.serve import main
+
+    with pytest.raises(SystemExit, match="--lora-modules: .*does not exist"):
+        main([str(tmp_path), "--enable-lora", "--lora-modules", f"a={tmp_path / 'none'}"])
+    with pytest.raises(SystemExit, match="--lora-modules: 'm' is the base model's name"):
+        main([str(tmp_path), "--served-model-name", "m", "--enable-lora", "--lora-modules", f"m={tmp_path}"])

@@ -225,7 +225,8 @@ class CompletionRequest(_SamplingFields):
         if self.suffix is not None:
             raise ProtocolError("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
-            raise ProtocolError(f"best_of must equal n ({self.n}) here; best_of > n is not supported",
+            why = "best_of < n is invalid" if self.best_of < self.n else "best_of > n is not supported"
+            raise ProtocolError(f"best_of must equal n ({self.n}) here, got {self.best_of}: {why}",
                                 param="best_of")
         if self.echo and self.logprobs is not None:
             raise ProtocolError("echo with logprobs (prompt logprobs) is not supported", param="echo")
