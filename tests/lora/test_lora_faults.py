@@ -112,6 +112,13 @@ def test_an_unreadable_or_malformed_folder_is_a_value_error_naming_it(tmp_path):
              (tmp_path / "missing", "does not exist"),
              (folder("badjson", "{r: 4"), "not valid JSON"),
              (folder("alpha", json.dumps({"r": 4, "lora_alpha": "sixteen"})), "lora_alpha must be a number")]
+    from safetensors.torch import save_file
+
+    weights = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(8, 16),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.zeros(16, 8)}
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    cases.append((folder("rank", ok_config, (tmp_path / "w.safetensors").read_bytes()),
+                  "has rank 8 but adapter_config.json says r=4"))
     for path, message in cases:
         with pytest.raises(ValueError, match=message) as e:
             read_adapter(path, 1, "x", max_rank=16)

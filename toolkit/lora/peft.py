@@ -103,6 +103,8 @@ def read_adapter(path: str | Path, lora_int_id: int, lora_name: str, max_rank: i
         if a.dim() != 2 or b.dim() != 2 or b.shape[1] != r:
             raise ValueError(f"{folder}: {module} has lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)}; "
                              "expected [r, in] and [out, r]")
+        if r != cfg["r"]:                                       # peft's load fails on it too
+            raise ValueError(f"{folder}: {module} has rank {r} but adapter_config.json says r={cfg['r']}")
         if r > max_rank:
             raise ValueError(f"adapter {lora_name!r} ({folder}) has rank {r} on {module}, more than "
                              f"max_lora_rank={max_rank}; raise max_lora_rank (LLM(..., max_lora_rank=...))")
