@@ -43,7 +43,8 @@ def disaggregated_generate(producer: Any, consumer: Any, prompts: Sequence[Seque
     for rid, p in zip(ids, prompts):
         producer.add_request(list(p), first_params, request_id=rid, output_kind="final")
     first = _drain(producer)                       # includes the saves of the handoffs
-    outs: dict[str, list[int]] = {}
+    outs: dict[str, list[int]] = {}               # finished on the producer
+    resampled: set[str] = set()                   # sent as the prompt alone
     for rid, p in zip(ids, prompts):
         toks = first[rid]
         stopped = toks and (toks[-1] == producer.eos_token_id and not params.ignore_eos
@@ -55,15 +56,18 @@ def disaggregated_generate(producer: Any, consumer: Any, prompts: Sequence[Seque
             cont, cparams = handoff_request(p, params, toks[0])
         else:                                      # the consumer samples the first token again
             cont, cparams = list(p), params
-            outs[rid] = []
+            resampled.add(rid)
         consumer.add_request(cont, cparams, request_id=rid, output_kind="final")
     rest = _drain(consumer)
-    return [rest[rid] if outs.get(rid) == [] else outs[rid] if rid in outs else first[rid] + rest[rid]
+    return [outs[rid] if rid in outs else rest[rid] if rid in resampled else first[rid] + rest[rid]
             for rid in ids]
 
 
 def _plain_greedy(params: Any) -> bool:
-    """Whether the output after the first token depends only on the tokens so far (greedy,
-    no penalty counting the first token): then the first token can be handed over."""
+    """Whether the output after the first token depends only on the tokens so far: greedy,
+    and nothing that must see the first token as output (a penalty's counts, a bad word's
+    start, a grammar's state). Then the first token can be handed over."""
     return (params.temperature == 0 and not params.presence_penalty and not params.frequency_penalty
-            and params.repetition_penalty in (None, 1.0))
+            and params.repetition_penalty in (None, 1.0) and not params.bad_words
+            and params.structured is None and params.guided_decoding is None
+            and params.structured_outputs is None)

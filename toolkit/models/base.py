@@ -27,7 +27,6 @@ can do (today: tensor parallelism, the truncated draft of speculative decoding).
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
