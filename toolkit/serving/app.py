@@ -200,8 +200,9 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
     if allow_runtime_lora_updating:
         @app.post("/v1/load_lora_adapter", dependencies=v1)
         async def load_lora_adapter(body: P.LoadLoRAAdapterRequest) -> Response:
-            try:
-                handlers.loras.load(body.lora_name, body.lora_path)
+            try:                       # reads the adapter's weights: off the event loop
+                await asyncio.get_running_loop().run_in_executor(
+                    None, handlers.loras.load, body.lora_name, body.lora_path)
             except ValueError as e:
                 return error(400, str(e))
             return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.", media_type="text/plain")
