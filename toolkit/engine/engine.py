@@ -137,7 +137,8 @@ class Engine:
                                           expected_output_len=expected_output_len))
         if not getattr(self.model.spec, "supports_generation", True):
             raise ValueError(f"{self.model.spec.architecture} has no LM head: it cannot generate; "
-                             "use it for pooling (LLM.embed, or add_request with PoolingParams)")
+                             "use it for pooling (LLM.embed / classify / score, add_request with PoolingParams, "
+                             "or the server's /v1/embeddings, /v1/score, /v1/rerank)")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}"
                             + (" (build one: SamplingParams(**d))" if isinstance(params, dict) else ""))
