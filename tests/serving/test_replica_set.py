@@ -16,6 +16,7 @@ from toolkit.types import CompletionOutput, RequestOutput
 
 class FakeCore:
     tokenizer, max_model_len, vocab_size = None, 128, 100
+    restarts_itself = False
 
     def __init__(self, on_outputs, on_error):
         self.on_outputs, self.on_error = on_outputs, on_error

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 
 class ProcessCore:
+    restarts_itself = False         # a replica set starts a dead one again
+
     def __init__(self, args: tuple, kwargs: dict[str, Any], on_outputs: OnOutputs, on_error: OnError,
                  *, startup_timeout: float = 1800.0, env: dict[str, str] | None = None,
                  name: str = "toolkit-engine") -> None:

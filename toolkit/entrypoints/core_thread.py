@@ -43,6 +43,8 @@ class EngineDeadError(RuntimeError):
 
 
 class ThreadCore:
+    restarts_itself = False         # a replica set starts a dead one again
+
     def __init__(self, engine: Any, on_outputs: OnOutputs, on_error: OnError) -> None:
         self.llm = engine if hasattr(engine, "engine") and hasattr(engine, "generate") else None
         self.engine = engine.engine if self.llm is not None else engine

@@ -380,7 +380,7 @@ class ReplicaSetCore:
     # -- restarts (the supervisor) --
     def _schedule_restart(self, i: int) -> None:
         """Start a supervisor for dead replica i if it may be restarted (under the lock)."""
-        if getattr(self.cores[i], "restarts_itself", False):     # its own restarts, its own bound
+        if self.cores[i].restarts_itself:                        # its own restarts, its own bound
             if not self._closing and i not in self._restarting:
                 t = threading.Thread(target=self._await_own_restart, args=(i, self.cores[i]),
                                      name=f"toolkit-replica-restart-{i}", daemon=True)
@@ -397,19 +397,19 @@ class ReplicaSetCore:
 
     def _await_own_restart(self, i: int, core: Any) -> None:
         """Wait while replica i's core restarts itself (Ray's actor restart); it comes back
-        empty and cold, under the same callbacks."""
+        under the same callbacks, empty and cold (its gauges and prefixes went at its death)."""
         back = None
         while back is None and not self._stop.is_set():
             back = core.wait_restart(0.2)
+        self._restart_over(i, "will not be restarted")
+
+    def _restart_over(self, i: int, why: str) -> None:
+        """Replica i's restart is over, back or not: the set ends if no replica is left."""
         with self._lock:
-            if back and not self._closing and self.cores[i] is core:
-                self._last[i] = None
-                if self._hashes is not None:
-                    self._hashes[i] = RecentHashes(self._hashes[i].capacity)
             self._restarting.pop(i, None)
             end_set = not self._closing and not self.alive
         if end_set:
-            self.error = EngineDeadError(f"every replica has stopped (replica {i} will not be restarted)")
+            self.error = EngineDeadError(f"every replica has stopped (replica {i} {why})")
             self._on_error(self.error, None)
 
     def _supervise(self, i: int) -> None:
@@ -453,12 +453,7 @@ class ReplicaSetCore:
                             i, self._attempts[i], self.max_restarts, time.monotonic() - started)
                 break
             _close_quietly(core)                 # the set is closing, or the new core died already
-        with self._lock:
-            self._restarting.pop(i, None)
-            end_set = not self._closing and not self.alive
-        if end_set:
-            self.error = EngineDeadError(f"every replica has stopped (replica {i} could not be restarted)")
-            self._on_error(self.error, None)
+        self._restart_over(i, "could not be restarted")
 
     # -- bookkeeping (under the lock) --
     def _set_state(self, r: _Routed, state: str) -> None:
