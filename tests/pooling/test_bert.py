@@ -92,3 +92,21 @@ def test_encoder_prompts_are_never_chunked(checkpoint):
     for a, b in zip(wide, got):
         torch.testing.assert_close(torch.tensor(a.outputs.embedding), torch.tensor(b.outputs.embedding),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_encoder_warm_up_pools_and_leaves_nothing(checkpoint):
+    """An encoder has no LM head: its warm-up (inside LLM(...) on CUDA; called directly here)
+    runs pooled prompts, never the sampler, and leaves the same embeddings and every block free."""
+    from toolkit.worker.warmup import warm_up
+
+    _, folder = checkpoint("bert")
+    llm = LLM(str(folder), block_size=4, num_blocks=64)
+    before = [e.outputs.embedding for e in llm.embed(TEXTS)]
+    took = warm_up(llm.engine.runner, max_num_batched_tokens=64, block_size=4, num_blocks=64,
+                   show_progress=False)
+    assert took["warmup_s"] > 0
+    assert len(llm.engine.runner.pooling) == 0                     # every dummy prompt finished
+    after = [e.outputs.embedding for e in llm.embed(TEXTS)]
+    for b, a in zip(before, after):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
+    assert llm.engine.allocator.num_free_blocks() == llm.engine.allocator.num_blocks

@@ -114,9 +114,13 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     elif cfg.num_blocks is not None:
         kv_cache = KVCache(num_blocks=cfg.num_blocks, **shape)
     else:
+        from toolkit.worker.memory_profile import activation_peak_bytes
+
         budget = cfg.kv_cache_bytes or (CPU_KV_BUDGET if device.type == "cpu" else None)
-        kv_cache = KVCache.from_budget(budget_bytes=budget,
-                                       gpu_memory_utilization=cfg.gpu_memory_utilization, **shape)
+        peak = 0 if budget is not None else activation_peak_bytes(
+            model, *_profile_step(cfg), device)
+        kv_cache = KVCache.from_budget(budget_bytes=budget, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                       activation_peak=peak, **shape)
     log.info("%r", kv_cache)
 
     if allocator is None:
@@ -213,6 +217,9 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
                          f"but sampler {sampler!r} has no process(logits, meta); use the default "
                          "sampler or add it")
     startup = dict(load_s=loaded - t0, kv_cache_s=time.perf_counter() - loaded, warmup_s=0.0)
+    pooler = None
+    if executor.supports_hidden:          # pooling reads the hidden states (rank 0's under TP);
+        pooler = _worker_pooler(runner, model, tokenizer, folder, cfg)   # before the warm-up's pooled steps
     if cfg.warmup and device.type == "cuda":
         from toolkit.worker.warmup import warm_up
 
@@ -230,8 +237,11 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
     engine.startup = startup
     engine.structured.limits = grammar_limits   # before any compile: the compiler is built lazily
     engine.sleep_mode.enabled = cfg.enable_sleep_mode
-    if executor.supports_hidden:          # pooling reads the hidden states (rank 0's under TP)
-        _attach_pooling(engine, runner, model, tokenizer, folder, cfg)
+    if pooler is not None:
+        from toolkit.engine.pooling import EnginePooling
+
+        engine.pooling = EnginePooling(pooler, causal=all(x.causal for x in model.spec.layers),
+                                       hidden_size=model.spec.hidden_size)
     return engine
 
 
@@ -270,10 +280,14 @@ def _lora_state(cfg: EngineConfig, model: Any, device: torch.device) -> Any:
                      max_tokens=cfg.max_num_batched_tokens, device=device, backend=backend)
 
 
-def _attach_pooling(engine: Engine, runner: Runner, model: Any, tokenizer: Any, folder: Any,
-                    cfg: EngineConfig) -> None:
-    """The Pooler of embed / classify / score requests, on the worker and the engine."""
-    from toolkit.engine.pooling import EnginePooling
+def _profile_step(cfg: EngineConfig) -> tuple[int, int]:
+    """(tokens, logits rows) of the largest step the KV cache must leave room for."""
+    return cfg.max_num_batched_tokens, min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+
+
+def _worker_pooler(runner: Runner, model: Any, tokenizer: Any, folder: Any, cfg: EngineConfig) -> Any:
+    """The Pooler of embed / classify / score requests, its worker side set on the runner
+    (the engine's side, EnginePooling, takes the same pooler)."""
     from toolkit.pooling.accumulate import PoolingState
     from toolkit.pooling.build import build_pooler
     from toolkit.pooling.ranks import executor_logits, set_sep_token_id
@@ -284,8 +298,7 @@ def _attach_pooling(engine: Engine, runner: Runner, model: Any, tokenizer: Any, 
     pooler = build_pooler(model, tokenizer, folder, cfg.pooler_config,
                           compute_logits=partial(executor_logits, runner.executor))
     runner.pooling = PoolingState(pooler)
-    engine.pooling = EnginePooling(pooler, causal=all(x.causal for x in model.spec.layers),
-                                   hidden_size=model.spec.hidden_size)
+    return pooler
 
 
 def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: torch.device,
@@ -299,7 +312,8 @@ def _tensor_parallel(model: Any, cfg: EngineConfig, dtype: torch.dtype, device: 
                       device=device.type if device.index is None else str(device), attention=attention,
                       load_format=load_format, block_size=cfg.block_size, num_blocks=cfg.num_blocks,
                       kv_cache_bytes=cfg.kv_cache_bytes, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                      cpu_kv_budget=CPU_KV_BUDGET, quantization=cfg.quantization, lora=lora)
+                      cpu_kv_budget=CPU_KV_BUDGET, quantization=cfg.quantization, lora=lora,
+                      profile_step=_profile_step(cfg))
 
 
 def _host_tier(cfg: EngineConfig, kv_cache: KVCache, executor: Any) -> dict:

@@ -8,7 +8,8 @@ positions or the cache (they share their blocks), with sampling rows of each kin
 temperature alone, whose LM head and fused tail are captured per bucket too,
 worker/sample_graphs.py; temperature with top-k / top-p; all three mixed), then one prefill and one chunked prefill
 over a cached prefix (the prefill attention kernels), then penalised rows (the penalty
-kernels, with every row penalised and with some). The dummy steps write garbage KV into
+kernels, with every row penalised and with some). A model without an LM head (an encoder)
+warms up with pooled prompts of each bucket's size instead. The dummy steps write garbage KV into
 block 0 and the first blocks; every block is free again afterwards and a real request
 overwrites a slot before attention reads it.
 """
@@ -19,6 +20,7 @@ import time
 
 import torch
 
+from toolkit.pooling.params import PoolingParams
 from toolkit.progress import progress_bar
 from toolkit.kernels.compiles import triton_compiles
 from toolkit.types import Request, SamplingParams, ScheduledRequest, SchedulerOutput
@@ -27,6 +29,7 @@ _GREEDY = SamplingParams(temperature=0.0, max_tokens=2)
 _SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=2, seed=0)
 _TEMPERATURE = SamplingParams(temperature=0.6, max_tokens=2, seed=1)   # seeded: the engine's generator untouched
 _KINDS = (_GREEDY, _SAMPLED, _TEMPERATURE)
+_EMBED = PoolingParams(task="embed")
 _PENALISED = SamplingParams(temperature=0.0, max_tokens=2, repetition_penalty=1.1, presence_penalty=0.1)
 
 
@@ -39,13 +42,14 @@ def _decode(i: int, params: SamplingParams) -> ScheduledRequest:
     return ScheduledRequest(Request(f"warmup-{i}", [0], params), 0, 1, [0])
 
 
-def _prompts(name: str, n: int, block_size: int, longest: int) -> list[ScheduledRequest]:
+def _prompts(name: str, n: int, block_size: int, longest: int,
+             pooling: PoolingParams | None = None) -> list[ScheduledRequest]:
     """n prompt tokens as whole prompts of at most `longest` tokens, each over blocks 0, 1, ...
-    (positions past the model's would read past its rotary table)."""
+    (positions past the model's would read past its rotary table); pooled ones with `pooling`."""
     out = []
     for i, start in enumerate(range(0, n, longest)):
         m = min(longest, n - start)
-        out.append(ScheduledRequest(Request(f"{name}-{i}", [0] * m, _GREEDY), 0, m,
+        out.append(ScheduledRequest(Request(f"{name}-{i}", [0] * m, _GREEDY, pooling_params=pooling), 0, m,
                                     list(range(-(-m // block_size)))))
     return out
 
@@ -72,6 +76,9 @@ def _warm_up(runner, max_num_batched_tokens: int, block_size: int, longest: int,
              show_progress: bool) -> None:
     graphs = runner.graphs
     sizes = list(graphs.sizes) if graphs is not None else [1, 16]
+    if not runner.model.spec.supports_generation:     # declared: no LM head, nothing to sample
+        _warm_up_pooling(runner, sizes, block_size, longest, show_progress)
+        return
     prefill = min(512, max_num_batched_tokens, longest)
     with progress_bar(total=len(sizes) + 2, enabled=show_progress,
                       desc="compiling kernels, capturing CUDA graphs") as bar:
@@ -96,6 +103,23 @@ def _warm_up(runner, max_num_batched_tokens: int, block_size: int, longest: int,
         _step(runner, [_decode(0, _PENALISED), _decode(1, _GREEDY)])
     if runner.penalty_history is not None:     # the dummy requests' rows: never finished, dropped
         runner.penalty_history.clear()
+    _finish(runner)
+
+
+def _warm_up_pooling(runner, sizes: list[int], block_size: int, longest: int, show_progress: bool) -> None:
+    """A model without an LM head (an encoder) runs pooling requests only: each bucket as
+    whole prompts, pooled, twice (eager and captured, then replayed); every prompt finishes
+    in its step, so the pooling state keeps nothing."""
+    with progress_bar(total=len(sizes), enabled=show_progress,
+                      desc="compiling kernels, capturing CUDA graphs") as bar:
+        for b in sizes:
+            for _ in range(2):
+                _step(runner, _prompts("warmup-e", b, block_size, longest, _EMBED))
+            bar.update(1)
+    _finish(runner)
+
+
+def _finish(runner) -> None:
     # what the steps above cannot reach (a backend declares it; AttentionBackend: optional)
     attention_warm_up = getattr(runner.attention, "warm_up", None)
     if attention_warm_up is not None:
