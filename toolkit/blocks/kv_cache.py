@@ -72,15 +72,19 @@ class KVCache:
     def from_budget(cls, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                     budget_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
-                    ) -> "KVCache":
-        """As many blocks as fit in `budget_bytes`, or in that fraction of free GPU memory."""
+                    activation_peak: int = 0) -> "KVCache":
+        """As many blocks as fit in `budget_bytes`, or in that fraction of free GPU memory
+        (less where a step's activations, `activation_peak` bytes, would not fit beside it:
+        worker/memory_profile.py)."""
         per_block = cls.bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype)
         dev = torch.device(device)
         if budget_bytes is None:
             if dev.type != "cuda":
                 raise ValueError("on the CPU a KV-cache budget in bytes is required (budget_bytes)")
+            from toolkit.worker.memory_profile import kv_budget_bytes
+
             free, _ = torch.cuda.mem_get_info(dev)
-            budget_bytes = int(free * gpu_memory_utilization)
+            budget_bytes = kv_budget_bytes(free, gpu_memory_utilization, activation_peak)
         num_blocks = budget_bytes // per_block
         if num_blocks < 2:
             raise ValueError(f"a KV-cache budget of {budget_bytes} bytes holds {num_blocks} blocks of "

@@ -99,7 +99,8 @@ class TPExecutor:
                  load_format: str, block_size: int, num_blocks: int | None, kv_cache_bytes: int | None,
                  gpu_memory_utilization: float, cpu_kv_budget: int,
                  startup_timeout: float = 1800.0, collective_timeout: float = 600.0,
-                 quantization: str | None = None, lora: Any = None) -> None:
+                 quantization: str | None = None, lora: Any = None,
+                 profile_step: tuple[int, int] = (0, 0)) -> None:
         from toolkit.models.loader import load_config
         from toolkit.parallel.sharding import check_tensor_parallel
 
@@ -123,7 +124,8 @@ class TPExecutor:
         spec = WorkerSpec(source, load_format, dtype, device, attention, block_size, num_blocks,
                           kv_cache_bytes, gpu_memory_utilization, cpu_kv_budget,
                           threads=max(1, (os.cpu_count() or 1) // size), timeout_s=collective_timeout,
-                          quantization=quantization, lora=lora.spec() if lora is not None else None)
+                          quantization=quantization, lora=lora.spec() if lora is not None else None,
+                          profile_step=profile_step)
         self.lora = lora                 # rank 0's LoRAState (the Runner applies each step's plan)
         self.closed, self.error = False, None
         self.group = None
@@ -168,7 +170,7 @@ class TPExecutor:
         fits = [kv_blocks_fit(self.model, spec.block_size, spec.dtype, self.device, num_blocks=spec.num_blocks,
                               budget_bytes=spec.kv_cache_bytes,
                               gpu_memory_utilization=spec.gpu_memory_utilization,
-                              cpu_budget=spec.cpu_kv_budget)]
+                              cpu_budget=spec.cpu_kv_budget, profile_step=spec.profile_step)]
         fits += [self._expect(rank, "loaded", startup_timeout)[1] for rank in range(1, self.size)]
         num_blocks = min(fits)                  # one allocator: every rank the same block count
         if num_blocks < 2:

@@ -73,17 +73,22 @@ def run_rank(runner: ModelRunner, group: Group, msg: StepMsg, layout: PagedKVLay
 
 def kv_blocks_fit(model: Any, block_size: int, dtype: torch.dtype, device: torch.device, *,
                   num_blocks: int | None, budget_bytes: int | None, gpu_memory_utilization: float,
-                  cpu_budget: int) -> int:
+                  cpu_budget: int, profile_step: tuple[int, int] = (0, 0)) -> int:
     """How many KV blocks of this rank's heads fit its budget (num_blocks when forced): the
-    budget is per rank (per GPU), like gpu_memory_utilization."""
+    budget is per rank (per GPU), like gpu_memory_utilization, and leaves room for the
+    activations of the largest step (profile_step: tokens, logits rows), measured on every
+    rank at once (worker/memory_profile.py)."""
     if num_blocks is not None:
         return num_blocks
     per_block = KVCache.bytes_per_block(model.spec.num_layers, block_size, model.spec.num_kv_heads,
                                         model.spec.head_dim, dtype)
     if budget_bytes is None:
         if device.type == "cuda":
+            from toolkit.worker.memory_profile import activation_peak_bytes, kv_budget_bytes
+
+            peak = activation_peak_bytes(model, *profile_step, device)
             free, _ = torch.cuda.mem_get_info(device)
-            budget_bytes = int(free * gpu_memory_utilization)
+            budget_bytes = kv_budget_bytes(free, gpu_memory_utilization, peak)
         else:
             budget_bytes = cpu_budget
     return int(budget_bytes // per_block)

@@ -40,6 +40,7 @@ class WorkerSpec:
     timeout_s: float
     quantization: str | None = None   # EngineConfig.quantization
     lora: dict | None = None       # LoRAState arguments (enable_lora): each rank builds its own
+    profile_step: tuple[int, int] = (0, 0)   # (tokens, logits rows) of the largest step: its activations' room
 
     def device(self, rank: int) -> torch.device:
         return torch.device("cuda", rank) if self.device_type == "cuda" else torch.device("cpu")
@@ -86,7 +87,7 @@ def worker_main(rank: int, size: int, port: int, conn: Any, spec: WorkerSpec) ->
         conn.send(("loaded", kv_blocks_fit(model, spec.block_size, spec.dtype, device,
                                            num_blocks=spec.num_blocks, budget_bytes=spec.kv_cache_bytes,
                                            gpu_memory_utilization=spec.gpu_memory_utilization,
-                                           cpu_budget=spec.cpu_kv_budget)))
+                                           cpu_budget=spec.cpu_kv_budget, profile_step=spec.profile_step)))
         kind, num_blocks = conn.recv()
         kv, attention = make_kv_and_attention(model, spec.attention, num_blocks, spec.block_size,
                                               spec.dtype, device)
