@@ -20,7 +20,7 @@ bench() {
 
 for step in "$@"; do
   case $step in
-    tests)      timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_PATHS:-tests} 2>&1 | tail -40; (exit "${PIPESTATUS[0]}") ;;
+    tests)      timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -m gpu -p no:cacheprovider ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -40; (exit "${PIPESTATUS[0]}") ;;
     # nano-vllm's protocol with HF on all 256 requests (about 4 min of HF): HF_NUM=256 THR_ARGS="--temperature 0.6" THR_TIMEOUT=560
     throughput) bench throughput_random ${THR_TIMEOUT:-420} 30 throughput --workload random --num 256 --hf-num ${HF_NUM:-64} ${THR_ARGS:-} ;;
     # repetition penalty on every request: penalised rows on the device vs rebuilt per step, same process

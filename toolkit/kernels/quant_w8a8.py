@@ -1,7 +1,6 @@
 """W8A8 GEMMs on CUDA: (a_q x a_scale) @ (w_q x w_scale)^T with per-token and per-channel scales.
 
-    M <= SKINNY_MAX_M (decode)  quant_w8a8_skinny's Triton kernel (split-K, weight-bound);
-                                0 rows for now, see SKINNY_MAX_M
+    M <= SKINNY_MAX_M (decode)  quant_w8a8_skinny's Triton kernel (split-K, weight-bound)
 
     fp8   torch._scaled_mm (cuBLASLt, row-wise scales: a [M, 1], w [1, N], bf16 output); it
           needs K and N multiples of 16 and a bf16 output, else the twin runs
@@ -16,12 +15,11 @@ import torch
 
 from toolkit.kernels import reference_quant as ref
 
-# rows up to which the split-K Triton kernel runs instead of cuBLASLt / _int_mm (their tiles
-# are for prefill and read the weight slowly at a decode step's few rows). 0 until
-# `python -m benchmarks quant_gemm` has timed the kernel ("fp8 skinny", "int8 skinny") on a
-# GPU: it is checked against its twin under the Triton interpreter only, and the library
-# kernels are the ones known to run; 64 is the bound to try.
-SKINNY_MAX_M = 0
+# rows up to which the split-K Triton kernel runs instead of cuBLASLt / _int_mm: their tiles
+# are for prefill and read the weight slowly at a decode step's few rows. Past 16 rows the
+# split-K kernel's weight reads no longer hide its arithmetic and cuBLASLt wins
+# (`python -m benchmarks quant_gemm`, "fp8 skinny" against "fp8 lt" at M = 1, 16, 64).
+SKINNY_MAX_M = 16
 
 
 def scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
