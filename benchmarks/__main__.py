@@ -90,8 +90,8 @@ def main(argv: list[str]) -> int:
         ap.add_argument("id", help="the summary record's stable name")
         ap.add_argument("--headline", action="append", default=[], help="a figure the README quotes")
         a = ap.parse_args(rest)
-        print(f"kept in {keep(json.loads(Path(a.record).read_text()), a.id, headline=a.headline)}; "
-              "now `python -m benchmarks report`")
+        record = {"source": a.record, **json.loads(Path(a.record).read_text())}   # where its raw output lies
+        print(f"kept in {keep(record, a.id, headline=a.headline)}; now `python -m benchmarks report`")
         return 0
     if name not in CATALOG:
         print(f"unknown benchmark {name!r}; valid: {', '.join(CATALOG)}, report", file=sys.stderr)
