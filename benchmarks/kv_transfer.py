@@ -24,6 +24,7 @@ ceiling).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import statistics
@@ -57,6 +58,30 @@ def _connector(args, shape, dtype):
     return StoreConnector(store, shape[2])
 
 
+def _release() -> None:
+    """Before the next engine is built: the last one's device memory back to the driver (its
+    KV cache is sized from what is free, so memory still cached or referenced shrinks it)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _kv_layout(cfg, kw) -> tuple[tuple, torch.dtype]:
+    """The KV block layout of this shape, [layers, 2, block_size, kv heads, head_dim], and its
+    dtype, from an engine built for the purpose and closed."""
+    from toolkit import LLM
+
+    torch.manual_seed(0)
+    with LLM(cfg, **kw) as probe:
+        kv = probe.engine.runner.kv_cache
+        shape = (kv.num_layers, 2, kv.block_size, kv.num_kv_heads, kv.head_dim)
+        dtype = kv.layers[0].dtype
+        del kv
+    del probe
+    _release()
+    return shape, dtype
+
+
 def _ttft(engine, prompt, params) -> float:
     t = time.perf_counter()
     rid = engine.add_request(prompt, params)
@@ -80,21 +105,15 @@ def ttft_runs(args, doc_len: int) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     per = -(-args.asks // args.restarts)
     out = {}
+    layout = None
     for mode in ("recompute", "disk"):
         shutil.rmtree(Path(args.dir) / "bench", ignore_errors=True)
+        if mode == "disk" and layout is None:
+            layout = _kv_layout(cfg, kw)               # the same for every restart
         first, every, loaded = [], [], 0
         for r in range(args.restarts):
             torch.manual_seed(0)
-            extra = {}
-            if mode == "disk":
-                shape = None
-                probe = LLM(cfg, **kw)                 # the KV layout of this shape
-                kv = probe.engine.runner.kv_cache
-                shape = (kv.num_layers, 2, kv.block_size, kv.num_kv_heads, kv.head_dim)
-                dtype = kv.layers[0].dtype
-                probe.close()
-                torch.manual_seed(0)
-                extra = dict(kv_connector=_connector(args, shape, dtype))
+            extra = {} if mode == "recompute" else dict(kv_connector=_connector(args, *layout))
             with LLM(cfg, **kw, **extra) as llm:
                 for i, q in enumerate(questions[r * per:(r + 1) * per]):
                     t = _ttft(llm.engine, q, params)
@@ -103,6 +122,9 @@ def ttft_runs(args, doc_len: int) -> dict:
                         first.append(t)
                 if mode == "disk":
                     loaded += llm.engine.scheduler.connector.num_loaded_blocks
+            # closed: drop every reference to it (the connector too) before the next engine
+            del llm, extra
+            _release()
         out[mode] = dict(first_after_restart_ms=[t * 1e3 for t in first],
                          first_after_restart_mean_ms=statistics.mean(first[1:] or first) * 1e3,
                          all_asks_mean_ms=statistics.mean(every) * 1e3, blocks_loaded=loaded)

@@ -19,6 +19,7 @@ sample 0's prompt).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 import time
@@ -568,6 +569,11 @@ class Engine:
                                "build a new LLM to go on")
 
     def close(self) -> None:
+        """Free the KV cache, the weights (and a draft model's) and the CUDA graphs: every
+        reference the engine holds to them is dropped, then the cyclic garbage they sit in is
+        collected (a model's parameters reference their module through weight_loader: only
+        the collector frees them) and the CUDA allocator's cache is emptied, so the device
+        memory is free for the next engine of the process when close() returns."""
         if self.closed:
             return
         self.closed = True
@@ -575,6 +581,11 @@ class Engine:
         self.structured.close()
         self.runner = None  # type: ignore[assignment]
         self.model = None
+        self.proposer = None                 # a draft model holds its weights and KV cache
+        self.pooling = None
+        self._inflight = None                # the last launched step's device tensors
+        self._undelivered = []
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         log.info("engine closed after %d steps", self.num_steps)

@@ -26,6 +26,13 @@ Worker side (called by the runner once per step, before the forward):
         request ids whose saves / asynchronous loads completed since the last call
     get_block_ids_with_load_errors() -> set[int]
         device blocks whose load failed since the last call (their requests are recomputed)
+    wait_for_transfers(timeout_s)
+        block until a transfer in flight finishes (or timeout_s passes); the runner calls it,
+        before get_finished, on a step that schedules nothing and gives the connector no new
+        work, so an engine that only waits for its transfers does not spin (the default
+        returns at once)
+    close()                          finish / stop what is in flight and drop the device
+        KV cache (kv_layers): a closed engine's memory must not stay referenced by its connector
 
 The toolkit's forward is not split per layer for connectors: the runner calls
 wait_for_layer_load for every layer before the forward and save_kv_layer for every layer
@@ -110,5 +117,12 @@ class KVConnectorBase(ABC):
     def get_block_ids_with_load_errors(self) -> set[int]:
         return set()
 
+    def wait_for_transfers(self, timeout_s: float) -> None:
+        """Block until a transfer in flight finishes, at most timeout_s (nothing to wait for:
+        return at once)."""
+
     def close(self) -> None:
-        """Release what the connector holds (threads, temporary files)."""
+        """Release what the connector holds (threads, temporary files) and its references to
+        the device KV cache. A subclass that overrides it calls super().close()."""
+        self.kv_layers = []
+        self._meta = None

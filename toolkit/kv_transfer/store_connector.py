@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,9 @@ class Transfer:
 class StoreConnectorMetadata(KVConnectorMetadata):
     loads: list[Transfer] = field(default_factory=list)
     saves: list[Transfer] = field(default_factory=list)
+
+    def has_work(self) -> bool:
+        return bool(self.loads or self.saves)
 
 
 class StoreConnector(KVConnectorBase):
@@ -242,9 +246,16 @@ class StoreConnector(KVConnectorBase):
     def num_in_flight(self) -> int:
         return len(self._reading) + len(self._writing) + len(self._staged)
 
+    def wait_for_transfers(self, timeout_s: float) -> None:
+        """Until a read or write on the I/O thread is done (at once if one is), at most
+        timeout_s: the GIL is released meanwhile, so the I/O thread runs at full speed."""
+        futures = [f for _, f in self._reading.values()] + [f for _, f in self._writing.values()]
+        if futures and timeout_s > 0:
+            wait_futures(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+
     def close(self) -> None:
         """Finish every save (those planned and not yet bound too: the blocks are still
-        allocated), stop the I/O thread, close the store."""
+        allocated), stop the I/O thread, close the store, drop the device KV cache."""
         if self._saves and self.kv_layers:
             for t in self._saves:
                 self._write(t, self._gather(t))
@@ -254,6 +265,8 @@ class StoreConnector(KVConnectorBase):
             self._io = None
         if self.store is not None:            # None: built, never bound (kv_transfer/build.py)
             self.store.close()
+        self._staged = []
+        super().close()                       # kv_layers: the closed engine's KV cache is freed
 
     def __repr__(self) -> str:
         return (f"StoreConnector({self.store!r}, hits={self.num_hit_blocks}, loaded={self.num_loaded_blocks}, "

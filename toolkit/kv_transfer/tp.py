@@ -82,6 +82,7 @@ class TPMetadata(KVConnectorMetadata):
     inner: Any = None                                   # the inner connector's metadata (every rank runs it)
     touches: list[str] = field(default_factory=list)
     removes: list[str] = field(default_factory=list)
+    idle: bool = False                                  # the engine's step schedules nothing (worker.is_idle)
 
     def has_work(self) -> bool:
         return bool(self.touches or self.removes or getattr(self.inner, "loads", None)
@@ -101,7 +102,7 @@ def open_rank(shard: Any, spec: Any, size: int) -> tuple[str, int]:
 
 def step_rank(shard: Any, meta: TPMetadata, finished: set[str]) -> tuple[set, set, set, dict]:
     """The TP=1 worker step over this rank's slice: (sending, recving, failed blocks, counters)."""
-    from toolkit.kv_transfer.worker import connector_step
+    from toolkit.kv_transfer.worker import IDLE_WAIT_S, connector_step
     from toolkit.types import SchedulerOutput
 
     c = shard.kv_connector
@@ -109,7 +110,9 @@ def step_rank(shard: Any, meta: TPMetadata, finished: set[str]) -> tuple[set, se
     for k in meta.removes:
         c.store.remove(k)
     out = SchedulerOutput(finished_ids=sorted(finished), kv_connector_metadata=meta.inner)
-    kvo = connector_step(c, out, shard.kv_cache.num_layers)
+    # the engine's step is idle (not this rank's empty `out`): wait a little for a transfer
+    idle = meta.idle and not finished and not meta.has_work()
+    kvo = connector_step(c, out, shard.kv_cache.num_layers, idle_wait_s=IDLE_WAIT_S if idle else 0.0)
     return kvo.finished_sending, kvo.finished_recving, kvo.invalid_block_ids, rank_counters(shard)
 
 
@@ -176,7 +179,8 @@ class TPConnector(KVConnectorBase):
 
     def build_connector_meta(self, scheduler_output: Any) -> TPMetadata:
         touches, removes = self.inner.store.take_ops()
-        return TPMetadata(self.inner.build_connector_meta(scheduler_output), touches, removes)
+        idle = scheduler_output is not None and not getattr(scheduler_output, "scheduled", None)
+        return TPMetadata(self.inner.build_connector_meta(scheduler_output), touches, removes, idle)
 
     def request_finished(self, request: Any, block_ids: Sequence[int]) -> tuple[bool, dict | None]:
         return self.inner.request_finished(request, block_ids)
@@ -296,6 +300,7 @@ class TPConnector(KVConnectorBase):
         self.inner.close()
         self._recv.clear()
         self._send.clear()
+        super().close()
 
     def __repr__(self) -> str:
         return (f"TPConnector({self.spec.kind}, tp={self.size}, {self.inner.store if self.inner else None!r}, "

@@ -2,7 +2,12 @@
 
 Called before the step reads or writes any block (after the host tier's swaps, which may
 save a block that this step's load then overwrites), also on steps that schedule nothing,
-so transfers finish while the engine only waits for them.
+so transfers finish while the engine only waits for them. Such a step, when it gives the
+connector no new work either, blocks in the connector's wait_for_transfers until a
+transfer in flight finishes (at most IDLE_WAIT_S) instead of returning at once: an engine
+whose only requests wait for a load (WAITING_FOR_REMOTE_KVS) or a save would otherwise
+spin through empty steps (hundreds of thousands a second-long disk load, each taking the
+GIL from the I/O thread that does the load).
 """
 
 from __future__ import annotations
@@ -11,11 +16,31 @@ from typing import Any
 
 from toolkit.kv_transfer.base import KVConnectorOutput
 
+# the longest an idle step waits for a transfer: it returns as soon as one finishes, so this
+# only bounds how late the loop sees what else may change meanwhile (a request added or
+# aborted from another thread)
+IDLE_WAIT_S = 0.005
 
-def connector_step(connector: Any, out: Any, num_layers: int) -> KVConnectorOutput:
-    """Bind the step's metadata, load (waiting for every layer), save every layer, and
-    collect what finished."""
-    connector.bind_connector_metadata(getattr(out, "kv_connector_metadata", None))
+
+def is_idle(out: Any, meta: Any) -> bool:
+    """A step that schedules nothing, finishes nothing and carries no connector work."""
+    if getattr(out, "scheduled", None) or getattr(out, "finished_ids", None):
+        return False
+    if meta is None:
+        return True
+    has_work = getattr(meta, "has_work", None)
+    return callable(has_work) and not has_work()
+
+
+def connector_step(connector: Any, out: Any, num_layers: int, *,
+                   idle_wait_s: float | None = None) -> KVConnectorOutput:
+    """Bind the step's metadata, load (waiting for every layer), save every layer, wait a
+    little for a transfer when the step is idle (idle_wait_s; None: IDLE_WAIT_S when
+    is_idle(out, metadata), else 0), and collect what finished."""
+    meta = getattr(out, "kv_connector_metadata", None)
+    if idle_wait_s is None:
+        idle_wait_s = IDLE_WAIT_S if is_idle(out, meta) else 0.0
+    connector.bind_connector_metadata(meta)
     try:
         connector.start_load_kv()
         for i in range(num_layers):
@@ -23,6 +48,10 @@ def connector_step(connector: Any, out: Any, num_layers: int) -> KVConnectorOutp
         for i, layer in enumerate(connector.kv_layers):
             connector.save_kv_layer(i, layer)
         connector.wait_for_save()
+        if idle_wait_s > 0:
+            wait = getattr(connector, "wait_for_transfers", None)
+            if callable(wait):
+                wait(idle_wait_s)
         sending, recving = connector.get_finished(set(out.finished_ids))
         errors = connector.get_block_ids_with_load_errors()
     finally:
