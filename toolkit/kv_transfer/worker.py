@@ -48,10 +48,8 @@ def connector_step(connector: Any, out: Any, num_layers: int, *,
         for i, layer in enumerate(connector.kv_layers):
             connector.save_kv_layer(i, layer)
         connector.wait_for_save()
-        if idle_wait_s > 0:
-            wait = getattr(connector, "wait_for_transfers", None)
-            if callable(wait):
-                wait(idle_wait_s)
+        if idle_wait_s > 0:                  # declared by KVConnectorBase (default: no wait)
+            connector.wait_for_transfers(idle_wait_s)
         sending, recving = connector.get_finished(set(out.finished_ids))
         errors = connector.get_block_ids_with_load_errors()
     finally:
