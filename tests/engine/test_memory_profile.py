@@ -52,3 +52,21 @@ def test_kv_budget_leaves_twice_the_peak():
     assert kv_budget_bytes(80 * gib, 0.9, 1 * gib) == int(72 * gib)         # 8 GiB left is room enough
     assert kv_budget_bytes(19 * gib, 0.85, 2 * gib) == 15 * gib - MARGIN_BYTES   # a big MoE on 80 GB
     assert kv_budget_bytes(gib, 0.9, gib) == 0                              # nothing fits: 0, not < 0
+
+
+def _profile_rank(runner, num_tokens: int, num_rows: int) -> tuple[list[float], bool]:
+    """On each rank (executor.call): the profile forward's first hidden row and whether it is finite."""
+    hidden = profile_forward(runner.model, num_tokens, num_rows)
+    return hidden[0, :4].tolist(), bool(torch.isfinite(hidden).all())
+
+
+def test_profile_forward_under_tensor_parallelism_runs_on_every_rank():
+    """kv_blocks_fit profiles on every rank at once: the sharded forward's all-reduces pair up
+    (gloo here), and every rank ends with the same (all-reduced) hidden states."""
+    from model_configs import family_config
+
+    with LLM(family_config("llama"), device="cpu", dtype="float32", num_blocks=8, block_size=4,
+             tensor_parallel_size=2) as llm:
+        ranks = llm.engine.runner.executor.call(_profile_rank, 37, 3)
+    assert len(ranks) == 2 and all(ok for _, ok in ranks)
+    torch.testing.assert_close(torch.tensor(ranks[0][0]), torch.tensor(ranks[1][0]))
