@@ -26,9 +26,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from toolkit.engine.sleep import EngineSleepingError
-from toolkit.entrypoints.async_engine import AsyncEngine, EngineDeadError, Overloaded
+from toolkit.entrypoints.async_engine import AsyncEngine
 from toolkit.serving import protocol as P
+from toolkit.serving.errors import REFUSALS, refusal
+from toolkit.serving.errors import error_response as error
 from toolkit.serving.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from toolkit.serving.handlers import OpenAIHandlers
 from toolkit.serving.metrics import ServerMetrics
@@ -94,12 +95,6 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
                        allowed_hosts=allowed_hosts, protect_metrics=protect_metrics)
     app.state.engine, app.state.metrics, app.state.handlers = engine, metrics, handlers
 
-    def error(status: int, message: str, *, type: str = "invalid_request_error",
-              param: str | None = None, code: str | None = None,
-              headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(P.error_body(message, type=type, param=param, code=code),
-                            status_code=status, headers=headers)
-
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
@@ -121,9 +116,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
         if exc.status_code == 400 and "parsing the body" in message:
             message = ("the body could not be parsed: it must be a JSON object in UTF-8 "
                        "(and nest less deeply)")
-        return JSONResponse(P.error_body(message, type="invalid_request_error" if exc.status_code < 500
-                                         else "server_error"),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return error(exc.status_code, message, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -168,13 +161,8 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
                 first = await gen.__anext__()          # adding may fail: a status, not a stream
                 return StreamingResponse(_prepend(first, gen), media_type="text/event-stream")
             return await _until_disconnect(request, handlers.complete(prep, chat))
-        except (Overloaded, EngineDeadError) as e:
-            return error(503, str(e), type="server_error",
-                         headers={"Retry-After": str(retry_after_s)})
-        except EngineSleepingError as e:          # sleep mode: asleep until /wake_up
-            return error(503, str(e), type="server_error", code="engine_sleeping")
-        except (ValueError, TypeError) as e:
-            return error(400, str(e))
+        except REFUSALS as e:                      # overloaded, dead, asleep, or a bad request
+            return refusal(e, retry_after_s)
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request, body: P.CompletionRequest):
@@ -186,7 +174,7 @@ def build_app(engine: AsyncEngine, *, model_name: str = "toolkit", api_key: str 
 
     from toolkit.serving.pooling import add_pooling_routes
 
-    add_pooling_routes(app, engine, model_name, v1)     # /v1/embeddings, /v1/score, /v1/rerank
+    add_pooling_routes(app, engine, model_name, v1, retry_after_s)     # /v1/embeddings, /v1/score, /v1/rerank
 
     @app.get("/v1/models", dependencies=v1)
     async def models() -> P.ModelList:

@@ -17,11 +17,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from toolkit.engine.sleep import EngineSleepingError
-from toolkit.entrypoints.async_engine import Overloaded
-from toolkit.entrypoints.core_thread import EngineDeadError
 from toolkit.pooling.params import PoolingParams
 from toolkit.serving import protocol as P
+from toolkit.serving.errors import REFUSALS, error_response, refusal
 
 
 class EmbeddingRequest(BaseModel):
@@ -63,7 +61,8 @@ def _encode(v: list[float], fmt: str) -> list[float] | str:
     return base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()   # the openai client's decoding
 
 
-def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies: list) -> None:
+def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies: list,
+                       retry_after_s: int = 1) -> None:
     cache: dict[str, list[str]] = {}
 
     async def tasks() -> list[str]:
@@ -72,17 +71,7 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
         return cache["t"]
 
     def error(message: str, status: int = 400, code: str | None = None, param: str | None = None) -> JSONResponse:
-        kind = "server_error" if status >= 500 else "invalid_request_error"
-        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                            status_code=status)
-
-    def refused(e: BaseException) -> JSONResponse:
-        """A pooling request's failure as the completion routes answer it."""
-        if isinstance(e, EngineSleepingError):             # asleep until /wake_up
-            return error(str(e), 503, code="engine_sleeping")
-        if isinstance(e, (EngineDeadError, Overloaded)):
-            return error(str(e), 503)
-        return error(str(e))
+        return error_response(status, message, code=code, param=param)
 
     async def pool(prompts: list[Any], params: PoolingParams) -> list[Any]:
         outs = await asyncio.gather(*[_final(engine, p, params) for p in prompts])
@@ -99,8 +88,8 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
 
     @app.post("/v1/embeddings", dependencies=dependencies)
     async def embeddings(body: EmbeddingRequest):
-        if (refusal := await check("embed", body.model)) is not None:
-            return refusal
+        if (refused := await check("embed", body.model)) is not None:
+            return refused
         inp = body.input
         prompts = [inp] if isinstance(inp, str) or (inp and isinstance(inp[0], int)) else list(inp)
         if not prompts:
@@ -109,8 +98,8 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
             outs = await pool(prompts, PoolingParams(task="embed", dimensions=body.dimensions,
                                                      normalize=body.normalize,
                                                      truncate_prompt_tokens=body.truncate_prompt_tokens))
-        except (ValueError, TypeError, EngineSleepingError, EngineDeadError, Overloaded) as e:
-            return refused(e)
+        except REFUSALS as e:                      # as the completion routes answer them
+            return refusal(e, retry_after_s)
         n = sum(len(o.prompt_token_ids) for o in outs)
         return {"object": "list", "model": model_name,
                 "data": [{"object": "embedding", "index": i,
@@ -145,12 +134,12 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
         d = body.text_2 if body.text_2 is not None else body.documents
         if q is None or d is None:
             return error("give text_1 and text_2 (or queries and documents)")
-        if (refusal := await check("embed" if "score" not in await tasks() else "score", body.model)) is not None:
-            return refusal
+        if (refused := await check("embed" if "score" not in await tasks() else "score", body.model)) is not None:
+            return refused
         try:
             got, n = await scores(q, d, body.truncate_prompt_tokens)
-        except (ValueError, TypeError, EngineSleepingError, EngineDeadError, Overloaded) as e:
-            return refused(e)
+        except REFUSALS as e:                      # as the completion routes answer them
+            return refusal(e, retry_after_s)
         return {"id": P.new_id("score"), "object": "list", "created": int(time.time()), "model": model_name,
                 "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(got)],
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
@@ -160,12 +149,12 @@ def add_pooling_routes(app: FastAPI, engine: Any, model_name: str, dependencies:
     async def rerank(body: RerankRequest):
         if not body.documents:
             return error("documents must not be empty")
-        if (refusal := await check("embed" if "score" not in await tasks() else "score", body.model)) is not None:
-            return refusal
+        if (refused := await check("embed" if "score" not in await tasks() else "score", body.model)) is not None:
+            return refused
         try:
             got, n = await scores(body.query, body.documents, body.truncate_prompt_tokens)
-        except (ValueError, TypeError, EngineSleepingError, EngineDeadError, Overloaded) as e:
-            return refused(e)
+        except REFUSALS as e:                      # as the completion routes answer them
+            return refusal(e, retry_after_s)
         order = sorted(range(len(got)), key=lambda i: -got[i])[: body.top_n or len(got)]
         return {"id": P.new_id("rerank"), "model": model_name, "usage": {"total_tokens": n},
                 "results": [{"index": i, "document": {"text": body.documents[i]}, "relevance_score": got[i]}
