@@ -53,6 +53,11 @@ KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 class KVConnectorMetadata:
     """What the scheduler side tells the worker side for one step (a connector subclasses it)."""
 
+    def has_work(self) -> bool:
+        """Whether the step gives the worker side loads or saves to start (False lets an idle
+        step wait for transfers in flight; a subclass that cannot tell keeps True)."""
+        return True
+
 
 @dataclass
 class KVConnectorOutput:

@@ -23,13 +23,9 @@ IDLE_WAIT_S = 0.005
 
 
 def is_idle(out: Any, meta: Any) -> bool:
-    """A step that schedules nothing, finishes nothing and carries no connector work."""
-    if getattr(out, "scheduled", None) or getattr(out, "finished_ids", None):
-        return False
-    if meta is None:
-        return True
-    has_work = getattr(meta, "has_work", None)
-    return callable(has_work) and not has_work()
+    """A step (SchedulerOutput) that schedules nothing, finishes nothing and carries no
+    connector work (KVConnectorMetadata.has_work)."""
+    return not out.scheduled and not out.finished_ids and (meta is None or not meta.has_work())
 
 
 def connector_step(connector: Any, out: Any, num_layers: int, *,
@@ -37,7 +33,7 @@ def connector_step(connector: Any, out: Any, num_layers: int, *,
     """Bind the step's metadata, load (waiting for every layer), save every layer, wait a
     little for a transfer when the step is idle (idle_wait_s; None: IDLE_WAIT_S when
     is_idle(out, metadata), else 0), and collect what finished."""
-    meta = getattr(out, "kv_connector_metadata", None)
+    meta = out.kv_connector_metadata
     if idle_wait_s is None:
         idle_wait_s = IDLE_WAIT_S if is_idle(out, meta) else 0.0
     connector.bind_connector_metadata(meta)
