@@ -29,6 +29,8 @@ CATALOG = {b.name: b for b in [
     Benchmark("kernels", "fused_ops", "the model's fused small ops (norms, rotary) against their torch twins"),
     Benchmark("startup", "engine_core", "LLM(...) start-up split into load, KV cache, compile and "
               "capture; async scheduling; the decode step against its roofline"),
+    Benchmark("cold_start", "cold_start", "LLM(...) from an empty Triton cache, its kernels compiled "
+              "one by one against in parallel (compile_workers), and warm; each start a new process"),
     Benchmark("prefix_cache", "prefix_cache", "prefix caches (off, hash chain, radix, host tier) "
               "on shared-prefix traffic"),
     Benchmark("simulator", "sim_validate", "the simulator's predictions against the engine on one trace"),

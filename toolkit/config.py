@@ -59,6 +59,10 @@ class EngineConfig:
     async_scheduling: bool | None = None
     # compile kernels and capture CUDA graphs inside LLM(...) (CUDA only), not in the first generate
     warmup: bool = True
+    # the warm-up's Triton kernels compile in this many processes before it runs them
+    # (toolkit/kernels/precompile.py); None = the host's cores, at most 16; 0 or 1 = one by
+    # one as each is first launched
+    compile_workers: int | None = 0
     # speculative decoding: proposer name ("ngram", "draft") or None, and draft length k
     speculative: str | None = None
     num_speculative_tokens: int = 0
@@ -152,10 +156,11 @@ class EngineConfig:
                            ("kv_cache_bytes", int), ("num_blocks", int), ("gpu_memory_utilization", float),
                            ("cpu_cache_gb", float), ("host_cache_blocks", int), ("preemption", str), ("model_impl", str), ("kernels", str), ("generation_config", str),
                            ("enable_prefix_caching", bool), ("enable_chunked_prefill", bool),
-                           ("cuda_graphs", bool), ("max_cudagraph_capture_size", int), ("warmup", bool), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
+                           ("cuda_graphs", bool), ("max_cudagraph_capture_size", int), ("warmup", bool), ("compile_workers", int), ("tensor_parallel_size", int), ("async_scheduling", bool), ("dtype", str), ("device", str), ("speculative", str)):
             v = getattr(self, name)
             optional = name in ("max_model_len", "kv_cache_bytes", "num_blocks", "speculative",
-                                "async_scheduling", "host_cache_blocks", "max_cudagraph_capture_size")
+                                "async_scheduling", "host_cache_blocks", "max_cudagraph_capture_size",
+                                "compile_workers")
             if v is None and optional:
                 continue
             ok = (isinstance(v, bool) if kind is bool else isinstance(v, str) if kind is str
@@ -171,6 +176,8 @@ class EngineConfig:
         _check(self.dtype in _DTYPES, "dtype", f"one of {_DTYPES}", self.dtype)
         _check(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
                "block_size", "a power of two in [1, 128]", self.block_size)
+        _check(self.compile_workers is None or self.compile_workers >= 0, "compile_workers",
+               "None or an integer >= 0", self.compile_workers)
         _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "None or >= 1",
                self.max_model_len)
         _check(self.max_num_seqs >= 1, "max_num_seqs", ">= 1", self.max_num_seqs)
@@ -303,6 +310,13 @@ class EngineConfig:
         graph_tokens."""
         return min(self.graph_tokens, max(DEFAULT_CAPTURE_TOKENS,
                                           self.max_num_seqs * (1 + self.num_speculative_tokens)))
+
+    @property
+    def resolved_compile_workers(self) -> int:
+        """compile_workers, None resolved to the host's cores (at most 16)."""
+        import os
+
+        return self.compile_workers if self.compile_workers is not None else min(os.cpu_count() or 1, 16)
 
     @property
     def has_host_tier(self) -> bool:

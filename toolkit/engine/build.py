@@ -225,8 +225,9 @@ def build_engine(model: Any = None, *, tokenizer: Any = None, allocator: Any = N
 
         startup.update(warm_up(runner, max_num_batched_tokens=cfg.max_num_batched_tokens,
                                block_size=cfg.block_size, num_blocks=kv_cache.num_blocks,
-                               max_model_len=max_model_len))
-        log.info("warm-up %.1f s: %.1f s compiling %d Triton kernels, %.1f s capturing CUDA graphs",
+                               max_model_len=max_model_len,
+                               compile_workers=cfg.resolved_compile_workers))
+        log.info("warm-up %.1f s: %.1f s compiling %d Triton kernels in turn, %.1f s capturing CUDA graphs",
                  startup["warmup_s"], startup["compile_s"], startup["kernels_compiled"],
                  startup["capture_s"])
     engine = Engine(model, tokenizer, scheduler, runner, allocator=allocator, block_size=cfg.block_size,

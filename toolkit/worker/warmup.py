@@ -12,10 +12,16 @@ kernels, with every row penalised and with some). A model without an LM head (an
 warms up with pooled prompts of each bucket's size instead. The dummy steps write garbage KV into
 block 0 and the first blocks; every block is free again afterwards and a real request
 overwrites a slot before attention reads it.
+
+With compile_workers > 1 the dummy steps first run once with every Triton launch skipped and
+recorded (kernels/precompile.py), the recorded specializations compile in that many processes,
+and then the steps run as above, their compiles hits in Triton's on-disk cache. That first pass
+runs without CUDA graphs (what only a capture launches compiles in its turn, as before).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -31,6 +37,8 @@ _TEMPERATURE = SamplingParams(temperature=0.6, max_tokens=2, seed=1)   # seeded:
 _KINDS = (_GREEDY, _SAMPLED, _TEMPERATURE)
 _EMBED = PoolingParams(task="embed")
 _PENALISED = SamplingParams(temperature=0.0, max_tokens=2, repetition_penalty=1.1, presence_penalty=0.1)
+
+log = logging.getLogger(__name__)
 
 
 def _step(runner, scheduled: list[ScheduledRequest]) -> None:
@@ -56,20 +64,55 @@ def _prompts(name: str, n: int, block_size: int, longest: int,
 
 @torch.inference_mode()
 def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks: int,
-            max_model_len: int | None = None, show_progress: bool = True) -> dict[str, float]:
+            max_model_len: int | None = None, show_progress: bool = True,
+            compile_workers: int = 0) -> dict[str, float]:
     """Run the dummy steps; returns seconds: warmup_s in all, of which compile_s in Triton
     compiles (kernels_compiled of them) and capture_s in CUDA-graph captures; the rest ran the
-    dummy steps. max_model_len: the longest dummy prompt (None: the model's max_model_len)."""
+    dummy steps. max_model_len: the longest dummy prompt (None: the model's max_model_len).
+    compile_workers > 1: the steps' kernels compile in that many processes first (this
+    process's model only, not a tensor-parallel group's ranks); the figures then include
+    precompiled (specializations) and precompile_s."""
     cache = (num_blocks - 1) * block_size
-    longest = min(max_model_len or runner.model.spec.max_model_len, cache)
+    longest = max(1, min(max_model_len or runner.model.spec.max_model_len, cache))
+    start = time.perf_counter()
+    pre = {}
+    if compile_workers > 1 and hasattr(runner.executor, "runner"):     # LocalExecutor: this process
+        pre = _precompile(runner, compile_workers, max_num_batched_tokens, block_size, longest)
     with triton_compiles(strict=False) as compiled:
-        start = time.perf_counter()
-        _warm_up(runner, max_num_batched_tokens, block_size, max(1, longest), show_progress)
-        total = time.perf_counter() - start
+        _warm_up(runner, max_num_batched_tokens, block_size, longest, show_progress)
+    total = time.perf_counter() - start
     return {"warmup_s": total, "compile_s": sum(s for _, s in compiled.values()),
             "kernels_compiled": sum(n for n, _ in compiled.values()),
             "capture_s": (runner.graphs.capture_s if runner.graphs is not None else 0.0)
-            + (runner.sample_graphs.capture_s if runner.sample_graphs is not None else 0.0)}
+            + (runner.sample_graphs.capture_s if runner.sample_graphs is not None else 0.0), **pre}
+
+
+def _precompile(runner, workers: int, max_num_batched_tokens: int, block_size: int, longest: int) -> dict:
+    """The dummy steps once with every Triton launch skipped and recorded, without graphs
+    (the model runner's and the sampler's hidden: nothing is captured from a pass that launches
+    no kernel; the runner still pads to the buckets), then the recorded specializations compiled
+    in `workers` processes. A failure is logged and leaves the warm-up to compile as before."""
+    from toolkit.kernels.precompile import collect_compiles, compile_specs
+
+    model_runner = runner.executor.runner
+    graphs, sample_graphs = model_runner.graphs, runner.sample_graphs
+    model_runner.graphs = runner.sample_graphs = None
+    try:
+        with collect_compiles() as specs:
+            _warm_up(runner, max_num_batched_tokens, block_size, longest, show_progress=False)
+    except Exception as e:                          # e.g. a kernel argument Triton cannot serialize
+        log.warning("parallel compile skipped: its collecting pass raised %s: %s", type(e).__name__, e)
+        return {}
+    finally:
+        model_runner.graphs, runner.sample_graphs = graphs, sample_graphs
+        if runner.penalty_history is not None:
+            runner.penalty_history.clear()
+    stats = compile_specs(specs, workers)
+    for message in stats["precompile_errors"]:
+        log.warning("parallel compile: %s (it compiles in its turn)", message)
+    log.info("compiled %d Triton kernel specializations in %d processes in %.1f s (%.1f s of compiling)",
+             stats["precompiled"], workers, stats["precompile_s"], stats["precompile_cpu_s"])
+    return {k: v for k, v in stats.items() if k != "precompile_errors"}
 
 
 def _warm_up(runner, max_num_batched_tokens: int, block_size: int, longest: int,
