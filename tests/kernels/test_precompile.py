@@ -13,9 +13,9 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from triton.runtime.jit import JITFunction  # noqa: E402
+from triton.runtime.jit import JITFunction
 
-from toolkit.kernels.precompile import CompileSpec, collect_compiles, compile_specs, loaded_kernels  # noqa: E402
+from toolkit.kernels.precompile import CompileSpec, collect_compiles, compile_specs, loaded_kernels
 
 
 def _plain(x_ptr, n):           # wrapped below without the decorator (the interpreter replaces @triton.jit)
@@ -56,9 +56,8 @@ def test_collect_records_each_specialization_once_skips_it_and_restores_the_cach
 
 def test_collect_restores_the_hook_when_the_block_raises():
     previous = triton.knobs.runtime.jit_cache_hook
-    with pytest.raises(ValueError):
-        with collect_compiles():
-            raise ValueError("x")
+    with pytest.raises(ValueError), collect_compiles():
+        raise ValueError("x")
     assert triton.knobs.runtime.jit_cache_hook is previous
 
 

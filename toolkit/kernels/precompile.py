@@ -144,7 +144,7 @@ def compile_spec(spec: CompileSpec, target: tuple) -> float:
 def _compile_or_error(spec: CompileSpec, target: tuple) -> tuple[float, str | None]:
     try:
         return compile_spec(spec, target), None
-    except Exception as e:                        # reported; the kernel compiles in its turn
+    except Exception as e:  # noqa: BLE001 - reported; the kernel compiles in its turn
         return 0.0, f"{spec.name}: {type(e).__name__}: {e}"
 
 

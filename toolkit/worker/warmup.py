@@ -26,9 +26,9 @@ import time
 
 import torch
 
+from toolkit.kernels.compiles import triton_compiles
 from toolkit.pooling.params import PoolingParams
 from toolkit.progress import progress_bar
-from toolkit.kernels.compiles import triton_compiles
 from toolkit.types import Request, SamplingParams, ScheduledRequest, SchedulerOutput
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=2)
@@ -100,7 +100,7 @@ def _precompile(runner, workers: int, max_num_batched_tokens: int, block_size: i
     try:
         with collect_compiles() as specs:
             _warm_up(runner, max_num_batched_tokens, block_size, longest, show_progress=False)
-    except Exception as e:                          # e.g. a kernel argument Triton cannot serialize
+    except Exception as e:  # noqa: BLE001 - e.g. a kernel argument Triton cannot serialize
         log.warning("parallel compile skipped: its collecting pass raised %s: %s", type(e).__name__, e)
         return {}
     finally:
