@@ -148,20 +148,31 @@ def _compile_or_error(spec: CompileSpec, target: tuple) -> tuple[float, str | No
         return 0.0, f"{spec.name}: {type(e).__name__}: {e}"
 
 
-def compile_specs(specs: list[CompileSpec], workers: int, target: tuple | None = None) -> dict:
+def compile_specs(specs: list[CompileSpec], workers: int, target: tuple | None = None,
+                  show_progress: bool = False) -> dict:
     """Compile `specs` in `workers` spawned processes (1: here, one after another) into
-    Triton's on-disk cache. Returns {"precompiled": n compiled, "precompile_s": wall seconds,
-    "precompile_cpu_s": the compiles' summed seconds, "precompile_errors": [messages]}."""
+    Triton's on-disk cache, with a progress bar when show_progress. Returns {"precompiled":
+    n compiled, "precompile_s": wall seconds, "precompile_cpu_s": the compiles' summed
+    seconds, "precompile_errors": [messages]}."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from toolkit.progress import progress_bar
 
     target = target if target is not None else current_target()
     start = time.perf_counter()
-    if workers <= 1 or len(specs) <= 1:
-        results = [_compile_or_error(s, target) for s in specs]
-    else:
-        with ProcessPoolExecutor(min(workers, len(specs)), mp_context=mp.get_context("spawn")) as pool:
-            results = list(pool.map(_compile_or_error, specs, [target] * len(specs)))
+    results = []
+    with progress_bar(total=len(specs), enabled=show_progress, unit="kernels",
+                      desc=f"compiling kernels in {workers} processes") as bar:
+        if workers <= 1 or len(specs) <= 1:
+            for s in specs:
+                results.append(_compile_or_error(s, target))
+                bar.update(1)
+        else:
+            with ProcessPoolExecutor(min(workers, len(specs)), mp_context=mp.get_context("spawn")) as pool:
+                for future in as_completed([pool.submit(_compile_or_error, s, target) for s in specs]):
+                    results.append(future.result())
+                    bar.update(1)
     errors = [e for _, e in results if e is not None]
     return {"precompiled": len(specs) - len(errors), "precompile_s": time.perf_counter() - start,
             "precompile_cpu_s": sum(s for s, _ in results), "precompile_errors": errors}

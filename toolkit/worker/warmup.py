@@ -77,7 +77,7 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
     start = time.perf_counter()
     pre = {}
     if compile_workers > 1 and hasattr(runner.executor, "runner"):     # LocalExecutor: this process
-        pre = _precompile(runner, compile_workers, max_num_batched_tokens, block_size, longest)
+        pre = _precompile(runner, compile_workers, max_num_batched_tokens, block_size, longest, show_progress)
     with triton_compiles(strict=False) as compiled:
         _warm_up(runner, max_num_batched_tokens, block_size, longest, show_progress)
     total = time.perf_counter() - start
@@ -87,7 +87,8 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
             + (runner.sample_graphs.capture_s if runner.sample_graphs is not None else 0.0), **pre}
 
 
-def _precompile(runner, workers: int, max_num_batched_tokens: int, block_size: int, longest: int) -> dict:
+def _precompile(runner, workers: int, max_num_batched_tokens: int, block_size: int, longest: int,
+                show_progress: bool) -> dict:
     """The dummy steps once with every Triton launch skipped and recorded, without graphs
     (the model runner's and the sampler's hidden: nothing is captured from a pass that launches
     no kernel; the runner still pads to the buckets), then the recorded specializations compiled
@@ -107,7 +108,7 @@ def _precompile(runner, workers: int, max_num_batched_tokens: int, block_size: i
         model_runner.graphs, runner.sample_graphs = graphs, sample_graphs
         if runner.penalty_history is not None:
             runner.penalty_history.clear()
-    stats = compile_specs(specs, workers)
+    stats = compile_specs(specs, workers, show_progress=show_progress)
     for message in stats["precompile_errors"]:
         log.warning("parallel compile: %s (it compiles in its turn)", message)
     log.info("compiled %d Triton kernel specializations in %d processes in %.1f s (%.1f s of compiling)",
