@@ -189,6 +189,7 @@ class TPExecutor:
     # -- the Executor contract (toolkit/worker/executor.py) --
     supports_hidden = True             # rank 0's hidden states are whole (the pooler reads them)
     local_lm_head = False              # the LM head's vocabulary parts are gathered in execute()
+    single_process = False             # each rank runs its part of the forward in its own process
     # after call()'s fn failed on rank 0, how long the workers' replies are awaited: one still
     # silent then waits in a collective rank 0 never joined (the executor fails)
     stray_reply_s = 120.0

@@ -13,6 +13,9 @@
     local_lm_head                                   declared: model.compute_logits runs in this
                                                    process alone (False: the LM head is split over
                                                    ranks, a collective only execute() runs)
+    single_process                                  declared: the whole forward runs in this process
+                                                   (the warm-up's parallel compile collects its
+                                                   launches; a TP group's ranks compile in turn)
     close()
 
 LocalExecutor runs one ModelRunner in this process; toolkit.parallel.executor.TPExecutor runs
@@ -44,6 +47,7 @@ def forward_inputs(batch: Any) -> ForwardInputs:
 class LocalExecutor:
     supports_hidden = True
     local_lm_head = True
+    single_process = True
 
     def __init__(self, model: Any, attention: Any, kv_cache: Any, device: torch.device,
                  copy_backend: str = "auto") -> None:

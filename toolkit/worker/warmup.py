@@ -76,7 +76,7 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
     longest = max(1, min(max_model_len or runner.model.spec.max_model_len, cache))
     start = time.perf_counter()
     pre = {}
-    if compile_workers > 1 and hasattr(runner.executor, "runner"):     # LocalExecutor: this process
+    if compile_workers > 1 and getattr(runner.executor, "single_process", False):   # declared (worker/executor.py)
         pre = _precompile(runner, compile_workers, max_num_batched_tokens, block_size, longest, show_progress)
     with triton_compiles(strict=False) as compiled:
         _warm_up(runner, max_num_batched_tokens, block_size, longest, show_progress)
