@@ -120,9 +120,9 @@ class BertModel(CausalLM):
             return torch.zeros_like(input_ids)
         sep = (input_ids == self.sep_token_id).long()                     # [T]
         seps = torch.cumsum(sep, 0) - sep                                 # SEPs strictly before, in the batch
-        seq = torch.cumsum((positions == 0).long(), 0) - 1                # [T] sequence index
-        starts = torch.nonzero(positions == 0).squeeze(1)                 # [B]
-        return ((seps - seps[starts][seq]) > 0).long()
+        # [T] the row of each token's sequence start (no host sync: a CUDA graph captures it)
+        start = torch.arange(input_ids.shape[0], device=input_ids.device) - positions
+        return ((seps - seps[start]) > 0).long()
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Any) -> torch.Tensor:

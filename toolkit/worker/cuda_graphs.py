@@ -65,12 +65,31 @@ def capture_graph(fn, pool, stream: torch.cuda.Stream | None = None) -> tuple[to
             graph.capture_begin(pool=pool)
             try:
                 out = fn()
-            finally:
-                graph.capture_end()
+            except BaseException:
+                end_failed_capture(graph)
+                raise
+            graph.capture_end()
     finally:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
     return graph, out
+
+
+def end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
+    """After an op inside graph's capture raised (one CUDA cannot capture, e.g. a host sync):
+    end the capture, which CUDA has invalidated, and stop the caching allocator from routing
+    the stream's allocations to the graph's pool. torch's capture_end raises on an invalid
+    capture before it does the second, and the pool would then refuse every later capture
+    ("beginAllocateToPool: already recording to mempool_id")."""
+    if torch.cuda.is_current_stream_capturing():
+        try:
+            graph.capture_end()
+        except RuntimeError:               # the invalidated capture: ended, the pool not released
+            pass
+    try:
+        torch._C._cuda_endAllocateToPool(torch.cuda.current_device(), graph.pool())
+    except RuntimeError:                   # capture_end released it already
+        pass
 
 
 def weak_view(t: torch.Tensor) -> torch.Tensor:
@@ -243,11 +262,8 @@ class StepGraphs:
                 hidden = self.model.forward(g.ids, g.positions, proxy)
                 proxy.finish(hidden)
             except Exception as e:   # a model op that cannot be captured: stay eager, say why
-                if proxy is not None and torch.cuda.is_current_stream_capturing():
-                    try:
-                        proxy.current.capture_end()
-                    except Exception:  # noqa: BLE001 - the capture is invalid either way
-                        pass
+                if proxy is not None:
+                    end_failed_capture(proxy.current)
                 log.warning("CUDA-graph capture of a %d-token step failed (%s); it runs eagerly",
                             bp, e)
                 self.failed.add(bp)
