@@ -5,8 +5,7 @@ Two weight forms share the kernel (layouts: reference_quant's module doc):
                  AWQ and compressed-tensors pack-quantized are converted to this at load time)
     grouped W8   fp8 e4m3 w_q [N, K] with one scale per row and group of K (block-wise fp8)
 Each K tile of W is read once per (M tile, N tile) program as rows of int32 words (8 weights
-each: a word is gathered for each of its 8 columns, the repeats served by L1) or bytes, along
-K as they lie in memory, unpacked and scaled in fp32 registers, rounded
+each) or bytes, along K as they lie in memory, unpacked and scaled in fp32 registers, rounded
 to x's dtype and fed to tl.dot with fp32 accumulation; a weight never exists dense in memory.
 A skinny M (decode) splits K across programs (fp32 partial sums, added after) so the grid
 fills the GPU. Twins: reference_quant.w4a16_gemm and grouped_w8a16_gemm.
@@ -48,11 +47,13 @@ def _wq_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, K_SPLIT,
             s = tl.load(s_ptr + srow[:, None] + (rk // GROUP)[None, :],
                         mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)   # [BN, BK]
         if INT4:
-            # column k is nibble k % 8 of word k // 8: each word is loaded for its 8 columns
-            # (the repeats hit L1; DRAM reads each word once), no reshape of the tile
-            p = tl.load(w_ptr + wrow[:, None] + (rk // 8)[None, :],
-                        mask=n_ok[:, None] & k_ok[None, :], other=0)                    # int32 [BN, BK]
-            w = ((p >> ((rk % 8) * 4)[None, :]) & 15).to(tl.float32)                   # [BN, BK]
+            # one load of BK/8 words, then a reshape (gathering each word once per column
+            # instead, without the reshape, is slower: benchmarks/quant_gemm.py)
+            rw = k0 // 8 + tl.arange(0, BK // 8)                       # k0 is a multiple of 8
+            p = tl.load(w_ptr + wrow[:, None] + rw[None, :],
+                        mask=n_ok[:, None] & (rw < (K + 7) // 8)[None, :], other=0)      # int32 [BN, BK/8]
+            nib = (p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 15          # [BN, BK/8, 8]
+            w = tl.reshape(nib, (BN, BK)).to(tl.float32)               # column 8j + i: word j, nibble i
             if HAS_ZERO:
                 if TILE_SCALE:
                     z = tl.load(z_ptr + rn.to(tl.int64) * stride_zn + k0 // GROUP, mask=n_ok,
