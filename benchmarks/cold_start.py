@@ -8,7 +8,8 @@ is compiled in memory before it:
   warm              the parallel run's cache, compile_workers=--workers (the collecting pass
                     runs and finds every compile a cache hit)
 Reported: LLM(...)'s seconds (the process's import of torch not counted) and its phases
-(load, KV cache, warm-up; of the warm-up: precompile, compiles in turn, captures).
+(load, KV cache, warm-up; of the warm-up: precompile, compiles in turn, captures); and the
+kernels that still compiled slowly (> 0.1 s: not a cache hit) after the parallel compile.
 
     python -m benchmarks cold_start --shapes qwen3,llama8b --workers 16
     python -m benchmarks cold_start --shapes tiny --workers 2     # the CPU check of the script
@@ -32,12 +33,14 @@ sys.path.insert(0, {root!r})
 import torch
 from benchmarks.sim_common import build_llm
 from toolkit import SamplingParams
-start = time.perf_counter()
-llm = build_llm({shape!r}, compile_workers={workers})
-total = time.perf_counter() - start
+from toolkit.kernels.compiles import triton_compiles
+with triton_compiles(strict=False) as compiled:      # every compile in LLM(...), hits included
+    start = time.perf_counter()
+    llm = build_llm({shape!r}, compile_workers={workers})
+    total = time.perf_counter() - start
 out = llm.generate([[11, 12, 13, 14] * 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                    use_tqdm=False)
-print("RESULT " + json.dumps(dict(total_s=total, startup=llm.engine.startup,
+print("RESULT " + json.dumps(dict(total_s=total, startup=llm.engine.startup, compiled=compiled,
                                   tokens=list(out[0].outputs[0].token_ids))))
 """
 
@@ -85,6 +88,8 @@ def main() -> None:
                   f"KV {s.get('kv_cache_s', 0):.1f}, warm-up {s.get('warmup_s', 0):.1f} (precompile "
                   f"{s.get('precompile_s', 0):.1f} s of {s.get('precompiled', 0)} kernels, in turn "
                   f"{s.get('compile_s', 0):.1f} s of {s.get('kernels_compiled', 0)}, capture {s.get('capture_s', 0):.1f})")
+        slow = {k: v for k, v in row["runs"]["cold_parallel"]["compiled"].items() if v[1] > 0.1}
+        print(f"{shape}: compiled in turn after the parallel compile (> 0.1 s): {slow}")
         print(f"{shape}: same greedy tokens in the three starts: {row['same_tokens']}")
     if args.out:
         with open(args.out, "w") as f:
