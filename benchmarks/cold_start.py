@@ -86,7 +86,8 @@ def main() -> None:
             s = r["startup"]
             print(f"{shape} {name:13s} LLM(...) {r['total_s']:6.1f} s: load {s.get('load_s', 0):.1f}, "
                   f"KV {s.get('kv_cache_s', 0):.1f}, warm-up {s.get('warmup_s', 0):.1f} (precompile "
-                  f"{s.get('precompile_s', 0):.1f} s of {s.get('precompiled', 0)} kernels, in turn "
+                  f"{s.get('precompile_s', 0):.1f} s: {s.get('precompiled', 0)} kernels compiled, "
+                  f"{s.get('precompile_cached', 0)} cached, {s.get('precompile_unseen', 0)} unseen; in turn "
                   f"{s.get('compile_s', 0):.1f} s of {s.get('kernels_compiled', 0)}, capture {s.get('capture_s', 0):.1f})")
         slow = {k: v for k, v in row["runs"]["cold_parallel"]["compiled"].items() if v[1] > 0.1}
         print(f"{shape}: compiled in turn after the parallel compile (> 0.1 s): {slow}")

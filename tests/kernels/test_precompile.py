@@ -1,11 +1,14 @@
 """Parallel compile (toolkit/kernels/precompile.py): the collecting hook records and skips,
 leaves the kernels' caches as they were; specializations compile in worker processes into
 Triton's on-disk cache (for a GPU target, which needs no GPU), and a failure is reported, not
-raised. The whole path on a GPU: tests/engine/test_precompile_gpu.py."""
+raised; a specialization already cached is not compiled again. The whole path on a GPU: tests/engine/test_precompile_gpu.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +18,7 @@ triton = pytest.importorskip("triton")
 
 from triton.runtime.jit import JITFunction
 
-from toolkit.kernels.precompile import CompileSpec, collect_compiles, compile_specs, loaded_kernels
+from toolkit.kernels.precompile import CompileSpec, collect_compiles, loaded_kernels
 
 
 def _plain(x_ptr, n):           # wrapped below without the decorator (the interpreter replaces @triton.jit)
@@ -61,12 +64,30 @@ def test_collect_restores_the_hook_when_the_block_raises():
     assert triton.knobs.runtime.jit_cache_hook is previous
 
 
-def test_workers_compile_into_the_disk_cache_and_report_failures(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)   # the workers compile real kernels
-    bad = CompileSpec("toolkit.kernels.silu_and_mul", "silu_and_mul", _spec(64).data)   # not a kernel
-    stats = compile_specs([_spec(64), _spec(128), bad], workers=2, target=("cuda", 90, 32))
-    assert stats["precompiled"] == 2, stats
-    assert len(stats["precompile_errors"]) == 1 and "silu_and_mul" in stats["precompile_errors"][0]
-    cubins = list(Path(tmp_path).rglob("_silu_and_mul_kernel.cubin"))
-    assert len(cubins) == 2                          # one per BLOCK: two specializations
+_WORKERS = """
+import json, sys
+sys.path.insert(0, {root!r})
+from tests.kernels.test_precompile import _spec
+from toolkit.kernels.precompile import CompileSpec, compile_specs
+bad = CompileSpec("toolkit.kernels.silu_and_mul", "silu_and_mul", _spec(64).data)   # not a kernel
+for _ in range(2):
+    print(json.dumps(compile_specs([_spec(64), _spec(128), bad], workers=2, target=("cuda", 90, 32))))
+"""
+
+
+def test_workers_compile_what_the_cache_lacks_under_this_process_key(tmp_path):
+    """In a process with real (not interpreted) kernels, as on a GPU: the first call compiles
+    both specializations in the workers and then finds them under its own key; the second
+    finds them cached and starts no worker; the non-kernel is reported both times."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", _WORKERS.format(root=root)], capture_output=True, text=True,
+                         env=env, cwd=root, check=False, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, second = (json.loads(line) for line in out.stdout.splitlines()[-2:])
+    assert (first["precompiled"], first["precompile_cached"], first["precompile_unseen"]) == (2, 0, 0), first
+    assert (second["precompiled"], second["precompile_cached"]) == (0, 2), second
+    for stats in (first, second):
+        assert len(stats["precompile_errors"]) == 1 and "silu_and_mul" in stats["precompile_errors"][0]
+    assert len(list(Path(tmp_path).rglob("_silu_and_mul_kernel.cubin"))) == 2   # one per BLOCK

@@ -113,16 +113,12 @@ def current_target() -> tuple:
     return (t.backend, t.arch, t.warp_size)
 
 
-def compile_spec(spec: CompileSpec, target: tuple) -> float:
-    """Compile one specialization for `target` into Triton's on-disk cache, as
-    `JITFunction.preload` would but without a device (a worker process runs it); returns
-    seconds. Raises what Triton raises."""
-    import triton
+def _source(spec: CompileSpec) -> tuple:
+    """(Triton's ASTSource of the specialization, its options dict), as JITFunction.preload
+    rebuilds them from the serialized form."""
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    start = time.perf_counter()
     obj = importlib.import_module(spec.module)
     for part in spec.name.split("."):
         obj = getattr(obj, part)
@@ -136,43 +132,100 @@ def compile_spec(spec: CompileSpec, target: tuple) -> float:
     attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"]))
     signature = {k: tuple(v) if isinstance(v, list) else v for k, v in d["signature"].items()}
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in d["options"].items()}
-    src = ASTSource(fn, signature, constexprs, attrs)
-    triton.compile(src, target=GPUTarget(*target), options=options)
+    return ASTSource(fn, signature, constexprs, attrs), options
+
+
+def cache_invalidating_env() -> dict:
+    """The environment variables Triton's cache key includes, as this process sees them (the
+    workers are handed them, so their keys are this process's)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return dict(get_cache_invalidating_env_vars())
+
+
+def is_cached(spec: CompileSpec, target: tuple, env: dict | None = None) -> bool:
+    """Whether Triton's on-disk cache holds this specialization for `target`: the key
+    triton.compile computes (source, backend, options, environment), without compiling."""
+    import hashlib
+
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key, get_cache_manager
+
+    src, options = _source(spec)
+    backend = make_backend(GPUTarget(*target))
+    parsed = backend.parse_options(dict(options, **src.parse_options()))
+    key = get_cache_key(src, backend, parsed, env_vars=env if env is not None else cache_invalidating_env())
+    if knobs.runtime.add_stages_inspection_hook is not None:
+        return False                              # a custom pipeline's key: leave it to Triton
+    name = f"{src.name[:150]}.json"
+    group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name)
+    return bool(group) and name in group
+
+
+def compile_spec(spec: CompileSpec, target: tuple, env: dict | None = None) -> float:
+    """Compile one specialization for `target` into Triton's on-disk cache, as
+    `JITFunction.preload` would but without a device (a worker process runs it), under the
+    cache key of `env` (cache_invalidating_env() of the process that will load it); returns
+    seconds. Raises what Triton raises."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    start = time.perf_counter()
+    src, options = _source(spec)
+    triton.compile(src, target=GPUTarget(*target), options=options, _env_vars=env)
     return time.perf_counter() - start
 
 
-def _compile_or_error(spec: CompileSpec, target: tuple) -> tuple[float, str | None]:
+def _compile_or_error(spec: CompileSpec, target: tuple, env: dict) -> tuple[float, str | None]:
     try:
-        return compile_spec(spec, target), None
+        return compile_spec(spec, target, env), None
     except Exception as e:  # noqa: BLE001 - reported; the kernel compiles in its turn
         return 0.0, f"{spec.name}: {type(e).__name__}: {e}"
 
 
 def compile_specs(specs: list[CompileSpec], workers: int, target: tuple | None = None,
                   show_progress: bool = False) -> dict:
-    """Compile `specs` in `workers` spawned processes (1: here, one after another) into
-    Triton's on-disk cache, with a progress bar when show_progress. Returns {"precompiled":
-    n compiled, "precompile_s": wall seconds, "precompile_cpu_s": the compiles' summed
-    seconds, "precompile_errors": [messages]}."""
+    """Compile those of `specs` not in Triton's on-disk cache yet in `workers` spawned
+    processes (1: here, one after another), with a progress bar when show_progress. Returns
+    {"precompiled": compiled now, "precompile_cached": found in the cache, "precompile_s":
+    wall seconds, "precompile_cpu_s": the compiles' summed seconds, "precompile_unseen":
+    compiled but still not found under this process's key (a worker and this process
+    disagree on it: each then compiles in its turn), "precompile_errors": [messages]}."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from toolkit.progress import progress_bar
 
-    target = target if target is not None else current_target()
     start = time.perf_counter()
+    if not specs:                                 # nothing launched a Triton kernel (a CPU run)
+        return {"precompiled": 0, "precompile_cached": 0, "precompile_s": 0.0, "precompile_cpu_s": 0.0,
+                "precompile_unseen": 0, "precompile_errors": []}
+    target = target if target is not None else current_target()
+    env = cache_invalidating_env()
+    todo = [s for s in specs if not _cached_or_false(s, target, env)]
     results = []
-    with progress_bar(total=len(specs), enabled=show_progress, unit="kernels",
+    with progress_bar(total=len(todo), enabled=show_progress, unit="kernels",
                       desc=f"compiling kernels in {workers} processes") as bar:
-        if workers <= 1 or len(specs) <= 1:
-            for s in specs:
-                results.append(_compile_or_error(s, target))
+        if workers <= 1 or len(todo) <= 1:
+            for s in todo:
+                results.append(_compile_or_error(s, target, env))
                 bar.update(1)
-        else:
-            with ProcessPoolExecutor(min(workers, len(specs)), mp_context=mp.get_context("spawn")) as pool:
-                for future in as_completed([pool.submit(_compile_or_error, s, target) for s in specs]):
+        elif todo:
+            with ProcessPoolExecutor(min(workers, len(todo)), mp_context=mp.get_context("spawn")) as pool:
+                for future in as_completed([pool.submit(_compile_or_error, s, target, env) for s in todo]):
                     results.append(future.result())
                     bar.update(1)
     errors = [e for _, e in results if e is not None]
-    return {"precompiled": len(specs) - len(errors), "precompile_s": time.perf_counter() - start,
-            "precompile_cpu_s": sum(s for s, _ in results), "precompile_errors": errors}
+    unseen = sum(not _cached_or_false(s, target, env) for s in todo) - len(errors)
+    return {"precompiled": len(todo) - len(errors), "precompile_cached": len(specs) - len(todo),
+            "precompile_s": time.perf_counter() - start, "precompile_cpu_s": sum(s for s, _ in results),
+            "precompile_unseen": max(0, unseen), "precompile_errors": errors}
+
+
+def _cached_or_false(spec: CompileSpec, target: tuple, env: dict) -> bool:
+    try:
+        return is_cached(spec, target, env)
+    except Exception:  # noqa: BLE001 - a spec this process cannot rebuild: the workers try it
+        return False

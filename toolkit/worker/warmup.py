@@ -14,9 +14,9 @@ block 0 and the first blocks; every block is free again afterwards and a real re
 overwrites a slot before attention reads it.
 
 With compile_workers > 1 the dummy steps first run once with every Triton launch skipped and
-recorded (kernels/precompile.py), the recorded specializations compile in that many processes,
-and then the steps run as above, their compiles hits in Triton's on-disk cache. That first pass
-runs without CUDA graphs (what only a capture launches compiles in its turn, as before).
+recorded (kernels/precompile.py), captures included, the recorded specializations not in
+Triton's on-disk cache compile in that many processes, the first pass's graphs (which hold no
+Triton kernel) are dropped, and then the steps run as above, their compiles cache hits.
 """
 
 from __future__ import annotations
@@ -89,15 +89,13 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
 
 def _precompile(runner, workers: int, max_num_batched_tokens: int, block_size: int, longest: int,
                 show_progress: bool) -> dict:
-    """The dummy steps once with every Triton launch skipped and recorded, without graphs
-    (the model runner's and the sampler's hidden: nothing is captured from a pass that launches
-    no kernel; the runner still pads to the buckets), then the recorded specializations compiled
-    in `workers` processes. A failure is logged and leaves the warm-up to compile as before."""
+    """The dummy steps once with every Triton launch skipped and recorded, CUDA-graph captures
+    included (they launch kernels the eager steps do not: the whole-forward decode attention,
+    the sampler's graphed tail), then the recorded specializations compiled in `workers`
+    processes. The pass's graphs hold no Triton kernel: they are dropped and the warm-up
+    captures them again. A failure is logged and leaves the warm-up to compile as before."""
     from toolkit.kernels.precompile import collect_compiles, compile_specs
 
-    model_runner = runner.executor.runner
-    graphs, sample_graphs = model_runner.graphs, runner.sample_graphs
-    model_runner.graphs = runner.sample_graphs = None
     try:
         with collect_compiles() as specs:
             _warm_up(runner, max_num_batched_tokens, block_size, longest, show_progress=False)
@@ -105,15 +103,34 @@ def _precompile(runner, workers: int, max_num_batched_tokens: int, block_size: i
         log.warning("parallel compile skipped: its collecting pass raised %s: %s", type(e).__name__, e)
         return {}
     finally:
-        model_runner.graphs, runner.sample_graphs = graphs, sample_graphs
+        _recapture(runner)
         if runner.penalty_history is not None:
             runner.penalty_history.clear()
     stats = compile_specs(specs, workers, show_progress=show_progress)
-    for message in stats["precompile_errors"]:
+    for message in stats.pop("precompile_errors"):
         log.warning("parallel compile: %s (it compiles in its turn)", message)
-    log.info("compiled %d Triton kernel specializations in %d processes in %.1f s (%.1f s of compiling)",
-             stats["precompiled"], workers, stats["precompile_s"], stats["precompile_cpu_s"])
-    return {k: v for k, v in stats.items() if k != "precompile_errors"}
+    if stats["precompile_unseen"]:
+        log.warning("parallel compile: %d kernels compiled by the workers are not under this process's "
+                    "cache key; they compile in their turn", stats["precompile_unseen"])
+    log.info("%d Triton kernel specializations compiled in %d processes in %.1f s (%.1f s of compiling), "
+             "%d found in the cache", stats["precompiled"], workers, stats["precompile_s"],
+             stats["precompile_cpu_s"], stats["precompile_cached"])
+    return stats
+
+
+def _recapture(runner) -> None:
+    """Drop the runner's CUDA graphs and make empty ones (each bucket captured again at its
+    next step), as sleep mode does on wake."""
+    if runner.graphs is None:
+        return
+    runner.graphs = runner.sample_graphs = None
+    runner.executor.call(_drop_graphs)
+    torch.cuda.empty_cache()
+    runner.enable_cuda_graphs(*runner.graph_args)
+
+
+def _drop_graphs(model_runner) -> None:
+    model_runner.graphs = None
 
 
 def _warm_up(runner, max_num_batched_tokens: int, block_size: int, longest: int,
