@@ -73,13 +73,13 @@ def test_waiting_for_a_load_blocks_instead_of_spinning(tiny_llama_dir, tmp_path)
     with LLM(tiny_llama_dir, **kw) as llm:
         e = llm.engine
         store = e.scheduler.connector.store
-        real = store.get
+        real = store.get_into                       # the connector's read
 
-        def slow_get(key):
+        def slow_get(key, out):
             time.sleep(delay)
-            return real(key)
+            return real(key, out)
 
-        store.get = slow_get
+        store.get_into = slow_get
         rid = e.add_request(DOC + [7, 8], _params(), output_kind="final")
         t0, steps, parked, out = time.perf_counter(), 0, 0, None
         while e.has_unfinished():

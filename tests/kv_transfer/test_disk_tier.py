@@ -185,15 +185,15 @@ def test_a_failed_load_is_recomputed_not_lost(tiny_llama_dir, tmp_path, referenc
     with LLM(tiny_llama_dir, **kw) as llm:
         s = llm.engine.scheduler
         store, calls = s.connector.store, {"n": 0}
-        real = store.get
+        real = store.get_into             # the connector's read
 
-        def get(key):                     # the third block read fails: the load is half done
+        def get(key, out):                # the third block read fails: the load is half done
             calls["n"] += 1
             if calls["n"] == 3:
                 raise OSError("injected: disk read failed")
-            return real(key)
+            return real(key, out)
 
-        store.get = get
+        store.get_into = get
         got = [o.outputs[0].token_ids for o in llm.generate(_prompts(), _params(), use_tqdm=False)]
         assert s.num_failed_loads == 1 and s.connector.num_failed_blocks > 0
         _no_leaks(llm)
@@ -219,8 +219,8 @@ def test_a_loading_request_waits_while_the_others_run_and_can_be_aborted(tiny_ll
         llm.generate(_prompts()[:2], _params(), use_tqdm=False)
     with LLM(tiny_llama_dir, **kw) as llm:
         e, s = llm.engine, llm.engine.scheduler
-        gate, real = threading.Event(), s.connector.store.get
-        s.connector.store.get = lambda key: (gate.wait(10), real(key))[1]
+        gate, real = threading.Event(), s.connector.store.get_into
+        s.connector.store.get_into = lambda key, out: (gate.wait(10), real(key, out))[1]
         other = e.add_request([9, 8, 7, 6, 5], _params(8), request_id="other", output_kind="final")
         e.step()
         for rid in ("a", "b"):

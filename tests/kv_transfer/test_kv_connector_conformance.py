@@ -73,3 +73,39 @@ def test_store_connector_on_cuda(tmp_path, kind):
         check_kv_connector(c, dtype=torch.bfloat16, device="cuda", **GEOM)
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_get_into_a_staging_slice_equals_get(tmp_path, kind, dtype):
+    """get_into (what the connector reads with) fills a slice of a bigger buffer with the same
+    bytes get returns, the disk store's straight from the file; a wrong out is refused."""
+    store = _store(kind, tmp_path, dtype)
+    blocks = torch.randn(3, *SHAPE).to(dtype)
+    for i in range(3):
+        store.put(f"k{i}", blocks[i])
+    staging = torch.full((4, *SHAPE), float("nan")).to(dtype)      # poisoned: unwritten rows show
+    for i in (2, 0, 1):
+        store.get_into(f"k{i}", staging[i])
+    as_bytes = lambda t: t.view(torch.uint8)
+    assert torch.equal(as_bytes(staging[:3]), as_bytes(blocks))
+    assert torch.equal(as_bytes(store.get("k1")), as_bytes(blocks[1]))
+    with pytest.raises(ValueError):
+        store.get_into("k0", torch.empty(SHAPE, dtype=torch.float64))
+    with pytest.raises(KeyError):
+        store.get_into("absent", staging[3])
+
+
+def test_a_truncated_or_vanished_block_file_is_refused_and_forgotten(tmp_path):
+    store = _store("disk", tmp_path)
+    for i in range(2):
+        store.put(f"k{i}", torch.randn(SHAPE))
+    path = store._path("k0")
+    path.write_bytes(path.read_bytes()[:100])                       # a torn write by another process
+    with pytest.raises(ValueError, match="bytes"):
+        store.get_into("k0", torch.empty(SHAPE))
+    assert "k0" not in store.keys()
+    store._path("k1").unlink()                                      # evicted by another process
+    with pytest.raises(KeyError):
+        store.get("k1")
+    assert store.num_blocks == 0

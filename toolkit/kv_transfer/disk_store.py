@@ -9,7 +9,8 @@
 `root` should name the model and the KV layout (kv_transfer/keys.py's `namespace`), so a
 directory shared by several models or layouts never hands one the other's blocks. A write
 goes to a temporary file renamed into place (a crash leaves no half-written block under a
-key); a read maps the file (`torch.from_file`, private mapping) and copies it out. The
+key); a read copies the file into the caller's tensor (`get_into`: a pinned staging
+buffer's slice, so a load is one host copy before the device copy). The
 index (key -> bytes, LRU order) is rebuilt from the directory at start, oldest
 modification time first, so a persistent store survives a restart; a read refreshes a
 file's time. A key missing from the index is looked up in the directory too (another
@@ -133,24 +134,40 @@ class DiskKVStore(LRUKeys):
         return True
 
     def get(self, key: str) -> torch.Tensor:
+        block = torch.empty(self.block_shape, dtype=self.dtype)
+        self.get_into(key, block)
+        return block
+
+    def get_into(self, key: str, out: torch.Tensor) -> None:
+        """The block's file read straight into `out` (contiguous, the block's shape and dtype):
+        one copy from the page cache, into pinned memory when `out` is."""
+        check_block(out, self.block_shape, self.dtype)
+        if not out.is_contiguous():
+            raise ValueError("get_into needs a contiguous out tensor")
         path = self._path(key)
         if key not in self:
             raise KeyError(key)
         self.touch([key])
         try:
-            size = path.stat().st_size
-        except FileNotFoundError:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != self.block_bytes:
+                    raise ValueError(f"KV block file {path} has {size} bytes, expected {self.block_bytes}")
+                view = out.view(torch.uint8).view(-1).numpy()
+                done = 0
+                while done < size:                        # readinto may return short counts
+                    n = f.readinto(memoryview(view[done:]))
+                    if not n:
+                        raise ValueError(f"KV block file {path} ended after {done} of {size} bytes")
+                    done += n
+        except FileNotFoundError:                          # evicted meanwhile (by another process)
             self.remove(key)
             raise KeyError(key) from None
-        if size != self.block_bytes:
+        except ValueError:
             self.remove(key)
-            raise ValueError(f"KV block file {path} has {size} bytes, expected {self.block_bytes}")
-        numel = self.block_bytes // self.dtype.itemsize
-        mapped = torch.from_file(str(path), shared=False, size=numel, dtype=self.dtype)
-        block = mapped.view(self.block_shape).clone()     # off the mapping: the file may be evicted
+            raise
         os.utime(path)                                    # LRU order survives a restart
         self.num_gets += 1
-        return block
 
     def remove(self, key: str) -> None:
         with self._lock:

@@ -7,6 +7,10 @@ the scheduler looks keys up):
 
     put(key, block) -> bool        stored (False: larger than the whole bound); evicts LRU
     get(key) -> Tensor             KeyError when absent (evicted meanwhile), ValueError when corrupt
+    get_into(key, out)             the same block written into `out` (a CPU tensor of the block's
+                                   shape and dtype, e.g. a slice of a pinned staging buffer):
+                                   LRUKeys' default copies get(key); the disk store reads the
+                                   file straight into it
     lookup(keys) -> int            how many leading keys are held (no change)
     touch(keys), remove(key), keys(), num_blocks, nbytes, close()
     claim_format(fmt)              the KV format (keys.kv_format: layout, dtype, fp8 scales, TP
@@ -58,6 +62,8 @@ class LRUKeys:
 
     _lru: OrderedDict
     _lock: threading.Lock
+    block_shape: tuple
+    dtype: torch.dtype
     kv_format: str | None = None
 
     def claim_format(self, fmt: str) -> None:
@@ -83,6 +89,10 @@ class LRUKeys:
             for k in keys:
                 if k in self._lru:
                     self._lru.move_to_end(k)
+
+    def get_into(self, key: str, out: torch.Tensor) -> None:
+        check_block(out, self.block_shape, self.dtype)
+        out.copy_(self.get(key))
 
 
 class MemoryKVStore(LRUKeys):

@@ -176,7 +176,14 @@ class StoreConnector(KVConnectorBase):
         self._staged = [(t, self._gather(t)) for t in meta.saves]
 
     def _read(self, t: Transfer) -> torch.Tensor:
-        return torch.stack([self.store.get(k) for k, _ in t.pairs])       # [n, L, 2, bs, H, D]
+        """The transfer's blocks [n, L, 2, bs, H, D] read into one host buffer (on the I/O
+        thread when asynchronous), pinned when the cache is on CUDA: the device copy
+        then needs no staging of its own."""
+        pin = self.kv_layers[0].device.type == "cuda"
+        out = torch.empty((len(t.pairs), *self.store.block_shape), dtype=self.store.dtype, pin_memory=pin)
+        for i, (k, _) in enumerate(t.pairs):
+            self.store.get_into(k, out[i])
+        return out
 
     def _gather(self, t: Transfer) -> tuple[torch.Tensor, Any]:
         """The blocks of a save on the host, [n, L, 2, bs, H, D], read in stream order; on
