@@ -11,13 +11,14 @@ core, most of `LLM(...)`'s time on a fresh machine. Two passes instead:
    Each kernel's in-memory cache is swapped for an empty one meanwhile, so no launch runs at
    all, not even of a kernel compiled before: skipped kernels leave their outputs unwritten,
    and a kernel that ran would read them (an index read from garbage is out of bounds).
-2. `compile_specs(specs, workers)`: the recorded specializations compile in `workers` spawned
+2. `compile_specs(specs, workers)`: the recorded specializations that Triton's on-disk cache
+   lacks (`is_cached`: the key triton.compile computes) compile in `workers` spawned
    processes (Triton's compiler front end holds the GIL, so threads would not spread it),
-   each into Triton's on-disk cache; none of them touches the GPU.
+   each into that cache under this process's key; none of them touches the GPU.
 
 The warm-up then runs as before and each compile is a cache hit (milliseconds). A
-specialization pass 1 did not see (a graph capture's own kernels) compiles as before, in its
-turn; a worker's failure is reported and the kernel compiles in its turn too.
+specialization pass 1 did not see compiles as before, in its turn; so does one whose worker
+failed (reported).
 """
 
 from __future__ import annotations
@@ -99,10 +100,7 @@ def collect_compiles() -> Iterator[list[CompileSpec]]:
         knobs.runtime.jit_cache_hook = previous
         for k, caches in saved:
             k.device_caches = caches
-        # a kernel module imported inside the block: its kernels saw only skipped launches
-        for k in loaded_kernels():
-            if all(k is not s for s, _ in saved):
-                k.device_caches = defaultdict(k.create_binder)
+        # a kernel first imported inside the block cached nothing: every launch was skipped
 
 
 def current_target() -> tuple:
@@ -153,12 +151,12 @@ def is_cached(spec: CompileSpec, target: tuple, env: dict | None = None) -> bool
     from triton.compiler.compiler import make_backend
     from triton.runtime.cache import get_cache_key, get_cache_manager
 
+    if knobs.runtime.add_stages_inspection_hook is not None:
+        return False                              # a custom pipeline's key: leave it to Triton
     src, options = _source(spec)
     backend = make_backend(GPUTarget(*target))
     parsed = backend.parse_options(dict(options, **src.parse_options()))
     key = get_cache_key(src, backend, parsed, env_vars=env if env is not None else cache_invalidating_env())
-    if knobs.runtime.add_stages_inspection_hook is not None:
-        return False                              # a custom pipeline's key: leave it to Triton
     name = f"{src.name[:150]}.json"
     group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name)
     return bool(group) and name in group
