@@ -71,7 +71,8 @@ def warm_up(runner, *, max_num_batched_tokens: int, block_size: int, num_blocks:
     dummy steps. max_model_len: the longest dummy prompt (None: the model's max_model_len).
     compile_workers > 1: the steps' kernels compile in that many processes first (this
     process's model only, not a tensor-parallel group's ranks); the figures then include
-    precompiled (specializations) and precompile_s."""
+    kernels/precompile.compile_specs' counts and seconds (precompiled, precompile_cached,
+    precompile_unseen, precompile_s, precompile_cpu_s)."""
     cache = (num_blocks - 1) * block_size
     longest = max(1, min(max_model_len or runner.model.spec.max_model_len, cache))
     start = time.perf_counter()
