@@ -253,6 +253,9 @@ class StepGraphs:
         z = dict(dtype=torch.int64, device=self.device)
         g = _Graph(torch.zeros(bp, **z), torch.zeros(bp, **z), torch.full((bp,), -1, **z))
         torch.cuda.synchronize()
+        # the eager run's freed blocks back to the driver: the graphs' pool cannot take blocks
+        # from the regular cache, so near a full card they would leave it nothing to allocate
+        torch.cuda.empty_cache()
         stream = self.stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
