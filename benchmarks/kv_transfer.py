@@ -25,15 +25,20 @@ ceiling).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
+import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.sim_common import release_llm  # noqa: E402
 
 
 def _model(args):
@@ -59,27 +64,18 @@ def _connector(args, shape, dtype):
     return StoreConnector(store, shape[2])
 
 
-def _release() -> None:
-    """Before the next engine is built: the last one's device memory back to the driver (its
-    KV cache is sized from what is free, so memory still cached or referenced shrinks it)."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def _kv_layout(cfg, kw) -> tuple[tuple, torch.dtype]:
     """The KV block layout of this shape, [layers, 2, block_size, kv heads, head_dim], and its
-    dtype, from an engine built for the purpose and closed."""
+    dtype, from an engine built for the purpose and released."""
     from toolkit import LLM
 
     torch.manual_seed(0)
-    with LLM(cfg, **kw) as probe:
-        kv = probe.engine.runner.kv_cache
-        shape = (kv.num_layers, 2, kv.block_size, kv.num_kv_heads, kv.head_dim)
-        dtype = kv.layers[0].dtype
-        del kv
-    del probe
-    _release()
+    probe = LLM(cfg, **kw)
+    kv = probe.engine.runner.kv_cache
+    shape = (kv.num_layers, 2, kv.block_size, kv.num_kv_heads, kv.head_dim)
+    dtype = kv.layers[0].dtype
+    del kv                                       # no reference left to its device tensors
+    release_llm(probe)
     return shape, dtype
 
 
@@ -123,9 +119,7 @@ def ttft_runs(args, doc_len: int) -> dict:
                         first.append(t)
                 if mode == "disk":
                     loaded += llm.engine.scheduler.connector.num_loaded_blocks
-            # closed: drop every reference to it (the connector too) before the next engine
-            del llm, extra
-            _release()
+            release_llm(llm)                        # its memory back before the next engine
         out[mode] = dict(first_after_restart_ms=[t * 1e3 for t in first],
                          first_after_restart_mean_ms=statistics.mean(first[1:] or first) * 1e3,
                          all_asks_mean_ms=statistics.mean(every) * 1e3, blocks_loaded=loaded)
