@@ -179,7 +179,7 @@ class TPConnector(KVConnectorBase):
 
     def build_connector_meta(self, scheduler_output: Any) -> TPMetadata:
         touches, removes = self.inner.store.take_ops()
-        idle = scheduler_output is not None and not getattr(scheduler_output, "scheduled", None)
+        idle = scheduler_output is not None and not scheduler_output.scheduled   # a SchedulerOutput
         return TPMetadata(self.inner.build_connector_meta(scheduler_output), touches, removes, idle)
 
     def request_finished(self, request: Any, block_ids: Sequence[int]) -> tuple[bool, dict | None]:
