@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CHILD = """
 import json, sys, time
 sys.path.insert(0, {root!r})
-import torch
 from benchmarks.sim_common import build_llm
 from toolkit import SamplingParams
 from toolkit.kernels.compiles import triton_compiles
